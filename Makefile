@@ -1,0 +1,55 @@
+# agentloop-grpc: every target sets itself up from a fresh machine (venv, pip, npm), so `make test` and
+# `make protos` work on a new clone with nothing installed by hand.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+NODE_DIR := clients/node
+BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
+# buf breaking compares the contracts with this git revision (main's previous commit by default).
+BREAKING_AGAINST ?= HEAD~1
+
+.PHONY: setup protos protos-lint protos-breaking test test-python test-node clean
+
+setup: $(VENV)/.installed $(NODE_DIR)/node_modules/.installed
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+$(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+## protos: generate the Python stubs (agentloop_grpc/v1) and the Node types (clients/node/generated)
+protos: setup
+	$(PY) protos/generate_python.py > /dev/null
+	cd $(NODE_DIR) && npm run --silent generate > /dev/null
+
+## protos-lint: buf lint (STANDARD) on protos/
+protos-lint: setup
+	cd protos && $(BUF) lint
+
+## protos-breaking: buf breaking against $(BREAKING_AGAINST), when that revision has protos/
+protos-breaking: setup
+	@if git cat-file -e "$(BREAKING_AGAINST):protos/buf.yaml" 2>/dev/null; then \
+		echo "buf breaking against $(BREAKING_AGAINST)"; \
+		cd protos && $(BUF) breaking --against "$(CURDIR)/.git#ref=$(BREAKING_AGAINST),subdir=protos"; \
+	else \
+		echo "protos-breaking: $(BREAKING_AGAINST) has no protos/ (first version, or a shallow clone): skipped"; \
+	fi
+
+## test: everything (contracts lint and breaking check, Python suites, Node client suite)
+test: protos protos-lint protos-breaking test-python test-node
+
+test-python: protos
+	$(PY) -m pytest
+
+test-node: protos
+	cd $(NODE_DIR) && AGENTLOOP_BIN="$(CURDIR)/$(VENV)/bin/agentloop" npm test
+
+clean:
+	rm -rf $(VENV) $(NODE_DIR)/node_modules $(NODE_DIR)/generated build dist *.egg-info
+	rm -f agentloop_grpc/v1/*_pb2*.py agentloop_grpc/v1/*_pb2*.pyi

@@ -1,0 +1,157 @@
+"""Conversion between agentloop.v1 messages and the domain types adapters use.
+
+Requests are validated while converted (``validation.py``), so an adapter only ever sees a request that is
+within the engine's limits, with every default resolved.
+"""
+
+from __future__ import annotations
+
+from agentloop_grpc.v1 import engine_pb2, generation_pb2
+
+from . import validation
+from .errors import InvalidRequestError
+from .types import (
+    EngineState,
+    FinishReason,
+    GenerateComplete,
+    GenerateRequest,
+    LoadInfo,
+    PauseMode,
+    Resource,
+    SamplingParams,
+    ServerInfo,
+    StructuredOutput,
+    TokenChunk,
+)
+
+FINISH_REASONS = {
+    FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: generation_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: generation_pb2.FINISH_REASON_ABORT,
+}
+ENGINE_STATES = {
+    EngineState.LOADING: engine_pb2.ENGINE_STATE_LOADING,
+    EngineState.RUNNING: engine_pb2.ENGINE_STATE_RUNNING,
+    EngineState.PAUSED: engine_pb2.ENGINE_STATE_PAUSED,
+    EngineState.SLEEPING: engine_pb2.ENGINE_STATE_SLEEPING,
+    EngineState.DRAINING: engine_pb2.ENGINE_STATE_DRAINING,
+}
+PAUSE_MODES = {
+    engine_pb2.PAUSE_MODE_ABORT: PauseMode.ABORT,
+    engine_pb2.PAUSE_MODE_KEEP: PauseMode.KEEP,
+    engine_pb2.PAUSE_MODE_WAIT: PauseMode.WAIT,
+}
+WAKE_UP_TAGS = {
+    engine_pb2.WAKE_UP_TAG_WEIGHTS: Resource.WEIGHTS,
+    engine_pb2.WAKE_UP_TAG_KV_CACHE: Resource.KV_CACHE,
+}
+SLEEP_LEVELS = {engine_pb2.SLEEP_LEVEL_KV_CACHE: 1, engine_pb2.SLEEP_LEVEL_KV_CACHE_AND_WEIGHTS: 2}
+
+
+def _optional(message, name: str, default):
+    return getattr(message, name) if message.HasField(name) else default
+
+
+def sampling_from_proto(params: generation_pb2.SamplingParams, prompt_len: int, info: ServerInfo) -> SamplingParams:
+    """Resolve defaults and validate; raise InvalidRequestError naming the field."""
+    sampling = SamplingParams(
+        max_new_tokens=validation.resolve_max_new_tokens(
+            _optional(params, "max_new_tokens", None), prompt_len, info
+        ),
+        temperature=_optional(params, "temperature", 1.0),
+        top_p=_optional(params, "top_p", 1.0),
+        top_k=_optional(params, "top_k", -1),
+        min_p=params.min_p,
+        repetition_penalty=_optional(params, "repetition_penalty", 1.0),
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        seed=_optional(params, "seed", None),
+        stop_token_ids=tuple(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+        logprobs=params.logprobs or params.top_logprobs > 0,
+        top_logprobs=params.top_logprobs,
+    )
+    validation.check_sampling(sampling, info)
+    return sampling
+
+
+def structured_from_proto(request: generation_pb2.GenerateRequest) -> StructuredOutput | None:
+    if not request.HasField("structured_output"):
+        return None
+    kind = request.structured_output.WhichOneof("constraint")
+    if kind is None:
+        raise InvalidRequestError(validation.STRUCTURED_EMPTY)
+    spec = StructuredOutput(kind=kind, spec=getattr(request.structured_output, kind))
+    validation.check_structured_output(spec)
+    return spec
+
+
+def request_from_proto(request: generation_pb2.GenerateRequest, info: ServerInfo) -> GenerateRequest:
+    """Validate a GenerateRequest against the engine's limits and convert it."""
+    validation.check_request_id(request.request_id)
+    prompt_ids = tuple(request.prompt_ids)
+    validation.check_prompt(prompt_ids, info)
+    return GenerateRequest(
+        request_id=request.request_id,
+        session_id=request.session_id,
+        prompt_ids=prompt_ids,
+        sampling=sampling_from_proto(request.sampling_params, len(prompt_ids), info),
+        structured_output=structured_from_proto(request),
+        priority=request.priority,
+    )
+
+
+def chunk_to_proto(chunk: TokenChunk) -> generation_pb2.GenerateResponse:
+    return generation_pb2.GenerateResponse(
+        chunk=generation_pb2.TokenChunk(
+            token_ids=chunk.token_ids,
+            logprobs=chunk.logprobs,
+            top_logprobs=[
+                generation_pb2.TopLogprobs(token_ids=[t for t, _ in alts], logprobs=[lp for _, lp in alts])
+                for alts in chunk.top_logprobs
+            ],
+            weight_version=chunk.weight_version,
+        )
+    )
+
+
+def complete_to_proto(complete: GenerateComplete) -> generation_pb2.GenerateResponse:
+    message = generation_pb2.GenerateComplete(
+        finish_reason=FINISH_REASONS[complete.finish_reason],
+        prompt_tokens=complete.prompt_tokens,
+        cached_prompt_tokens=complete.cached_prompt_tokens,
+        completion_tokens=complete.completion_tokens,
+        weight_version=complete.weight_version,
+    )
+    if complete.matched_stop_token_id is not None:
+        message.matched_stop_token_id = complete.matched_stop_token_id
+    return generation_pb2.GenerateResponse(complete=message)
+
+
+def info_to_proto(info: ServerInfo) -> engine_pb2.GetServerInfoResponse:
+    return engine_pb2.GetServerInfoResponse(
+        engine_kind=info.engine_kind,
+        engine_version=info.engine_version,
+        model_id=info.model_id,
+        tokenizer_fingerprint=info.tokenizer_fingerprint,
+        vocab_size=info.vocab_size,
+        max_model_len=info.max_model_len,
+        eos_token_ids=info.eos_token_ids,
+        dp_rank=info.dp_rank,
+        dp_size=info.dp_size,
+        tp_size=info.tp_size,
+        weight_version=info.weight_version,
+        state=ENGINE_STATES[info.state],
+        sleep_releases_memory=info.sleep_releases_memory,
+        supports_structured_output=info.supports_structured_output,
+    )
+
+
+def load_to_proto(load: LoadInfo) -> generation_pb2.GetLoadResponse:
+    return generation_pb2.GetLoadResponse(
+        running_requests=load.running_requests,
+        waiting_requests=load.waiting_requests,
+        kv_cache_usage=load.kv_cache_usage,
+        prefix_cache_hit_rate=load.prefix_cache_hit_rate,
+        max_running_requests=load.max_running_requests,
+    )

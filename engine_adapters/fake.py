@@ -1,0 +1,391 @@
+"""FakeEngine: a fake engine (no model) for contract tests and benchmarks of our own overhead.
+
+It is named a fake everywhere it appears. Its tokens are a deterministic function of the prompt ids and the seed
+(greedy requests ignore the seed; unseeded sampled requests draw one), so tests can check exact streams. It
+behaves like a real engine where the contract cares: a scheduler with a bounded batch (continuous batching: a
+request joins between decode steps and leaves when done), a bounded waiting queue, configurable prefill and
+per-token latency, a block-hashed prefix cache whose hits shorten prefill, abort, the three pause modes,
+sleep/wake bookkeeping and weight versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import random
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from agentloop_grpc import __version__
+
+from .errors import EngineOverloadedError, EngineUnavailableError, FailedPreconditionError, UnsupportedError
+from .types import (
+    EngineState,
+    FinishReason,
+    GenerateComplete,
+    GenerateEvent,
+    GenerateRequest,
+    LoadInfo,
+    NamedTensor,
+    PauseMode,
+    PauseResult,
+    Resource,
+    ServerInfo,
+    TokenChunk,
+    WeightUpdateResult,
+)
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(value: int) -> int:
+    """splitmix64 finaliser: a cheap, well-spread deterministic hash of an integer."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+@dataclass(frozen=True, slots=True)
+class FakeEngineConfig:
+    """Shape and speed of the fake engine."""
+
+    vocab_size: int = 32_000
+    max_model_len: int = 4096
+    eos_token_id: int = 2
+    #: Seconds one decode step takes (every running request gets one token per step).
+    token_latency_s: float = 0.0
+    #: Seconds of prefill per prompt token not served from the prefix cache.
+    prefill_latency_s_per_token: float = 0.0
+    #: Batch capacity: requests decoded at once.
+    max_running: int = 64
+    #: Requests that may wait for a batch slot before Generate answers RESOURCE_EXHAUSTED.
+    max_waiting: int = 4096
+    #: Prefix-cache granularity in tokens, and capacity in blocks (LRU).
+    block_size: int = 16
+    cache_blocks: int = 65_536
+    dp_rank: int = 0
+    dp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 3 or not 0 <= self.eos_token_id < self.vocab_size:
+            raise ValueError("vocab_size must be >= 3 and eos_token_id inside it")
+        if self.max_model_len < 2 or self.max_running < 1 or self.max_waiting < 0 or self.block_size < 1:
+            raise ValueError("max_model_len >= 2, max_running >= 1, max_waiting >= 0 and block_size >= 1 required")
+        if self.token_latency_s < 0 or self.prefill_latency_s_per_token < 0:
+            raise ValueError("latencies must be >= 0")
+        if not 0 <= self.dp_rank < self.dp_size:
+            raise ValueError("dp_rank must be in [0, dp_size)")
+
+
+@dataclass(slots=True)
+class _Request:
+    """One request inside the fake engine."""
+
+    request: GenerateRequest
+    base: int
+    events: asyncio.Queue[GenerateEvent] = field(default_factory=asyncio.Queue)
+    generated: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    prefilled: bool = False
+    done: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+class FakeEngine:
+    """The fake EngineAdapter (see module docstring)."""
+
+    def __init__(self, config: FakeEngineConfig | None = None) -> None:
+        self.config = config or FakeEngineConfig()
+        self._weight_version = 0
+        self._started = False
+        self._released: set[Resource] = set()
+        self._paused = False
+        self._hold_new = False  # new requests wait in _held (paused, or a PAUSE_MODE_WAIT in progress)
+        self._running: dict[str, _Request] = {}
+        self._waiting: list[tuple[int, int, _Request]] = []  # heap of (-priority, arrival, request)
+        self._held: list[_Request] = []
+        self._arrivals = itertools.count()
+        self._work = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._cache: OrderedDict[int, None] = OrderedDict()
+        self._prompt_tokens_seen = 0
+        self._prompt_tokens_cached = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._schedule(), name="fake-engine-scheduler")
+        self._started = True
+
+    async def shutdown(self) -> None:
+        await self.abort(None)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+    def _state(self) -> EngineState:
+        if not self._started:
+            return EngineState.LOADING
+        if self._released:
+            return EngineState.SLEEPING
+        return EngineState.PAUSED if self._paused or self._hold_new else EngineState.RUNNING
+
+    def info(self) -> ServerInfo:
+        return ServerInfo(
+            engine_kind="fake",
+            engine_version=__version__,
+            model_id="fake",
+            tokenizer_fingerprint=f"fake-vocab-{self.config.vocab_size}",
+            vocab_size=self.config.vocab_size,
+            max_model_len=self.config.max_model_len,
+            eos_token_ids=(self.config.eos_token_id,),
+            weight_version=self._weight_version,
+            state=self._state(),
+            dp_rank=self.config.dp_rank,
+            dp_size=self.config.dp_size,
+            tp_size=1,
+            sleep_releases_memory=False,
+            supports_structured_output=False,
+        )
+
+    def load(self) -> LoadInfo:
+        in_kv = sum(len(r.request.prompt_ids) + len(r.generated) for r in self._running.values())
+        seen = self._prompt_tokens_seen
+        return LoadInfo(
+            running_requests=len(self._running),
+            waiting_requests=len(self._waiting) + len(self._held),
+            kv_cache_usage=min(1.0, in_kv / (self.config.max_running * self.config.max_model_len)),
+            prefix_cache_hit_rate=self._prompt_tokens_cached / seen if seen else 0.0,
+            max_running_requests=self.config.max_running,
+        )
+
+    # -- generation ------------------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        if self._released:
+            raise EngineUnavailableError("the fake engine is asleep")
+        if request.structured_output is not None:
+            raise UnsupportedError("the fake engine does not support structured output")
+        if len(self._waiting) + len(self._held) >= self.config.max_waiting:
+            raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
+        sampling = request.sampling
+        seed = 0 if sampling.greedy else (sampling.seed if sampling.seed is not None else random.getrandbits(63))
+        entry = _Request(request=request, base=_mix(hash((seed, request.prompt_ids)) & _MASK64))
+        if self._hold_new or self._paused:
+            self._held.append(entry)
+        else:
+            heapq.heappush(self._waiting, (-request.priority, next(self._arrivals), entry))
+        self._idle.clear()
+        self._work.set()
+        try:
+            while True:
+                event = await entry.events.get()
+                if isinstance(event, TokenChunk):
+                    event = self._coalesce(event, entry.events)
+                    if isinstance(event, tuple):  # a chunk followed by the completion
+                        yield event[0]
+                        event = event[1]
+                yield event
+                if isinstance(event, GenerateComplete):
+                    return
+        finally:
+            if not entry.done:
+                self._finish(entry, FinishReason.ABORT)
+
+    @staticmethod
+    def _coalesce(first: TokenChunk, events: asyncio.Queue[GenerateEvent]):
+        """Merge chunks already queued behind ``first`` (a slow reader gets fewer, larger messages)."""
+        chunks = [first]
+        complete = None
+        while not events.empty() and complete is None:
+            event = events.get_nowait()
+            if isinstance(event, GenerateComplete):
+                complete = event
+            else:
+                chunks.append(event)
+        merged = first
+        if len(chunks) > 1:
+            merged = TokenChunk(
+                token_ids=tuple(t for c in chunks for t in c.token_ids),
+                weight_version=chunks[-1].weight_version,
+                logprobs=tuple(lp for c in chunks for lp in c.logprobs),
+                top_logprobs=tuple(alt for c in chunks for alt in c.top_logprobs),
+            )
+        return (merged, complete) if complete is not None else merged
+
+    async def abort(self, request_ids: Sequence[str] | None) -> list[str]:
+        entries = [e for _, _, e in self._waiting] + self._held + list(self._running.values())
+        wanted = None if request_ids is None else set(request_ids)
+        aborted = []
+        for entry in entries:
+            if wanted is None or entry.request_id in wanted:
+                self._finish(entry, FinishReason.ABORT)
+                aborted.append(entry.request_id)
+        return aborted
+
+    # -- scheduler -------------------------------------------------------------------------------------------
+
+    async def _schedule(self) -> None:
+        """One decode step per iteration: admit, prefill newcomers, decode one token for every running request."""
+        while True:
+            if self._paused or not (self._running or self._waiting):
+                self._work.clear()
+                await self._work.wait()
+                continue
+            while self._waiting and len(self._running) < self.config.max_running:
+                _, _, entry = heapq.heappop(self._waiting)
+                self._running[entry.request_id] = entry
+            newcomers = [e for e in self._running.values() if not e.prefilled]
+            uncached = sum(self._prefill(e) for e in newcomers)
+            await asyncio.sleep(self.config.prefill_latency_s_per_token * uncached)
+            await asyncio.sleep(self.config.token_latency_s)
+            if self._paused:  # PAUSE_MODE_KEEP arrived during the step: keep the requests, emit nothing
+                continue
+            for entry in list(self._running.values()):
+                if entry.prefilled:
+                    self._decode_one(entry)
+
+    def _prefill(self, entry: _Request) -> int:
+        """Look the prompt up in the prefix cache; return the number of tokens to compute."""
+        prompt = entry.request.prompt_ids
+        cached_blocks = 0
+        for key in self._block_keys(prompt, limit=len(prompt) - 1):
+            if key not in self._cache:
+                break
+            self._cache.move_to_end(key)
+            cached_blocks += 1
+        entry.cached_tokens = cached_blocks * self.config.block_size
+        entry.prefilled = True
+        self._prompt_tokens_seen += len(prompt)
+        self._prompt_tokens_cached += entry.cached_tokens
+        return len(prompt) - entry.cached_tokens
+
+    def _block_keys(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """Chained hashes of the full blocks within tokens[:limit] (a block's key depends on all before it)."""
+        size = self.config.block_size
+        keys, key = [], 0
+        for start in range(0, limit - size + 1, size):
+            key = hash((key, tuple(tokens[start : start + size])))
+            keys.append(key)
+        return keys
+
+    def _remember(self, entry: _Request) -> None:
+        tokens = entry.request.prompt_ids + tuple(entry.generated)
+        for key in self._block_keys(tokens, limit=len(tokens)):
+            self._cache[key] = None
+            self._cache.move_to_end(key)
+        while len(self._cache) > self.config.cache_blocks:
+            self._cache.popitem(last=False)
+
+    def _decode_one(self, entry: _Request) -> None:
+        sampling = entry.request.sampling
+        position = len(entry.generated)
+        draw = _mix(entry.base + position)
+        token = draw % self.config.vocab_size
+        entry.generated.append(token)
+        logprobs: tuple[float, ...] = ()
+        top: tuple[tuple[tuple[int, float], ...], ...] = ()
+        if sampling.logprobs:
+            logprob = -0.001 - ((draw >> 32) % 8000) / 1000.0
+            logprobs = (logprob,)
+            if sampling.top_logprobs:
+                top = (
+                    tuple(
+                        ((token + j) % self.config.vocab_size, logprob - 0.5 * j) for j in range(sampling.top_logprobs)
+                    ),
+                )
+        entry.events.put_nowait(TokenChunk((token,), self._weight_version, logprobs, top))
+        if token in sampling.stop_token_ids or (token == self.config.eos_token_id and not sampling.ignore_eos):
+            self._finish(entry, FinishReason.STOP, matched=token)
+        elif len(entry.generated) >= sampling.max_new_tokens:
+            self._finish(entry, FinishReason.LENGTH)
+
+    def _finish(self, entry: _Request, reason: FinishReason, matched: int | None = None) -> None:
+        if entry.done:
+            return
+        entry.done = True
+        if self._running.pop(entry.request_id, None) is None:  # never scheduled: held or waiting
+            if entry in self._held:
+                self._held.remove(entry)
+            else:
+                self._waiting = [item for item in self._waiting if item[2] is not entry]
+                heapq.heapify(self._waiting)
+        if entry.prefilled:
+            self._remember(entry)
+        entry.events.put_nowait(
+            GenerateComplete(
+                finish_reason=reason,
+                prompt_tokens=len(entry.request.prompt_ids),
+                completion_tokens=len(entry.generated),
+                weight_version=self._weight_version,
+                cached_prompt_tokens=entry.cached_tokens,
+                matched_stop_token_id=matched,
+            )
+        )
+        if not (self._running or self._waiting):
+            self._idle.set()
+
+    # -- control ---------------------------------------------------------------------------------------------
+
+    def _in_flight(self) -> int:
+        return len(self._running) + len(self._waiting) + len(self._held)
+
+    async def sleep(self, level: int) -> bool:
+        if self._in_flight():
+            raise FailedPreconditionError(f"{self._in_flight()} requests are in flight")
+        self._released |= {Resource.KV_CACHE} if level == 1 else {Resource.KV_CACHE, Resource.WEIGHTS}
+        await self.flush_cache()
+        return False  # a fake holds no device memory
+
+    async def wake_up(self, resources: frozenset[Resource]) -> EngineState:
+        self._released -= resources
+        return self._state()
+
+    async def pause(self, mode: PauseMode) -> PauseResult:
+        if mode is PauseMode.ABORT:
+            self._paused = True
+            return PauseResult(aborted_requests=len(await self.abort(None)))
+        if mode is PauseMode.KEEP:
+            self._paused = True
+            return PauseResult(kept_requests=self._in_flight())
+        self._hold_new, self._paused = True, False  # WAIT: let what is in flight finish, hold newcomers
+        self._work.set()
+        try:
+            if self._running or self._waiting:
+                self._idle.clear()
+                await self._idle.wait()
+        except asyncio.CancelledError:
+            await self.resume()
+            raise
+        self._paused = True
+        return PauseResult()
+
+    async def resume(self) -> None:
+        self._paused = self._hold_new = False
+        for entry in self._held:
+            heapq.heappush(self._waiting, (-entry.request.priority, next(self._arrivals), entry))
+        self._held.clear()
+        self._work.set()
+
+    async def update_weights(
+        self, tensors: Sequence[NamedTensor], weight_version: int, flush_cache: bool
+    ) -> WeightUpdateResult:
+        if Resource.WEIGHTS in self._released:
+            raise EngineUnavailableError("the weights are released (asleep); WakeUp with WAKE_UP_TAG_WEIGHTS first")
+        self._weight_version = weight_version
+        if flush_cache:
+            await self.flush_cache()
+        return WeightUpdateResult(weight_version=weight_version, tensors_updated=len(tensors))
+
+    async def flush_cache(self) -> None:
+        self._cache.clear()
+        self._prompt_tokens_seen = self._prompt_tokens_cached = 0

@@ -1,0 +1,118 @@
+"""The engine server: one gRPC server per engine (data-parallel group), with health, reflection and drain.
+
+``create_server`` builds and starts a server for an adapter and returns it with its bound port (port 0 picks a
+free one: tests use that). ``serve`` is the process entry point: it listens first (health says NOT_SERVING while
+the model loads), starts the adapter, then runs until SIGTERM/SIGINT, when it drains: new calls are refused,
+in-flight streams get ``drain_timeout_s`` to finish, whatever is left is aborted, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from agentloop_grpc.v1 import engine_pb2_grpc, generation_pb2_grpc
+
+from .protocol import EngineAdapter
+from .servicer import SERVICE_NAMES, EngineServicer
+
+log = logging.getLogger(__name__)
+
+# UpdateWeights messages carry tensor slices; clients should keep them under this size.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
+)
+
+
+# After aborting at the drain deadline, how long the aborted streams get to deliver their final message.
+_ABORT_FLUSH_S = 2.0
+
+
+class PortInUseError(RuntimeError):
+    """The requested address could not be bound."""
+
+
+@dataclass(slots=True)
+class EngineServer:
+    """A started engine server."""
+
+    server: grpc.aio.Server
+    port: int
+    servicer: EngineServicer
+    adapter: EngineAdapter
+
+    async def stop(self, grace_s: float = 30.0) -> None:
+        """Drain: refuse new Generate calls, give in-flight ones ``grace_s`` to finish, abort the rest (their
+        streams end with FINISH_REASON_ABORT, so clients keep their tokens), then stop and release the engine."""
+        await self.servicer.begin_drain()
+        if not await self.servicer.wait_idle(grace_s):
+            aborted = await self.adapter.abort(None)
+            log.warning("drain timeout: aborted %d in-flight requests", len(aborted))
+            await self.servicer.wait_idle(_ABORT_FLUSH_S)
+        await self.server.stop(_ABORT_FLUSH_S)
+        await self.adapter.shutdown()
+
+
+async def create_server(adapter: EngineAdapter, address: str = "127.0.0.1:0") -> EngineServer:
+    """Serve ``adapter`` on ``address``; the adapter is not started here (see ``start_adapter``)."""
+    server = grpc.aio.server(options=_SERVER_OPTIONS)
+    health_servicer = health.aio.HealthServicer()
+    servicer = EngineServicer(adapter, health_servicer)
+    generation_pb2_grpc.add_TokenGenerateServicer_to_server(servicer, server)
+    engine_pb2_grpc.add_EngineControlServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+    )
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpc raises RuntimeError("Failed to bind ...")
+        raise PortInUseError(f"cannot listen on {address}: the port is in use or the address is invalid") from exc
+    await servicer.sync_health()
+    await server.start()
+    return EngineServer(server=server, port=port, servicer=servicer, adapter=adapter)
+
+
+async def start_adapter(engine_server: EngineServer) -> None:
+    """Load the engine, then report SERVING."""
+    await engine_server.adapter.start()
+    await engine_server.servicer.sync_health()
+
+
+async def serve(
+    adapter: EngineAdapter,
+    address: str,
+    drain_timeout_s: float = 30.0,
+    on_listening: Callable[[int], None] | None = None,
+) -> None:
+    """Run an engine server until SIGTERM or SIGINT, then drain and return."""
+    engine_server = await create_server(adapter, address)
+    if on_listening is not None:
+        on_listening(engine_server.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    loading = asyncio.create_task(start_adapter(engine_server))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if loading.done() and loading.exception() is not None:
+        stopping.cancel()
+        await engine_server.server.stop(0)
+        raise loading.exception()
+    await stopping
+    log.info("shutting down: draining in-flight requests for up to %.0f s", drain_timeout_s)
+    if not loading.done():
+        loading.cancel()
+    await engine_server.stop(drain_timeout_s)
+    log.info("engine server stopped")

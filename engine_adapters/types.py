@@ -1,0 +1,174 @@
+"""Domain types shared by the servicer and every engine adapter.
+
+Adapters never see protobuf messages: the servicer converts at the boundary (``convert.py``), so an adapter is
+plain Python that can be unit-tested and reused without gRPC. Everything here is immutable.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class FinishReason(enum.Enum):
+    """Why a generation ended."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+class EngineState(enum.Enum):
+    """Lifecycle state of an engine (mirrors agentloop.v1.EngineState)."""
+
+    LOADING = "loading"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SLEEPING = "sleeping"
+    DRAINING = "draining"
+
+
+class PauseMode(enum.Enum):
+    """What Pause does with in-flight requests."""
+
+    ABORT = "abort"
+    KEEP = "keep"
+    WAIT = "wait"
+
+
+class Resource(enum.Enum):
+    """A resource that Sleep releases and WakeUp restores."""
+
+    WEIGHTS = "weights"
+    KV_CACHE = "kv_cache"
+
+
+ALL_RESOURCES = frozenset(Resource)
+
+StructuredKind = Literal["json_schema", "regex", "ebnf_grammar"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling of one request, with every default resolved (``max_new_tokens`` is concrete)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A formal-language constraint on the output."""
+
+    kind: StructuredKind
+    spec: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One validated generation request."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    session_id: str = ""
+    structured_output: StructuredOutput | None = None
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChunk:
+    """Consecutive generated tokens; ``logprobs`` and ``top_logprobs`` are empty unless requested."""
+
+    token_ids: tuple[int, ...]
+    weight_version: int
+    logprobs: tuple[float, ...] = ()
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateComplete:
+    """The end of a generation: exactly one per request, after its chunks."""
+
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    weight_version: int
+    cached_prompt_tokens: int = 0
+    matched_stop_token_id: int | None = None
+
+
+GenerateEvent = TokenChunk | GenerateComplete
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What GetServerInfo reports."""
+
+    engine_kind: str
+    engine_version: str
+    model_id: str
+    tokenizer_fingerprint: str
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    weight_version: int
+    state: EngineState
+    dp_rank: int = 0
+    dp_size: int = 1
+    tp_size: int = 1
+    sleep_releases_memory: bool = False
+    supports_structured_output: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoadInfo:
+    """What GetLoad reports."""
+
+    running_requests: int
+    waiting_requests: int
+    kv_cache_usage: float
+    prefix_cache_hit_rate: float
+    max_running_requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class PauseResult:
+    """What Pause did with in-flight requests."""
+
+    aborted_requests: int = 0
+    kept_requests: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NamedTensor:
+    """A complete tensor received by UpdateWeights (row-major little-endian bytes)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightUpdateResult:
+    """The outcome of an applied weight update."""
+
+    weight_version: int
+    tensors_updated: int

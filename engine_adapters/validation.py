@@ -1,0 +1,122 @@
+"""The catalogue of request validation: every message a client can get back as INVALID_ARGUMENT.
+
+All checks run in the servicer, before an adapter sees the request, so every engine rejects the same inputs
+with the same words. Each message names the field and the bound that was violated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+
+from .errors import InvalidRequestError
+from .types import SamplingParams, ServerInfo, StructuredOutput
+
+MAX_TOP_LOGPROBS = 20
+PENALTY_BOUND = 2.0
+
+# The catalogue. Keep one entry per rule; tests match on these texts.
+REQUEST_ID_REQUIRED = "request_id is required (a unique id per call; Abort uses it)"
+PROMPT_EMPTY = "prompt_ids must not be empty"
+PROMPT_ID_OUT_OF_RANGE = "prompt_ids[{index}] = {value} is outside the vocabulary [0, {vocab_size})"
+PROMPT_TOO_LONG = "prompt_ids has {length} tokens; max_model_len is {max_model_len}, leaving no room to generate"
+TEMPERATURE_INVALID = "sampling_params.temperature = {value} must be finite and >= 0"
+TOP_P_INVALID = "sampling_params.top_p = {value} must be in (0, 1]"
+TOP_K_INVALID = "sampling_params.top_k = {value} must be >= -1 (-1 or 0 disables it)"
+MIN_P_INVALID = "sampling_params.min_p = {value} must be in [0, 1]"
+REPETITION_PENALTY_INVALID = "sampling_params.repetition_penalty = {value} must be finite and > 0"
+PENALTY_INVALID = "sampling_params.{name} = {value} must be in [-2, 2]"
+MAX_NEW_TOKENS_INVALID = "sampling_params.max_new_tokens = {value} must be >= 1"
+MAX_NEW_TOKENS_OVER_LIMIT = (
+    "sampling_params.max_new_tokens = {value} with {prompt} prompt tokens exceeds max_model_len {max_model_len} "
+    "(at most {room} new tokens fit)"
+)
+STOP_ID_OUT_OF_RANGE = "sampling_params.stop_token_ids[{index}] = {value} is outside the vocabulary [0, {vocab_size})"
+TOP_LOGPROBS_INVALID = "sampling_params.top_logprobs = {value} must be in [0, {bound}]"
+JSON_SCHEMA_INVALID = "structured_output.json_schema is not a JSON Schema: {reason}"
+REGEX_INVALID = "structured_output.regex does not compile: {reason}"
+GRAMMAR_EMPTY = "structured_output.ebnf_grammar is empty"
+GRAMMAR_NO_ROOT = "structured_output.ebnf_grammar has no `root ::= ...` rule"
+STRUCTURED_EMPTY = "structured_output is set but names no constraint (json_schema, regex or ebnf_grammar)"
+
+_ROOT_RULE = re.compile(r"^\s*root\s*::=", re.MULTILINE)
+
+
+def _fail(template: str, **values: object) -> InvalidRequestError:
+    return InvalidRequestError(template.format(**values))
+
+
+def check_request_id(request_id: str) -> None:
+    if not request_id:
+        raise _fail(REQUEST_ID_REQUIRED)
+
+
+def check_prompt(prompt_ids: Sequence[int], info: ServerInfo) -> None:
+    if not prompt_ids:
+        raise _fail(PROMPT_EMPTY)
+    if min(prompt_ids) < 0 or max(prompt_ids) >= info.vocab_size:
+        index, value = next((i, v) for i, v in enumerate(prompt_ids) if not 0 <= v < info.vocab_size)
+        raise _fail(PROMPT_ID_OUT_OF_RANGE, index=index, value=value, vocab_size=info.vocab_size)
+    if len(prompt_ids) >= info.max_model_len:
+        raise _fail(PROMPT_TOO_LONG, length=len(prompt_ids), max_model_len=info.max_model_len)
+
+
+def resolve_max_new_tokens(requested: int | None, prompt_len: int, info: ServerInfo) -> int:
+    """The concrete budget: the request's, or all the room left under max_model_len."""
+    room = info.max_model_len - prompt_len
+    if requested is None:
+        return room
+    if requested < 1:
+        raise _fail(MAX_NEW_TOKENS_INVALID, value=requested)
+    if requested > room:
+        raise _fail(
+            MAX_NEW_TOKENS_OVER_LIMIT, value=requested, prompt=prompt_len, max_model_len=info.max_model_len, room=room
+        )
+    return requested
+
+
+def check_sampling(params: SamplingParams, info: ServerInfo) -> None:
+    if not math.isfinite(params.temperature) or params.temperature < 0:
+        raise _fail(TEMPERATURE_INVALID, value=params.temperature)
+    if not (0 < params.top_p <= 1):  # also rejects NaN
+        raise _fail(TOP_P_INVALID, value=params.top_p)
+    if params.top_k < -1:
+        raise _fail(TOP_K_INVALID, value=params.top_k)
+    if not (0 <= params.min_p <= 1):
+        raise _fail(MIN_P_INVALID, value=params.min_p)
+    if not math.isfinite(params.repetition_penalty) or params.repetition_penalty <= 0:
+        raise _fail(REPETITION_PENALTY_INVALID, value=params.repetition_penalty)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(params, name)
+        if not (-PENALTY_BOUND <= value <= PENALTY_BOUND):
+            raise _fail(PENALTY_INVALID, name=name, value=value)
+    for index, value in enumerate(params.stop_token_ids):
+        if not 0 <= value < info.vocab_size:
+            raise _fail(STOP_ID_OUT_OF_RANGE, index=index, value=value, vocab_size=info.vocab_size)
+    if not (0 <= params.top_logprobs <= MAX_TOP_LOGPROBS):
+        raise _fail(TOP_LOGPROBS_INVALID, value=params.top_logprobs, bound=MAX_TOP_LOGPROBS)
+
+
+def check_structured_output(spec: StructuredOutput | None) -> None:
+    """Syntax checks every engine shares; engines compile the constraint and may reject it further."""
+    if spec is None:
+        return
+    if spec.kind == "json_schema":
+        try:
+            schema = json.loads(spec.spec)
+        except json.JSONDecodeError as exc:
+            raise _fail(JSON_SCHEMA_INVALID, reason=f"invalid JSON ({exc})") from exc
+        if not isinstance(schema, (dict, bool)):
+            raise _fail(JSON_SCHEMA_INVALID, reason=f"a schema is a JSON object or boolean, got {type(schema).__name__}")
+    elif spec.kind == "regex":
+        try:
+            re.compile(spec.spec)
+        except re.error as exc:
+            raise _fail(REGEX_INVALID, reason=str(exc)) from exc
+    elif spec.kind == "ebnf_grammar":
+        if not spec.spec.strip():
+            raise _fail(GRAMMAR_EMPTY)
+        if not _ROOT_RULE.search(spec.spec):
+            raise _fail(GRAMMAR_NO_ROOT)

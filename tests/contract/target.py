@@ -1,0 +1,149 @@
+"""What the contract suite needs to know about one engine server, and helpers to read Generate streams.
+
+Every adapter joins the suite by providing a ContractTarget (see conftest.py): a running server on loopback plus
+a few engine-specific values (a valid prompt, lengths that keep a request busy long enough to act on it
+mid-stream, a tensor that UpdateWeights accepts). Tests talk to the server only through the contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
+
+
+@dataclass
+class ContractTarget:
+    """A running engine server under test."""
+
+    name: str
+    address: str
+    channel: grpc.aio.Channel
+    prompt: list[int]
+    #: max_new_tokens for a request that stays in flight for at least about a second.
+    long_tokens: int
+    #: A tensor UpdateWeights accepts (a real parameter for real engines).
+    sample_tensor: engine_pb2.TensorChunk
+    generate: generation_pb2_grpc.TokenGenerateStub = field(init=False)
+    control: engine_pb2_grpc.EngineControlStub = field(init=False)
+    health: health_pb2_grpc.HealthStub = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generate = generation_pb2_grpc.TokenGenerateStub(self.channel)
+        self.control = engine_pb2_grpc.EngineControlStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    async def info(self) -> engine_pb2.GetServerInfoResponse:
+        return await self.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=10)
+
+    async def load(self) -> generation_pb2.GetLoadResponse:
+        return await self.generate.GetLoad(generation_pb2.GetLoadRequest(), timeout=10)
+
+    async def health_status(self, service: str = "") -> int:
+        response = await self.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        return response.status
+
+    async def wait_no_requests(self, timeout_s: float = 10.0) -> generation_pb2.GetLoadResponse:
+        """Poll GetLoad until nothing runs or waits; return the last load (tests assert on it)."""
+        deadline = time.monotonic() + timeout_s
+        load = await self.load()
+        while (load.running_requests or load.waiting_requests) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            load = await self.load()
+        return load
+
+
+_ids = iter(range(1, 1 << 62))
+
+
+def request(
+    target: ContractTarget, request_id: str | None = None, prompt: list[int] | None = None, **sampling
+) -> generation_pb2.GenerateRequest:
+    """A GenerateRequest with a fresh id and the given sampling fields."""
+    return generation_pb2.GenerateRequest(
+        request_id=f"{target.name}-req-{next(_ids)}" if request_id is None else request_id,
+        session_id="contract",
+        prompt_ids=target.prompt if prompt is None else prompt,
+        sampling_params=generation_pb2.SamplingParams(**sampling),
+    )
+
+
+@dataclass
+class Collected:
+    """A whole Generate stream."""
+
+    messages: list[generation_pb2.GenerateResponse]
+
+    @property
+    def chunks(self) -> list[generation_pb2.TokenChunk]:
+        return [m.chunk for m in self.messages if m.WhichOneof("response") == "chunk"]
+
+    @property
+    def complete(self) -> generation_pb2.GenerateComplete:
+        return self.messages[-1].complete
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for c in self.chunks for t in c.token_ids]
+
+    @property
+    def logprobs(self) -> list[float]:
+        return [lp for c in self.chunks for lp in c.logprobs]
+
+
+async def collect(target: ContractTarget, req: generation_pb2.GenerateRequest, timeout: float = 120) -> Collected:
+    messages = [m async for m in target.generate.Generate(req, timeout=timeout)]
+    return Collected(messages)
+
+
+async def generate_error(target: ContractTarget, req: generation_pb2.GenerateRequest) -> grpc.aio.AioRpcError:
+    """Run a Generate that must fail; return its error."""
+    try:
+        async for _ in target.generate.Generate(req, timeout=30):
+            pass
+    except grpc.aio.AioRpcError as error:
+        return error
+    raise AssertionError("Generate succeeded but an error status was expected")
+
+
+async def read_rest(call) -> list[generation_pb2.GenerateResponse]:
+    """Read a stream to its end with ``read()`` (grpc forbids mixing read() with async iteration on one call)."""
+    messages = []
+    while (message := await call.read()) is not grpc.aio.EOF:
+        messages.append(message)
+    return messages
+
+
+class StreamWatcher:
+    """Reads a Generate stream in the background so a test can look at what has arrived so far.
+
+    (Cancelling a pending ``read()`` cancels the whole RPC, so a test must never time out a read itself.)
+    """
+
+    def __init__(self, target: ContractTarget, req: generation_pb2.GenerateRequest, timeout: float = 120) -> None:
+        self.call = target.generate.Generate(req, timeout=timeout)
+        self.messages: list[generation_pb2.GenerateResponse] = []
+        self._task = asyncio.create_task(self._read())
+
+    async def _read(self) -> Collected:
+        async for message in self.call:
+            self.messages.append(message)
+        return Collected(self.messages)
+
+    @property
+    def token_count(self) -> int:
+        return sum(len(m.chunk.token_ids) for m in self.messages)
+
+    async def first_tokens(self, timeout_s: float = 60) -> None:
+        """Wait until at least one token arrived."""
+        async with asyncio.timeout(timeout_s):
+            while not self.token_count:
+                await asyncio.sleep(0.005)
+
+    async def result(self) -> Collected:
+        return await self._task

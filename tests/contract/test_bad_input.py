@@ -1,0 +1,137 @@
+"""Contract: every bad input gets its status code and a message naming the field, and loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import grpc
+import pytest
+
+from agentloop_grpc.v1 import generation_pb2
+
+from .target import ContractTarget, collect, generate_error, request
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _with(target: ContractTarget, info, case: str) -> tuple[generation_pb2.GenerateRequest, str]:
+    """Build the bad request of ``case``; return it with a text the error message must contain."""
+    vocab, limit = info.vocab_size, info.max_model_len
+    sampling = {
+        "temperature_negative": ({"temperature": -0.5}, "temperature"),
+        "temperature_nan": ({"temperature": math.nan}, "temperature"),
+        "temperature_inf": ({"temperature": math.inf}, "temperature"),
+        "top_p_zero": ({"top_p": 0.0}, "top_p"),
+        "top_p_over_one": ({"top_p": 1.5}, "top_p"),
+        "top_k_below_minus_one": ({"top_k": -2}, "top_k"),
+        "min_p_over_one": ({"min_p": 1.5}, "min_p"),
+        "repetition_penalty_zero": ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        "presence_penalty_big": ({"presence_penalty": 3.0}, "presence_penalty"),
+        "max_new_tokens_zero": ({"max_new_tokens": 0}, "max_new_tokens"),
+        "max_new_tokens_over_limit": ({"max_new_tokens": limit + 1}, "max_new_tokens"),
+        "prompt_plus_budget_over_limit": (
+            {"max_new_tokens": limit - len(target.prompt) + 1},
+            "max_model_len",
+        ),
+        "stop_id_out_of_vocab": ({"stop_token_ids": [vocab]}, "stop_token_ids"),
+        "top_logprobs_too_many": ({"top_logprobs": 21}, "top_logprobs"),
+    }
+    if case in sampling:
+        fields, needle = sampling[case]
+        return request(target, **fields), needle
+    prompts = {
+        "empty_prompt": ([], "prompt_ids"),
+        "negative_id": ([1, -1, 2], "prompt_ids[1]"),
+        "id_equal_to_vocab": ([1, vocab], "prompt_ids[1]"),
+        "prompt_fills_context": ([1] * limit, "max_model_len"),
+    }
+    if case in prompts:
+        prompt, needle = prompts[case]
+        return request(target, prompt=prompt, max_new_tokens=1), needle
+    structured = {
+        "json_schema_not_json": (generation_pb2.StructuredOutput(json_schema="{not json"), "json_schema"),
+        "json_schema_not_object": (generation_pb2.StructuredOutput(json_schema="[1, 2]"), "json_schema"),
+        "regex_broken": (generation_pb2.StructuredOutput(regex="(unclosed"), "regex"),
+        "grammar_empty": (generation_pb2.StructuredOutput(ebnf_grammar="  "), "ebnf_grammar"),
+        "grammar_without_root": (generation_pb2.StructuredOutput(ebnf_grammar='item ::= "a"'), "root"),
+        "structured_without_kind": (generation_pb2.StructuredOutput(), "structured_output"),
+    }
+    spec, needle = structured[case]
+    req = request(target, max_new_tokens=4)
+    req.structured_output.CopyFrom(spec)
+    return req, needle
+
+
+CASES = [
+    "empty_prompt",
+    "negative_id",
+    "id_equal_to_vocab",
+    "prompt_fills_context",
+    "temperature_negative",
+    "temperature_nan",
+    "temperature_inf",
+    "top_p_zero",
+    "top_p_over_one",
+    "top_k_below_minus_one",
+    "min_p_over_one",
+    "repetition_penalty_zero",
+    "presence_penalty_big",
+    "max_new_tokens_zero",
+    "max_new_tokens_over_limit",
+    "prompt_plus_budget_over_limit",
+    "stop_id_out_of_vocab",
+    "top_logprobs_too_many",
+    "json_schema_not_json",
+    "json_schema_not_object",
+    "regex_broken",
+    "grammar_empty",
+    "grammar_without_root",
+    "structured_without_kind",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_bad_input_is_invalid_argument_naming_the_field(engine: ContractTarget, case: str) -> None:
+    info = await engine.info()
+    bad, needle = _with(engine, info, case)
+    error = await generate_error(engine, bad)
+    assert error.code() == INVALID, error.details()
+    assert needle in error.details()
+    # the server stays healthy: a good request right after succeeds, nothing is left in flight
+    good = await collect(engine, request(engine, max_new_tokens=2, ignore_eos=True))
+    assert len(good.tokens) == 2
+    assert (await engine.wait_no_requests()).running_requests == 0
+
+
+async def test_missing_request_id_is_invalid(engine: ContractTarget) -> None:
+    error = await generate_error(engine, request(engine, request_id="", max_new_tokens=2))
+    assert error.code() == INVALID and "request_id" in error.details()
+
+
+async def test_duplicate_request_id_in_flight_is_refused_and_first_goes_on(engine: ContractTarget) -> None:
+    first = request(engine, max_new_tokens=engine.long_tokens // 10, ignore_eos=True)
+    running = asyncio.create_task(collect(engine, first))
+    while (await engine.load()).running_requests == 0:
+        await asyncio.sleep(0.01)
+    error = await generate_error(engine, request(engine, request_id=first.request_id, max_new_tokens=2))
+    assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert first.request_id in error.details()
+    result = await running
+    assert result.complete.finish_reason == generation_pb2.FINISH_REASON_LENGTH
+    assert len(result.tokens) == engine.long_tokens // 10
+    # once finished, the id may be used again
+    again = await collect(engine, request(engine, request_id=first.request_id, max_new_tokens=2, ignore_eos=True))
+    assert len(again.tokens) == 2
+
+
+async def test_bad_input_does_not_disturb_other_streams(engine: ContractTarget) -> None:
+    running = asyncio.create_task(
+        collect(engine, request(engine, max_new_tokens=engine.long_tokens // 10, ignore_eos=True, seed=5))
+    )
+    errors = await asyncio.gather(
+        *(generate_error(engine, request(engine, prompt=[], max_new_tokens=1)) for _ in range(20))
+    )
+    assert {e.code() for e in errors} == {INVALID}
+    result = await running
+    assert len(result.tokens) == engine.long_tokens // 10
