@@ -25,7 +25,7 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/packag
 
 ## protos: generate the Python stubs (agentloop_grpc/v1) and the Node types (clients/node/generated)
 protos: setup
-	$(PY) protos/generate_python.py > /dev/null
+	$(PY) protos/generate_python.py > /dev/null 2> >(grep -v '^Writing mypy to' >&2)
 	cd $(NODE_DIR) && npm run --silent generate > /dev/null
 
 ## protos-lint: buf lint (STANDARD) on protos/

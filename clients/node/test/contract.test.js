@@ -1,0 +1,114 @@
+'use strict';
+// Core contract cases from Node, with a client written only from the .proto files.
+// Starts `agentloop engine serve --adapter fake --port 0` (AGENTLOOP_BIN, default ../../.venv/bin/agentloop),
+// or uses a running server at AGENTLOOP_ADDRESS.
+const { test, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const path = require('node:path');
+const { spawn } = require('node:child_process');
+const readline = require('node:readline');
+const { connect, unary, generate, grpc } = require('../src/client');
+
+let server;
+let clients;
+
+function startServer() {
+  const bin = process.env.AGENTLOOP_BIN || path.resolve(__dirname, '..', '..', '..', '.venv', 'bin', 'agentloop');
+  const child = spawn(bin, ['engine', 'serve', '--adapter', 'fake', '--port', '0', '--fake-token-latency-ms', '1']);
+  return new Promise((resolve, reject) => {
+    const lines = readline.createInterface({ input: child.stdout });
+    child.on('error', reject);
+    child.on('exit', (code) => reject(new Error(`server exited with ${code} before listening`)));
+    lines.on('line', (line) => {
+      const match = line.match(/listening on (\S+)/);
+      if (match) resolve({ child, address: match[1] });
+    });
+  });
+}
+
+async function waitRunning() {
+  for (let i = 0; i < 100; i += 1) {
+    const info = await unary(clients.control, 'GetServerInfo', {}, 5);
+    if (info.state === 'ENGINE_STATE_RUNNING') return info;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error('engine never reached ENGINE_STATE_RUNNING');
+}
+
+before(async () => {
+  let address = process.env.AGENTLOOP_ADDRESS;
+  if (!address) {
+    server = await startServer();
+    address = server.address;
+  }
+  clients = connect(address);
+  await waitRunning();
+});
+
+after(async () => {
+  if (clients) clients.close();
+  if (server) {
+    server.child.removeAllListeners('exit'); // the start-up listener
+    const exited = new Promise((resolve) => server.child.once('exit', (code) => resolve(code)));
+    server.child.kill('SIGTERM');
+    assert.equal(await exited, 0, 'server exits 0 on SIGTERM');
+  }
+});
+
+test('GetServerInfo describes the engine', async () => {
+  const info = await unary(clients.control, 'GetServerInfo', {}, 10);
+  assert.equal(info.engine_kind, 'fake');
+  assert.ok(info.vocab_size > 0);
+  assert.ok(info.max_model_len > 0);
+  assert.equal(info.state, 'ENGINE_STATE_RUNNING');
+});
+
+test('Generate streams chunks then exactly one complete message', async () => {
+  const result = await generate(clients.generate, {
+    request_id: 'node-stream-1',
+    session_id: 'node',
+    prompt_ids: [5, 6, 7],
+    sampling_params: { max_new_tokens: 12, ignore_eos: true, logprobs: true, seed: 42 },
+  });
+  const kinds = result.messages.map((m) => m.response);
+  assert.equal(kinds[kinds.length - 1], 'complete');
+  assert.equal(kinds.filter((k) => k === 'complete').length, 1);
+  assert.ok(kinds.slice(0, -1).every((k) => k === 'chunk'));
+  assert.equal(result.tokens.length, 12);
+  assert.equal(result.logprobs.length, 12);
+  assert.equal(result.complete.finish_reason, 'FINISH_REASON_LENGTH');
+  assert.equal(result.complete.completion_tokens, 12);
+  assert.equal(result.complete.prompt_tokens, 3);
+});
+
+test('the same seed gives the same tokens', async () => {
+  const request = (id) => ({
+    request_id: id,
+    prompt_ids: [9, 8, 7],
+    sampling_params: { max_new_tokens: 6, ignore_eos: true, seed: 7 },
+  });
+  const a = await generate(clients.generate, request('node-seed-a'));
+  const b = await generate(clients.generate, request('node-seed-b'));
+  assert.deepEqual(a.tokens, b.tokens);
+});
+
+test('a bad input is INVALID_ARGUMENT naming the field', async () => {
+  await assert.rejects(
+    generate(clients.generate, { request_id: 'node-bad-1', prompt_ids: [], sampling_params: { max_new_tokens: 2 } }),
+    (error) => error.code === grpc.status.INVALID_ARGUMENT && error.details.includes('prompt_ids'),
+  );
+  await assert.rejects(
+    generate(clients.generate, {
+      request_id: 'node-bad-2',
+      prompt_ids: [1, 2],
+      sampling_params: { temperature: -1, max_new_tokens: 2 },
+    }),
+    (error) => error.code === grpc.status.INVALID_ARGUMENT && error.details.includes('temperature'),
+  );
+});
+
+test('GetLoad answers after the streams ended', async () => {
+  const load = await unary(clients.generate, 'GetLoad', {}, 10);
+  assert.equal(load.running_requests, 0);
+  assert.ok(load.max_running_requests >= 1);
+});
