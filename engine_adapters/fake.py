@@ -175,8 +175,10 @@ class FakeEngine:
             raise EngineUnavailableError("the fake engine is asleep")
         if request.structured_output is not None:
             raise UnsupportedError("the fake engine does not support structured output")
-        if len(self._waiting) + len(self._held) >= self.config.max_waiting:
-            raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
+        if self._in_flight() >= self.config.max_running + self.config.max_waiting:
+            raise EngineOverloadedError(
+                f"the waiting queue is full ({self.config.max_waiting} waiting behind {self.config.max_running} running)"
+            )
         sampling = request.sampling
         seed = 0 if sampling.greedy else (sampling.seed if sampling.seed is not None else random.getrandbits(63))
         entry = _Request(request=request, base=_mix(hash((seed, request.prompt_ids)) & _MASK64))

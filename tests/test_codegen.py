@@ -80,3 +80,18 @@ def test_wheel_from_clean_tree_contains_and_imports_stubs(tmp_path: Path) -> Non
     ).stdout.split()
     assert out[0].startswith(str(target))
     assert out[1] == "agentloop.v1.TokenGenerate,agentloop.v1.EngineControl"
+
+
+def test_buf_breaking_flags_a_renumbered_field(tmp_path: Path) -> None:
+    buf = ROOT / "clients" / "node" / "node_modules" / ".bin" / "buf"
+    changed = tmp_path / "protos"
+    shutil.copytree(ROOT / "protos", changed)
+    proto = changed / "agentloop" / "v1" / "generation.proto"
+    text = proto.read_text()
+    assert "string session_id = 2;" in text
+    proto.write_text(text.replace("string session_id = 2;", "string session_id = 20;"))
+    result = subprocess.run(
+        [str(buf), "breaking", str(changed), "--against", str(ROOT / "protos")], capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert 'field "2" with name "session_id"' in result.stdout + result.stderr

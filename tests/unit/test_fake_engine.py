@@ -1,0 +1,97 @@
+"""The fake engine's scheduling: batch capacity, priority order, a bounded queue (RESOURCE_EXHAUSTED)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from agentloop_grpc.engine_adapters.errors import EngineOverloadedError
+from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.server import create_server, start_adapter
+from agentloop_grpc.engine_adapters.types import GenerateComplete, GenerateRequest, SamplingParams
+from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
+
+
+def _request(request_id: str, tokens: int, priority: int = 0) -> GenerateRequest:
+    return GenerateRequest(
+        request_id=request_id,
+        prompt_ids=(1, 2, 3),
+        sampling=SamplingParams(max_new_tokens=tokens, ignore_eos=True),
+        priority=priority,
+    )
+
+
+async def _run(engine: FakeEngine, request: GenerateRequest, finished: list[str]) -> GenerateComplete:
+    async for event in engine.generate(request):
+        if isinstance(event, GenerateComplete):
+            finished.append(request.request_id)
+            return event
+    raise AssertionError("no completion")
+
+
+async def test_batch_capacity_and_priority_order() -> None:
+    engine = FakeEngine(FakeEngineConfig(max_running=1, token_latency_s=0.001))
+    await engine.start()
+    finished: list[str] = []
+    first = asyncio.create_task(_run(engine, _request("first", 20), finished))
+    await asyncio.sleep(0.005)
+    queued = [
+        asyncio.create_task(_run(engine, _request(name, 2, priority), finished))
+        for name, priority in (("low", 0), ("high", 5), ("mid", 1))
+    ]
+    await asyncio.sleep(0)
+    assert engine.load().running_requests == 1 and engine.load().waiting_requests == 3
+    await asyncio.gather(first, *queued)
+    assert finished == ["first", "high", "mid", "low"]
+    await engine.shutdown()
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="dp_rank"):
+        FakeEngineConfig(dp_rank=2, dp_size=2)
+    with pytest.raises(ValueError, match="latencies"):
+        FakeEngineConfig(token_latency_s=-1)
+
+
+async def test_full_queue_is_resource_exhausted_over_grpc() -> None:
+    engine = FakeEngine(FakeEngineConfig(max_running=1, max_waiting=1, token_latency_s=0.01))
+    server = await create_server(engine, "127.0.0.1:0")
+    await start_adapter(server)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = generation_pb2_grpc.TokenGenerateStub(channel)
+
+            def call(request_id: str):
+                params = generation_pb2.SamplingParams(max_new_tokens=50, ignore_eos=True)
+                return stub.Generate(
+                    generation_pb2.GenerateRequest(request_id=request_id, prompt_ids=[1], sampling_params=params)
+                )
+
+            running, waiting = call("a"), call("b")
+            await running.read()
+            while (await stub.GetLoad(generation_pb2.GetLoadRequest())).waiting_requests < 1:
+                await asyncio.sleep(0.005)
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                async for _ in call("c"):
+                    pass
+            assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "waiting queue is full" in error.value.details()
+            running.cancel()
+            waiting.cancel()
+    finally:
+        await server.stop(grace_s=1)
+
+
+async def test_no_queue_means_only_the_batch_runs() -> None:
+    engine = FakeEngine(FakeEngineConfig(max_running=1, max_waiting=0, token_latency_s=0.01))
+    await engine.start()
+    finished: list[str] = []
+    running = asyncio.create_task(_run(engine, _request("a", 5), finished))
+    await asyncio.sleep(0.005)
+    with pytest.raises(EngineOverloadedError):
+        async for _ in engine.generate(_request("b", 1)):
+            pass
+    assert (await running).completion_tokens == 5
+    await engine.shutdown()
