@@ -155,3 +155,16 @@ def load_to_proto(load: LoadInfo) -> generation_pb2.GetLoadResponse:
         prefix_cache_hit_rate=load.prefix_cache_hit_rate,
         max_running_requests=load.max_running_requests,
     )
+
+
+def chunk_from_proto(chunk: generation_pb2.TokenChunk) -> TokenChunk:
+    """Client side: a received chunk as the domain type."""
+    return TokenChunk(
+        token_ids=tuple(chunk.token_ids),
+        weight_version=chunk.weight_version,
+        logprobs=tuple(chunk.logprobs),
+        top_logprobs=tuple(tuple(zip(alt.token_ids, alt.logprobs, strict=True)) for alt in chunk.top_logprobs),
+    )
+
+
+FINISH_REASONS_FROM_PROTO = {code: reason for reason, code in FINISH_REASONS.items()}

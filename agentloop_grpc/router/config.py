@@ -1,0 +1,49 @@
+"""RouterConfig: every knob of routing, health, failover and deadlines, with bounds and the reason for each."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RouterConfig(BaseModel):
+    """How the Router spreads sessions over engine servers and recovers from failures."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_sessions: int = Field(100_000, ge=1, description="Sessions remembered for affinity (LRU beyond this).")
+    deterministic: bool = Field(
+        False,
+        description="Place sessions by a hash of their id (rendezvous hashing) instead of by load: reproducible "
+        "placement across runs; sessions still fail over when their server is down.",
+    )
+    imbalance_ratio: float = Field(
+        2.0,
+        ge=1.0,
+        description="A session leaves its server when that server's load exceeds this multiple of the least "
+        "loaded server's load (and the gap exceeds imbalance_min_gap).",
+    )
+    imbalance_min_gap: int = Field(
+        8,
+        ge=0,
+        description="Never move a session when its server has at most this many more requests than the least "
+        "loaded one: a cache miss costs more than a small queue.",
+    )
+    load_poll_interval_s: float = Field(
+        0.5, gt=0, description="How often each server's GetLoad refines the locally tracked in-flight counts."
+    )
+    health_retry_interval_s: float = Field(
+        0.5, gt=0, description="Delay before re-watching the health of a server whose watch stream failed."
+    )
+    generate_timeout_s: float = Field(600.0, gt=0, description="Default deadline of a whole generate call.")
+    control_timeout_s: float = Field(120.0, gt=0, description="Deadline of each control call (sleep, pause, ...).")
+    max_attempts: int = Field(
+        5, ge=1, description="Attempts of one generate across servers (first try included) on UNAVAILABLE."
+    )
+    backoff_initial_s: float = Field(0.05, gt=0, description="First retry delay; doubles each retry.")
+    backoff_max_s: float = Field(2.0, gt=0, description="Upper bound of the retry delay.")
+    no_server_wait_s: float = Field(
+        10.0, ge=0, description="How long a generate waits for some server to become healthy before failing."
+    )
+    weight_chunk_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="UpdateWeights splits tensors into messages of at most this size."
+    )

@@ -1,0 +1,61 @@
+"""Results of calls fanned out to every server, and the message stream of a weight update."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from agentloop_grpc.engine_adapters.types import NamedTensor
+from agentloop_grpc.engine_adapters.weights import DTYPES
+from agentloop_grpc.v1 import engine_pb2
+
+from .errors import InfrastructureError
+
+_DTYPE_CODES = {name: code for code, (name, _size) in DTYPES.items()}
+
+
+@dataclass
+class FanOutResult:
+    """Per-server outcome of one control call sent to every server concurrently."""
+
+    responses: dict[str, object] = field(default_factory=dict)
+    errors: dict[str, BaseException] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def raise_for_errors(self) -> FanOutResult:
+        """Raise InfrastructureError naming every server that failed; return self when none did."""
+        if self.errors:
+            described = "; ".join(f"{address}: {error}" for address, error in sorted(self.errors.items()))
+            raise InfrastructureError(f"{len(self.errors)} of {len(self.errors) + len(self.responses)} failed: {described}")
+        return self
+
+
+def weight_update_messages(
+    tensors: Iterable[NamedTensor], weight_version: int | None, flush_cache: bool, chunk_bytes: int
+) -> list[engine_pb2.UpdateWeightsRequest]:
+    """Split every tensor into messages of at most ``chunk_bytes`` bytes, then the commit."""
+    messages = []
+    for tensor in tensors:
+        if tensor.dtype not in _DTYPE_CODES:
+            raise ValueError(f"tensor {tensor.name!r}: unsupported dtype {tensor.dtype!r}")
+        offsets = range(0, max(len(tensor.data), 1), chunk_bytes)
+        for offset in offsets:
+            messages.append(
+                engine_pb2.UpdateWeightsRequest(
+                    tensor=engine_pb2.TensorChunk(
+                        name=tensor.name,
+                        dtype=_DTYPE_CODES[tensor.dtype],
+                        shape=tensor.shape,
+                        offset=offset,
+                        data=tensor.data[offset : offset + chunk_bytes],
+                    )
+                )
+            )
+    commit = engine_pb2.UpdateWeightsCommit(flush_cache=flush_cache)
+    if weight_version is not None:
+        commit.weight_version = weight_version
+    messages.append(engine_pb2.UpdateWeightsRequest(commit=commit))
+    return messages

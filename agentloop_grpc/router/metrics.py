@@ -1,0 +1,46 @@
+"""Router metrics in a Prometheus registry owned by the Router (never the global default registry).
+
+The caller serves it however it likes, e.g. ``prometheus_client.start_http_server(port, registry=router.metrics.registry)``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class RouterMetrics:
+    """Per-server in-flight, load and health; routing decisions; failovers and retries; latencies."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.in_flight = Gauge("agentloop_router_in_flight", "Requests this router has in flight", ["server"], registry=r)
+        self.server_load = Gauge(
+            "agentloop_router_server_load", "Running + waiting requests the server reported", ["server"], registry=r
+        )
+        self.server_healthy = Gauge(
+            "agentloop_router_server_healthy", "1 while the server reports SERVING", ["server"], registry=r
+        )
+        self.decisions = Counter(
+            "agentloop_router_routing_decisions",
+            "Routing decisions: new (first request of a session), sticky (same server), moved (rebalanced or "
+            "failed over)",
+            ["decision"],
+            registry=r,
+        )
+        self.failovers = Counter(
+            "agentloop_router_failovers", "Generate calls resumed on another server after tokens", registry=r
+        )
+        self.retries = Counter("agentloop_router_retries", "Generate attempts retried, by status code", ["code"], registry=r)
+        self.generate_seconds = Histogram(
+            "agentloop_router_generate_seconds", "Whole generate calls", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.first_token_seconds = Histogram(
+            "agentloop_router_first_token_seconds", "Time to the first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+
+    def value(self, name: str, **labels: str) -> float:
+        """Current value of a sample (0 when absent): convenient for reports and tests."""
+        return self.registry.get_sample_value(name, labels) or 0.0

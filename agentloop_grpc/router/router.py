@@ -1,0 +1,397 @@
+"""Router: the client library through which agent loops reach many engine servers (one per DP group).
+
+Sessions (trajectories) stick to a server so the prefix cache pays off, within a bounded imbalance (policy.py).
+Every generate has a deadline. Cancelling the caller's task cancels the stream, which aborts the request inside
+the engine, and an explicit Abort follows in case the cancellation could not reach it. A stream that fails with
+UNAVAILABLE (server killed, draining, asleep) or RESOURCE_EXHAUSTED resumes on another server from the tokens
+already received, so the caller sees one uninterrupted generation; other errors are the request's and are never
+retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+
+import grpc
+
+from agentloop_grpc.engine_adapters import convert
+from agentloop_grpc.engine_adapters.types import FinishReason, NamedTensor, TokenChunk
+from agentloop_grpc.v1 import engine_pb2, generation_pb2
+
+from .config import RouterConfig
+from .endpoint import Endpoint
+from .errors import InfrastructureError, NoHealthyServerError, RequestError
+from .fanout import FanOutResult, weight_update_messages
+from .metrics import RouterMetrics
+from .policy import Decision, choose_server
+from .result import GenerateResult
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+class Router:
+    """Routes generate calls over engine servers; see the module docstring. Use ``async with Router(...)``."""
+
+    def __init__(self, servers: Sequence[str], config: RouterConfig | None = None) -> None:
+        self.config = config or RouterConfig()
+        self.metrics = RouterMetrics()
+        self._endpoints: dict[str, Endpoint] = {}
+        self._initial = list(servers)
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._active: dict[str, dict[str, Endpoint]] = {}  # session -> request id -> endpoint
+        self._background: set[asyncio.Task] = set()
+
+    @classmethod
+    def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Router:
+        """Servers from a launcher's discovery file: ``{"servers": [{"address": "host:port", ...}, ...]}``."""
+        document = json.loads(Path(path).read_text())
+        return cls([entry["address"] for entry in document["servers"]], config)
+
+    async def __aenter__(self) -> Router:
+        for address in self._initial:
+            await self.add_server(address)
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for address in list(self._endpoints):
+            await self.remove_server(address)
+        for task in list(self._background):
+            task.cancel()
+
+    # -- servers ---------------------------------------------------------------------------------------------
+
+    @property
+    def servers(self) -> dict[str, Endpoint]:
+        return dict(self._endpoints)
+
+    async def add_server(self, address: str) -> None:
+        if address in self._endpoints:
+            return
+        endpoint = Endpoint(address, self.config, self.metrics)
+        self._endpoints[address] = endpoint
+        endpoint.start()
+
+    async def remove_server(self, address: str) -> None:
+        """Stop routing to ``address``; its sessions move on their next request. In-flight calls are cancelled."""
+        endpoint = self._endpoints.pop(address, None)
+        if endpoint is not None:
+            await endpoint.close()
+
+    async def wait_ready(self, min_servers: int = 1, timeout_s: float = 60.0) -> None:
+        """Wait until at least ``min_servers`` servers report SERVING."""
+        deadline = time.monotonic() + timeout_s
+        while sum(e.healthy for e in self._endpoints.values()) < min_servers:
+            if time.monotonic() > deadline:
+                raise NoHealthyServerError(f"fewer than {min_servers} servers became healthy within {timeout_s} s")
+            await asyncio.sleep(0.02)
+
+    # -- sessions --------------------------------------------------------------------------------------------
+
+    def session_server(self, session_id: str) -> str | None:
+        return self._sessions.get(session_id)
+
+    def close_session(self, session_id: str) -> None:
+        """Forget a finished trajectory's placement."""
+        self._sessions.pop(session_id, None)
+
+    def _remember(self, session_id: str, address: str) -> None:
+        self._sessions[session_id] = address
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > self.config.max_sessions:
+            self._sessions.popitem(last=False)
+
+    async def _pick(self, session_id: str, deadline: float, avoid: set[str] = frozenset()) -> Endpoint:
+        """Choose a healthy server for the session's next request (preferring servers not in ``avoid``, which
+        just failed this request), waiting a bounded time for one."""
+        wait_until = min(deadline, time.monotonic() + self.config.no_server_wait_s)
+        while True:
+            loads = {a: e.load for a, e in self._endpoints.items() if e.healthy}
+            loads = {a: load for a, load in loads.items() if a not in avoid} or loads
+            if loads:
+                break
+            if time.monotonic() >= wait_until:
+                raise NoHealthyServerError(f"no healthy engine server among {sorted(self._endpoints)}")
+            await asyncio.sleep(0.02)
+        address, decision = choose_server(session_id, self._sessions.get(session_id), loads, self.config)
+        self.metrics.decisions.labels(decision.value).inc()
+        if decision is Decision.MOVED:
+            log.debug("session %s moves to %s", session_id, address)
+        self._remember(session_id, address)
+        return self._endpoints[address]
+
+    # -- generation ------------------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        params: generation_pb2.SamplingParams | None = None,
+        **options,
+    ) -> GenerateResult:
+        """Generate to the end and return the whole result (see ``stream`` for the options)."""
+        async with contextlib.aclosing(self.stream(session_id, prompt_ids, params, **options)) as events:
+            async for event in events:
+                if isinstance(event, GenerateResult):
+                    return event
+        raise InfrastructureError("the stream ended without a result")
+
+    async def stream(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        params: generation_pb2.SamplingParams | None = None,
+        *,
+        structured_output: generation_pb2.StructuredOutput | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[TokenChunk | GenerateResult]:
+        """Yield TokenChunks as they arrive, then one GenerateResult.
+
+        Raises RequestError for a request the engine refuses (never retried), InfrastructureError when no
+        server could finish it (servers down, retries exhausted, deadline passed).
+        """
+        started = time.monotonic()
+        deadline = started + (timeout_s or self.config.generate_timeout_s)
+        base_id = request_id or uuid.uuid4().hex
+        params = params or generation_pb2.SamplingParams()
+        prompt = list(prompt_ids)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        top: list[tuple[tuple[int, float], ...]] = []
+        versions: list[int] = []
+        servers: list[str] = []
+        cached = 0
+        failovers = 0
+        first_token_seen = False
+        failed: set[str] = set()
+        for attempt in range(1, self.config.max_attempts + 1):
+            endpoint = await self._pick(session_id, deadline, avoid=failed)
+            ended = _ended_before_resume(tokens, params, endpoint) if attempt > 1 else None
+            if ended is not None:  # the lost stream had in fact finished: only its final message was missing
+                reason, matched = ended
+                complete = generation_pb2.GenerateComplete(finish_reason=convert.FINISH_REASONS[reason])
+                if matched is not None:
+                    complete.matched_stop_token_id = matched
+                break
+            attempt_id = base_id if attempt == 1 else f"{base_id}.{attempt}"
+            request = _attempt_request(
+                attempt_id, session_id, prompt + tokens, params, len(tokens), structured_output, priority
+            )
+            servers.append(endpoint.address)
+            endpoint.begin_request()
+            self._active.setdefault(session_id, {})[attempt_id] = endpoint
+            call = endpoint.generate.Generate(request, timeout=max(0.001, deadline - time.monotonic()))
+            complete = None
+            try:
+                async for message in call:
+                    if message.WhichOneof("response") == "complete":
+                        complete = message.complete
+                        break
+                    chunk = convert.chunk_from_proto(message.chunk)
+                    tokens += chunk.token_ids
+                    logprobs += chunk.logprobs
+                    top += chunk.top_logprobs
+                    versions += [chunk.weight_version] * len(chunk.token_ids)
+                    if not first_token_seen:
+                        first_token_seen = True
+                        self.metrics.first_token_seconds.observe(time.monotonic() - started)
+                    yield chunk
+                if complete is None:
+                    raise InfrastructureError(f"{endpoint.address} ended the stream of {attempt_id} without a result")
+            except grpc.aio.AioRpcError as error:
+                code = error.code()
+                if code not in _RETRYABLE:
+                    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        raise InfrastructureError(f"generate {base_id} exceeded its deadline") from error
+                    raise RequestError(code, error.details() or "", endpoint.address) from error
+                self.metrics.retries.labels(code.name).inc()
+                failed.add(endpoint.address)
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    endpoint.mark_unavailable()
+                if tokens:
+                    failovers += 1
+                    self.metrics.failovers.inc()
+                log.warning("generate %s: %s from %s (attempt %d)", base_id, code.name, endpoint.address, attempt)
+                if attempt == self.config.max_attempts or time.monotonic() >= deadline:
+                    raise InfrastructureError(
+                        f"generate {base_id} failed on {attempt} attempts; last: {code.name} from {endpoint.address}"
+                    ) from error
+            finally:
+                endpoint.end_request()
+                active = self._active.get(session_id, {})
+                active.pop(attempt_id, None)
+                if not active:
+                    self._active.pop(session_id, None)
+                if complete is None and not call.done():  # cancelled, closed early or failed: free the engine
+                    call.cancel()
+                    self._spawn(self._abort_on(endpoint, [attempt_id]))
+            if complete is not None:
+                cached += complete.cached_prompt_tokens
+                break
+            await asyncio.sleep(min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (attempt - 1)))
+        else:
+            raise InfrastructureError(f"generate {base_id} exhausted its attempts")
+        elapsed = time.monotonic() - started
+        self.metrics.generate_seconds.observe(elapsed)
+        yield GenerateResult(
+            request_id=base_id,
+            session_id=session_id,
+            token_ids=tuple(tokens),
+            logprobs=tuple(logprobs),
+            top_logprobs=tuple(top),
+            weight_versions=tuple(versions),
+            finish_reason=convert.FINISH_REASONS_FROM_PROTO[complete.finish_reason],
+            matched_stop_token_id=complete.matched_stop_token_id if complete.HasField("matched_stop_token_id") else None,
+            prompt_tokens=len(prompt),
+            cached_prompt_tokens=cached,
+            servers=tuple(servers),
+            failovers=failovers,
+            seconds=elapsed,
+        )
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort_on(self, endpoint: Endpoint, request_ids: list[str]) -> None:
+        try:
+            await endpoint.generate.Abort(generation_pb2.AbortRequest(request_ids=request_ids), timeout=5)
+        except grpc.aio.AioRpcError as error:  # the server is gone: nothing left to abort there
+            log.debug("abort on %s failed: %s", endpoint.address, error.code().name)
+
+    # -- abort -----------------------------------------------------------------------------------------------
+
+    async def abort(self, session_id: str) -> FanOutResult:
+        """Abort the session's in-flight requests; their streams end with FINISH_REASON_ABORT."""
+        by_server: dict[str, list[str]] = {}
+        for request_id, endpoint in self._active.get(session_id, {}).items():
+            by_server.setdefault(endpoint.address, []).append(request_id)
+        return await self._fan_out(
+            lambda e: e.generate.Abort(
+                generation_pb2.AbortRequest(request_ids=by_server[e.address]), timeout=self.config.control_timeout_s
+            ),
+            only=set(by_server),
+        )
+
+    async def abort_all(self) -> FanOutResult:
+        """Abort every in-flight request on every server (other clients' too)."""
+        return await self._fan_out(
+            lambda e: e.generate.Abort(generation_pb2.AbortRequest(all=True), timeout=self.config.control_timeout_s)
+        )
+
+    # -- fan-out control -------------------------------------------------------------------------------------
+
+    async def _fan_out(
+        self, call: Callable[[Endpoint], Awaitable[object]], only: set[str] | None = None
+    ) -> FanOutResult:
+        endpoints = [e for a, e in self._endpoints.items() if only is None or a in only]
+        outcomes = await asyncio.gather(*(call(e) for e in endpoints), return_exceptions=True)
+        result = FanOutResult()
+        for endpoint, outcome in zip(endpoints, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                result.errors[endpoint.address] = outcome
+            else:
+                result.responses[endpoint.address] = outcome
+        return result
+
+    async def server_info(self) -> FanOutResult:
+        return await self._fan_out(
+            lambda e: e.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=self.config.control_timeout_s)
+        )
+
+    async def sleep(self, level: int = engine_pb2.SLEEP_LEVEL_KV_CACHE) -> FanOutResult:
+        return await self._fan_out(
+            lambda e: e.control.Sleep(engine_pb2.SleepRequest(level=level), timeout=self.config.control_timeout_s)
+        )
+
+    async def wake_up(self, tags: Iterable[int] = ()) -> FanOutResult:
+        return await self._fan_out(
+            lambda e: e.control.WakeUp(engine_pb2.WakeUpRequest(tags=list(tags)), timeout=self.config.control_timeout_s)
+        )
+
+    async def pause(self, mode: int = engine_pb2.PAUSE_MODE_ABORT) -> FanOutResult:
+        return await self._fan_out(
+            lambda e: e.control.Pause(engine_pb2.PauseRequest(mode=mode), timeout=self.config.control_timeout_s)
+        )
+
+    async def resume(self) -> FanOutResult:
+        return await self._fan_out(
+            lambda e: e.control.Resume(engine_pb2.ResumeRequest(), timeout=self.config.control_timeout_s)
+        )
+
+    async def flush_cache(self) -> FanOutResult:
+        return await self._fan_out(
+            lambda e: e.control.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.config.control_timeout_s)
+        )
+
+    async def update_weights(
+        self, tensors: Iterable[NamedTensor], weight_version: int | None = None, flush_cache: bool = True
+    ) -> FanOutResult:
+        """Stream the same tensors to every server concurrently; each applies them atomically on the commit."""
+        messages = weight_update_messages(tensors, weight_version, flush_cache, self.config.weight_chunk_bytes)
+
+        async def send(endpoint: Endpoint):
+            async def stream():
+                for message in messages:
+                    yield message
+
+            return await endpoint.control.UpdateWeights(stream(), timeout=self.config.control_timeout_s)
+
+        return await self._fan_out(send)
+
+
+def _attempt_request(
+    request_id: str,
+    session_id: str,
+    prompt_ids: list[int],
+    params: generation_pb2.SamplingParams,
+    received: int,
+    structured_output: generation_pb2.StructuredOutput | None,
+    priority: int,
+) -> generation_pb2.GenerateRequest:
+    """The request of one attempt: the prompt extended by what was received, with the budget that is left."""
+    attempt_params = generation_pb2.SamplingParams()
+    attempt_params.CopyFrom(params)
+    if params.HasField("max_new_tokens"):
+        attempt_params.max_new_tokens = params.max_new_tokens - received
+    request = generation_pb2.GenerateRequest(
+        request_id=request_id,
+        session_id=session_id,
+        prompt_ids=prompt_ids,
+        sampling_params=attempt_params,
+        priority=priority,
+    )
+    if structured_output is not None:
+        request.structured_output.CopyFrom(structured_output)
+    return request
+
+
+def _ended_before_resume(
+    tokens: list[int], params: generation_pb2.SamplingParams, endpoint: Endpoint
+) -> tuple[FinishReason, int | None] | None:
+    """Whether the tokens received before a failure already end the generation (budget spent, stop token)."""
+    if not tokens:
+        return None
+    if tokens[-1] in params.stop_token_ids:
+        return FinishReason.STOP, tokens[-1]
+    eos = endpoint.info.eos_token_ids if endpoint.info is not None else ()
+    if not params.ignore_eos and tokens[-1] in eos:
+        return FinishReason.STOP, tokens[-1]
+    if params.HasField("max_new_tokens") and len(tokens) >= params.max_new_tokens:
+        return FinishReason.LENGTH, None
+    return None

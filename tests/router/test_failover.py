@@ -1,0 +1,89 @@
+"""Failover with real server processes: SIGKILL one mid-stream; the generations finish elsewhere with nothing
+lost or duplicated; a restarted server is used again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from agentloop_grpc.engine_adapters.types import FinishReason
+from agentloop_grpc.router import GenerateResult, Router, RouterConfig
+from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
+
+from .conftest import ServerProcess, free_port
+
+FAST = RouterConfig(load_poll_interval_s=0.05, health_retry_interval_s=0.05, backoff_initial_s=0.01)
+BUDGET = 300
+
+
+def greedy(tokens: int) -> generation_pb2.SamplingParams:
+    return generation_pb2.SamplingParams(max_new_tokens=tokens, ignore_eos=True, temperature=0, logprobs=True)
+
+
+async def _direct(address: str, prompt: list[int], tokens: int) -> list[int]:
+    """Generate on one server without the router (the fake engine is deterministic for greedy requests)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = generation_pb2_grpc.TokenGenerateStub(channel)
+        request = generation_pb2.GenerateRequest(request_id="direct", prompt_ids=prompt, sampling_params=greedy(tokens))
+        return [t async for m in stub.Generate(request, timeout=60) for t in m.chunk.token_ids]
+
+
+async def test_sigkill_mid_stream_every_generation_completes_elsewhere(server_processes) -> None:
+    server_processes.extend(ServerProcess(token_latency_ms=5) for _ in range(3))
+    async with Router([p.address for p in server_processes], FAST) as router:
+        await router.wait_ready(3)
+        prompts = {f"traj{i}": [10 + i, 20 + i, 30 + i, 40 + i] for i in range(9)}
+        received: dict[str, int] = {}
+
+        async def run(session: str):
+            async for event in router.stream(session, prompts[session], greedy(BUDGET)):
+                if isinstance(event, GenerateResult):
+                    return event
+                received[session] = received.get(session, 0) + len(event.token_ids)
+            raise AssertionError("no result")
+
+        tasks = {s: asyncio.create_task(run(s)) for s in prompts}
+        while len(received) < len(prompts) or min(received.values()) < 20:
+            await asyncio.sleep(0.01)
+        victim = server_processes[0]
+        on_victim = [s for s in prompts if router.session_server(s) == victim.address]
+        assert on_victim, "sessions are spread over all servers"
+        victim.kill()
+        results = {s: await task for s, task in tasks.items()}
+
+    survivor = server_processes[1].address
+    for session, result in results.items():
+        assert result.finish_reason is FinishReason.LENGTH
+        assert len(result.token_ids) == len(result.logprobs) == len(result.weight_versions) == BUDGET
+        if session not in on_victim:
+            assert result.failovers == 0 and len(result.servers) == 1
+            continue
+        assert result.failovers == 1 and result.servers[0] == victim.address and len(result.servers) == 2
+        # before the kill: the victim's tokens for the prompt; after: the continuation of prompt + those tokens
+        reference = await _direct(survivor, prompts[session], BUDGET)
+        split = next(i for i, (a, b) in enumerate(zip(result.token_ids, reference)) if a != b)
+        assert split >= 20
+        continuation = await _direct(survivor, prompts[session] + list(result.token_ids[:split]), BUDGET - split)
+        assert list(result.token_ids[split:]) == continuation
+
+
+async def test_restarted_server_is_used_again(server_processes) -> None:
+    port = free_port()
+    server_processes.append(ServerProcess(port=port, token_latency_ms=1))
+    server_processes.append(ServerProcess(token_latency_ms=1))
+    restarted_address = server_processes[0].address
+    async with Router([p.address for p in server_processes], FAST) as router:
+        await router.wait_ready(2)
+        server_processes[0].kill()
+        for _ in range(200):
+            if not router.servers[restarted_address].healthy:
+                break
+            await asyncio.sleep(0.02)
+        assert not router.servers[restarted_address].healthy
+        during = {(await router.generate(f"a{i}", [1, 2, 3], greedy(2))).servers[0] for i in range(8)}
+        assert during == {server_processes[1].address}
+        server_processes.append(ServerProcess(port=port, token_latency_ms=1))
+        await router.wait_ready(2, timeout_s=20)
+        after = {(await router.generate(f"b{i}", [1, 2, 3], greedy(2))).servers[0] for i in range(16)}
+        assert restarted_address in after

@@ -1,0 +1,57 @@
+"""The routing policy as a pure function: least-loaded placement, stickiness, bounded imbalance, hashing."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentloop_grpc.router import RouterConfig
+from agentloop_grpc.router.policy import Decision, choose_server
+
+CONFIG = RouterConfig(imbalance_ratio=2.0, imbalance_min_gap=4)
+
+
+def test_new_session_goes_to_least_loaded() -> None:
+    assert choose_server("s", None, {"a": 5, "b": 1, "c": 3}, CONFIG) == ("b", Decision.NEW)
+
+
+def test_ties_spread_sessions_by_hash() -> None:
+    chosen = {choose_server(f"s{i}", None, {"a": 0, "b": 0, "c": 1}, CONFIG)[0] for i in range(50)}
+    assert chosen == {"a", "b"}
+    assert choose_server("s7", None, {"b": 0, "a": 0}, CONFIG) == choose_server("s7", None, {"a": 0, "b": 0}, CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("loads", "expected"),
+    [
+        ({"a": 4, "b": 0}, ("a", Decision.STICKY)),  # gap 4 is within imbalance_min_gap
+        ({"a": 9, "b": 5}, ("a", Decision.STICKY)),  # gap 4 again; and 9 < 2 x 5
+        ({"a": 11, "b": 6}, ("a", Decision.STICKY)),  # gap 5 > 4 but 11 < 2 x 6: not imbalanced enough
+        ({"a": 13, "b": 6}, ("b", Decision.MOVED)),  # gap 7 > 4 and 13 > 2 x 6
+        ({"a": 5, "b": 0}, ("b", Decision.MOVED)),
+    ],
+)
+def test_sticky_within_bounded_imbalance(loads, expected) -> None:
+    assert choose_server("s", "a", loads, CONFIG) == expected
+
+
+def test_session_on_unhealthy_server_moves() -> None:
+    assert choose_server("s", "gone", {"a": 3, "b": 1}, CONFIG) == ("b", Decision.MOVED)
+
+
+def test_deterministic_mode_ignores_load_and_is_stable() -> None:
+    config = RouterConfig(deterministic=True)
+    servers = {f"10.0.0.{i}:1": 0 for i in range(4)}
+    placement = {f"s{i}": choose_server(f"s{i}", None, servers, config)[0] for i in range(200)}
+    assert len(set(placement.values())) == 4  # spread over every server
+    loaded = {address: 100 * i for i, address in enumerate(servers)}
+    for session, address in placement.items():
+        assert choose_server(session, address, loaded, config) == (address, Decision.STICKY)
+    # removing one server moves only the sessions that were on it
+    smaller = {a: 0 for a in list(servers)[:-1]}
+    moved = [s for s, a in placement.items() if choose_server(s, a, smaller, config)[0] != a]
+    assert moved and all(placement[s] == list(servers)[-1] for s in moved)
+
+
+def test_empty_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        choose_server("s", None, {}, CONFIG)
