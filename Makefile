@@ -9,7 +9,7 @@ BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
-.PHONY: setup protos protos-lint protos-breaking test test-python test-node clean
+.PHONY: setup protos protos-lint protos-breaking test test-python test-node bench clean
 
 setup: $(VENV)/.installed $(NODE_DIR)/node_modules/.installed
 
@@ -49,6 +49,11 @@ test-python: protos
 
 test-node: protos
 	cd $(NODE_DIR) && AGENTLOOP_BIN="$(CURDIR)/$(VENV)/bin/agentloop" npm test
+
+## bench: every benchmark (each prints RATIO lines against a baseline measured in the same run)
+bench: protos
+	$(PY) -m pip install --quiet -e '.[dev,ray]'
+	$(PY) bench/transport.py
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules $(NODE_DIR)/generated build dist *.egg-info

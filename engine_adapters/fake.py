@@ -248,8 +248,8 @@ class FakeEngine:
                 self._running[entry.request_id] = entry
             newcomers = [e for e in self._running.values() if not e.prefilled]
             uncached = sum(self._prefill(e) for e in newcomers)
-            await asyncio.sleep(self.config.prefill_latency_s_per_token * uncached)
-            await asyncio.sleep(self.config.token_latency_s)
+            # one sleep per step (also the step's yield to the event loop when latencies are zero)
+            await asyncio.sleep(self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s)
             if self._paused:  # PAUSE_MODE_KEEP arrived during the step: keep the requests, emit nothing
                 continue
             for entry in list(self._running.values()):
