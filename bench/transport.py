@@ -168,7 +168,7 @@ def main() -> int:
     processes = []
     try:
         engine, engine_address = _start([str(BIN / "agentloop"), "engine", "serve", "--adapter", "fake", "--port",
-                                         "0", "--log-level", "WARNING", "--fake-max-running", "256"])
+                                         "0", "--log-level", "WARNING", "--max-running", "256"])
         processes.append(engine)
         echo, echo_address = _start([sys.executable, __file__, "--serve-echo"])
         processes.append(echo)

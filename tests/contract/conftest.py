@@ -1,11 +1,12 @@
 """Fixtures of the contract suite: one real gRPC server on loopback per adapter, shared by the whole session.
 
-Adapters join by adding a builder to ``_BUILDERS`` (the embedded engine and vLLM join in later issues). Each test
+Adapters join by adding a builder to ``_BUILDERS`` (fake and embedded now; vLLM joins in a later issue). Each test
 gets the server back in a clean state: resumed, awake, nothing in flight.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -17,6 +18,8 @@ from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.v1 import engine_pb2, generation_pb2
 
 from .target import ContractTarget
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # real engines load local files only; nothing may reach a hub
 
 
 @asynccontextmanager
@@ -40,7 +43,36 @@ async def _fake_target() -> AsyncIterator[ContractTarget]:
     await server.stop(grace_s=1)
 
 
-_BUILDERS: dict[str, Callable[[], object]] = {"fake": _fake_target}
+@asynccontextmanager
+async def _embedded_target() -> AsyncIterator[ContractTarget]:
+    from safetensors import safe_open
+
+    from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig, model_store
+
+    engine = EmbeddedEngine(EmbeddedEngineConfig(max_running=8, max_model_len=2048))
+    server = await create_server(engine, "127.0.0.1:0")
+    await start_adapter(server)
+    with safe_open(str(model_store.prepare() / "model.safetensors"), framework="pt") as weights:
+        norm = weights.get_tensor("model.norm.weight")  # its current value: the update changes no output
+    address = f"127.0.0.1:{server.port}"
+    async with grpc.aio.insecure_channel(address) as channel:
+        yield ContractTarget(
+            name="embedded",
+            address=address,
+            channel=channel,
+            prompt=[1, 4093, 198, 10898, 253, 1837, 30, 2, 198, 1, 520, 9531, 198],  # a ChatML user turn
+            long_tokens=200,
+            sample_tensor=engine_pb2.TensorChunk(
+                name="model.norm.weight",
+                dtype=engine_pb2.TENSOR_DTYPE_FLOAT32,
+                shape=list(norm.shape),
+                data=norm.numpy().tobytes(),
+            ),
+        )
+    await server.stop(grace_s=1)
+
+
+_BUILDERS: dict[str, Callable[[], object]] = {"embedded": _embedded_target, "fake": _fake_target}
 
 
 @pytest.fixture(scope="session", params=sorted(_BUILDERS))

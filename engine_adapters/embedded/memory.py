@@ -1,0 +1,25 @@
+"""Giving freed memory back to the operating system.
+
+torch's CPU allocator sits on glibc malloc. Large buffers (the KV slots) are mmap-backed and return to the OS
+when freed, but parameters of a few MB, prefix-cache blocks and safetensors' serialization buffer land on
+malloc's heaps, whose free pages glibc keeps for reuse. Sleep must really free memory, so after dropping tensors
+we ask glibc to trim (``malloc_trim(0)`` releases free pages anywhere in the heaps, not only at the top).
+Measured: without it Sleep level 2 freed nothing visible in RSS; with it RSS fell from 1.07 GB to 0.52 GB.
+On a libc without ``malloc_trim`` (not glibc) the call is skipped and Sleep frees only the mmap-backed part.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+
+def trim() -> bool:
+    """Collect garbage, then return free heap pages to the OS; True if the libc offered malloc_trim."""
+    gc.collect()
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim  # symbols of the running process, libc included
+    except (AttributeError, OSError):
+        return False
+    malloc_trim(0)
+    return True

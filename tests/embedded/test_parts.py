@@ -1,0 +1,127 @@
+"""The engine's parts on synthetic tensors (no model): prefix-cache keys and LRU, slot moves, sampling rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
+from agentloop_grpc.engine_adapters.embedded.kv_cache import KVShape, SlotKVCache
+from agentloop_grpc.engine_adapters.embedded.prefix_cache import PrefixCache
+from agentloop_grpc.engine_adapters.embedded.sampling import RequestSampler
+from agentloop_grpc.engine_adapters.types import SamplingParams
+
+
+def _kv(value: float, block: int = 4) -> torch.Tensor:
+    return torch.full((2, 2, 1, block, 3), value)
+
+
+def _fill(cache: PrefixCache, tokens: list[int]) -> None:
+    for start, parent, key, block in cache.missing(tokens):
+        cache.insert(parent, key, block, _kv(float(start)))
+
+
+def test_prefix_cache_serves_whole_blocks_of_the_prompt_but_its_last_token() -> None:
+    cache = PrefixCache(block_size=4, capacity_tokens=64)
+    _fill(cache, list(range(12)))
+    assert len(cache) == 3
+    assert [b[0, 0, 0, 0, 0].item() for b in cache.lookup(list(range(12)))] == [0.0, 4.0]  # 12th token computed
+    assert len(cache.lookup(list(range(13)))) == 3
+    assert len(cache.lookup([0, 1, 2, 3, 9, 9, 9, 9, 9])) == 1  # diverges in the second block
+    assert cache.lookup([5, 1, 2, 3, 4]) == []  # a block's key covers everything before it
+    assert cache.missing(list(range(12))) == []
+
+
+def test_prefix_cache_evicts_least_recently_used_blocks() -> None:
+    cache = PrefixCache(block_size=4, capacity_tokens=16)
+    _fill(cache, [1] * 8)
+    _fill(cache, [2] * 8)
+    assert len(cache.lookup([1] * 9)) == 2
+    _fill(cache, [3] * 8)  # evicts the [2] blocks, used least recently
+    assert len(cache) == 4
+    assert cache.lookup([2] * 9) == [] and len(cache.lookup([1] * 9)) == 2
+    cache.record(prompt_tokens=10, cached_tokens=4)
+    assert cache.hit_rate == pytest.approx(0.4)
+    cache.clear()
+    assert len(cache) == 0 and cache.hit_rate == 0.0
+
+
+def test_disabled_prefix_cache_never_hits() -> None:
+    cache = PrefixCache(block_size=4, capacity_tokens=0)
+    assert not cache.enabled and cache.missing(list(range(12))) == [] and cache.lookup(list(range(12))) == []
+
+
+def test_slot_moves_and_block_copies() -> None:
+    kv = SlotKVCache(KVShape(layers=2, slots=3, kv_heads=1, max_len=8, head_dim=2))
+    assert not kv.allocated
+    kv.allocate()
+    kv.keys[0][2, :, :5] = 7.0
+    kv.values[1][2, :, :5] = 9.0
+    kv.move(2, 0, 5)
+    assert torch.all(kv.keys[0][0, :, :5] == 7.0) and torch.all(kv.values[1][0, :, :5] == 9.0)
+    assert torch.all(kv.keys[0][0, :, 5:] == 0.0)
+    block = kv.read(0, 1, 3)
+    assert block.shape == (2, 2, 1, 2, 2)
+    kv.write(1, 4, block)
+    assert torch.all(kv.keys[0][1, :, 4:6] == 7.0) and torch.all(kv.values[1][1, :, 4:6] == 9.0)
+    kv.release()
+    assert not kv.allocated
+
+
+LOGITS = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, -1.0])
+
+
+def _sampler(**params) -> RequestSampler:
+    params.setdefault("max_new_tokens", 4)
+    return RequestSampler(SamplingParams(**params), prompt_ids=(0,), vocab_size=len(LOGITS))
+
+
+def _support(**params) -> set[int]:
+    sampler = _sampler(seed=0, **params)
+    return {sampler.sample(LOGITS.clone(), None).token for _ in range(300)}
+
+
+def test_truncation_rules_limit_the_support() -> None:
+    assert _support(top_k=2) == {0, 1}
+    probs = torch.softmax(LOGITS, dim=-1)
+    assert _support(top_p=float(probs[0] + probs[1] / 2)) == {0, 1}  # the token that crosses top_p stays
+    assert _support(min_p=float(probs[2] / probs[0]) - 1e-4) == {0, 1, 2}
+    assert _support(temperature=0.0) == {0}
+
+
+def test_logprob_is_under_the_distribution_sampled_from() -> None:
+    sampled = _sampler(seed=1, top_k=2, temperature=0.5, logprobs=True, top_logprobs=3).sample(LOGITS.clone(), None)
+    kept = torch.log_softmax(LOGITS[:2] / 0.5, dim=-1)
+    assert sampled.logprob == pytest.approx(kept[sampled.token].item(), abs=1e-6)
+    assert [t for t, _ in sampled.top[:2]] == [0, 1]
+    assert sampled.top[2][1] == -math.inf  # only two tokens survive top_k: the third alternative is impossible
+
+
+def test_seeded_stream_is_reproducible_and_masks_apply() -> None:
+    def draw(seed: int) -> list[int]:
+        sampler = _sampler(seed=seed)
+        return [sampler.sample(LOGITS.clone(), None).token for _ in range(30)]
+
+    assert draw(5) == draw(5) and draw(5) != draw(6)
+    allowed = torch.tensor([False, False, False, True, True, False])
+    assert _sampler(temperature=0.0).sample(LOGITS.clone(), allowed).token == 3
+
+
+def test_penalties_follow_the_seen_tokens() -> None:
+    sampler = _sampler(temperature=0.0, repetition_penalty=10.0)  # token 0 is in the prompt
+    assert sampler.sample(LOGITS.clone(), None).token == 1
+    sampler = _sampler(temperature=0.0, frequency_penalty=2.0)
+    tokens = []
+    for _ in range(3):
+        tokens.append(sampler.sample(LOGITS.clone(), None).token)
+        sampler.observe(tokens[-1])
+    assert tokens == [0, 1, 0]  # 4-2 = 2 < 3 ; then 4-2 = 2 vs 3-2 = 1
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError):
+        EmbeddedEngineConfig(max_running=0)
+    with pytest.raises(ValueError):
+        EmbeddedEngineConfig(prefix_block_size=0)
