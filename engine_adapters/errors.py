@@ -1,4 +1,5 @@
-"""Exceptions adapters raise; the servicer maps each to one gRPC status code (``status.py``).
+"""Exceptions adapters and servers raise; ``status.py`` maps each to one gRPC status code (engine and tool
+servers alike).
 
 The split follows what a caller should do next: fix the request (invalid, duplicate, unsupported), try another
 server (unavailable, overloaded) or change the engine's state first (failed precondition). Anything else that
@@ -32,3 +33,7 @@ class FailedPreconditionError(EngineError):
 
 class UnsupportedError(EngineError):
     """The engine cannot honour a requested feature (UNIMPLEMENTED)."""
+
+
+class NotFoundError(EngineError):
+    """The named thing does not exist (NOT_FOUND), e.g. an unknown tool or a released tool instance."""

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 # UpdateWeights messages carry tensor slices; clients should keep them under this size.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-_SERVER_OPTIONS = (
+SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
@@ -63,21 +63,32 @@ class EngineServer:
         await self.adapter.shutdown()
 
 
+def add_health_and_reflection(server: grpc.aio.Server, service_names: tuple[str, ...]) -> health.aio.HealthServicer:
+    """Standard grpc.health.v1 and server reflection for ``service_names`` (every server of ours has both)."""
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+    )
+    return health_servicer
+
+
+def bind(server: grpc.aio.Server, address: str) -> int:
+    """Listen on ``address``; return the port (the chosen one for port 0)."""
+    try:
+        return server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpc raises RuntimeError("Failed to bind ...")
+        raise PortInUseError(f"cannot listen on {address}: the port is in use or the address is invalid") from exc
+
+
 async def create_server(adapter: EngineAdapter, address: str = "127.0.0.1:0") -> EngineServer:
     """Serve ``adapter`` on ``address``; the adapter is not started here (see ``start_adapter``)."""
-    server = grpc.aio.server(options=_SERVER_OPTIONS)
-    health_servicer = health.aio.HealthServicer()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    health_servicer = add_health_and_reflection(server, SERVICE_NAMES)
     servicer = EngineServicer(adapter, health_servicer)
     generation_pb2_grpc.add_TokenGenerateServicer_to_server(servicer, server)
     engine_pb2_grpc.add_EngineControlServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
-    )
-    try:
-        port = server.add_insecure_port(address)
-    except RuntimeError as exc:  # grpc raises RuntimeError("Failed to bind ...")
-        raise PortInUseError(f"cannot listen on {address}: the port is in use or the address is invalid") from exc
+    port = bind(server, address)
     await servicer.sync_health()
     await server.start()
     return EngineServer(server=server, port=port, servicer=servicer, adapter=adapter)
@@ -87,6 +98,15 @@ async def start_adapter(engine_server: EngineServer) -> None:
     """Load the engine, then report SERVING."""
     await engine_server.adapter.start()
     await engine_server.servicer.sync_health()
+
+
+def stop_signal() -> asyncio.Event:
+    """An event set on SIGTERM or SIGINT (the servers' way to begin a graceful stop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
 
 
 async def serve(
@@ -99,12 +119,8 @@ async def serve(
     engine_server = await create_server(adapter, address)
     if on_listening is not None:
         on_listening(engine_server.port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     loading = asyncio.create_task(start_adapter(engine_server))
-    stopping = asyncio.create_task(stop.wait())
+    stopping = asyncio.create_task(stop_signal().wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if loading.done() and loading.exception() is not None:
         stopping.cancel()

@@ -20,6 +20,7 @@ from .errors import (
     EngineUnavailableError,
     FailedPreconditionError,
     InvalidRequestError,
+    NotFoundError,
     UnsupportedError,
 )
 
@@ -32,6 +33,7 @@ _CODES = (
     (EngineOverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (UnsupportedError, grpc.StatusCode.UNIMPLEMENTED),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
 )
 
 

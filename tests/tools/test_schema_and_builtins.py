@@ -1,0 +1,81 @@
+"""Schema inference from typed functions, the calculator's parser, config validation."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+
+from agentloop_grpc.tools.builtin.calculator import calculator
+from agentloop_grpc.tools.config import ToolServerConfig, build_tools
+from agentloop_grpc.tools.schema import function_schema
+
+
+def search(query: str, limit: int = 5, fields: list[str] | None = None, mode: Literal["fast", "exact"] = "fast",
+           weight: float = 1.0, strict: bool = False) -> str:
+    """Search the corpus.
+
+    Args:
+        query: What to look for.
+        limit: How many results.
+    """
+    return query
+
+
+def test_schema_is_inferred_from_annotations_defaults_and_docstring() -> None:
+    description, schema = function_schema(search)
+    assert description == "Search the corpus."
+    assert schema["required"] == ["query"]
+    props = schema["properties"]
+    assert props["query"] == {"type": "string", "description": "What to look for."}
+    assert props["limit"] == {"type": "integer", "description": "How many results.", "default": 5}
+    assert props["fields"] == {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}], "default": None}
+    assert props["mode"] == {"type": "string", "enum": ["fast", "exact"], "default": "fast"}
+    assert props["weight"]["type"] == "number" and props["strict"]["type"] == "boolean"
+    assert schema["additionalProperties"] is False
+
+
+def test_unsupported_annotations_fail_at_start_up() -> None:
+    def bad(x: dict) -> str:
+        return ""
+
+    def untyped(x) -> str:
+        return ""
+
+    with pytest.raises(TypeError, match="unsupported annotation"):
+        function_schema(bad)
+    with pytest.raises(TypeError, match="needs a type annotation"):
+        function_schema(untyped)
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [("(17 + 23) * 3", "120"), ("7 / 2", "3.5"), ("2 ** 100", str(2**100)), ("-5 % 3", "1"), ("10 // 4", "2"),
+     ("1.5 * 2", "3")],
+)
+def test_calculator_is_exact(expression: str, expected: str) -> None:
+    assert calculator(expression) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [("__import__('os').system('true')", "unsupported"), ("x + 1", "unsupported"), ("2 ** 99999", "exponent"),
+     ("1 +", "not an arithmetic expression"), ("1 / 0", "division")],
+)
+def test_calculator_rejects_what_is_not_arithmetic(expression: str, message: str) -> None:
+    with pytest.raises((ValueError, ZeroDivisionError), match=message):
+        calculator(expression)
+
+
+def test_name_collision_is_a_start_up_error() -> None:
+    config = ToolServerConfig.model_validate(
+        {"tools": [{"function": "agentloop_grpc.tools.builtin.calculator:calculator"},
+                   {"function": "agentloop_grpc.tools.builtin.calculator:calculator"}]}
+    )
+    with pytest.raises(ValueError, match="two tools are named 'calculator'"):
+        build_tools(config)
+
+
+def test_entry_needs_exactly_one_kind() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        ToolServerConfig.model_validate({"tools": [{"name": "x"}]})

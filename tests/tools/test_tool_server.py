@@ -1,0 +1,107 @@
+"""ToolExecute over a real server: lifecycle, schema violations, tool errors vs infrastructure errors, TTL, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agentloop_grpc.tools.client import InProcessToolClient, ToolInfrastructureError, ToolRequestError
+from agentloop_grpc.tools.config import build_tools, load_config
+from agentloop_grpc.tools.instances import InstanceManager
+from agentloop_grpc.tools.result import ToolErrorKind
+
+from .conftest import BUILTIN, tool_server
+
+
+async def test_lists_the_three_builtins_as_openai_functions(tools) -> None:
+    specs = {s.name: s for s in await tools.list_tools()}
+    assert set(specs) == {"calculator", "check_answer", "python"}
+    assert specs["calculator"].parameters["required"] == ["expression"]
+    assert specs["calculator"].openai()["function"]["name"] == "calculator"
+    assert "isolated" in specs["python"].description.lower()
+
+
+async def test_python_instance_keeps_state_between_calls(tools) -> None:
+    instance = await tools.create_instance("python", "traj-1")
+    first = await tools.execute(instance, json.dumps({"code": "x = 6 * 7"}))
+    assert not first.is_error and first.content == ""
+    second = await tools.execute(instance, json.dumps({"code": "print('x is', x)\nx + 1"}))
+    assert second.content == "x is 42\n43"
+    other = await tools.create_instance("python", "traj-2")
+    isolated = await tools.execute(other, json.dumps({"code": "x"}))
+    assert isolated.error_kind is ToolErrorKind.EXCEPTION and "NameError" in isolated.content
+    await tools.release(instance)
+    await tools.release(instance)  # idempotent
+    await tools.release(other)
+
+
+async def test_calculator_and_check_answer_reward(tools) -> None:
+    calc = await tools.create_instance("calculator", "t")
+    assert (await tools.execute(calc, json.dumps({"expression": "(17 + 23) * 3"}))).content == "120"
+    broken = await tools.execute(calc, json.dumps({"expression": "1 / 0"}))
+    assert broken.error_kind is ToolErrorKind.EXCEPTION and "ZeroDivisionError" in broken.content
+    check = await tools.create_instance("check_answer", "t", {"ground_truth": "120"})
+    assert (await tools.calc_reward(check)).reward == 0.0
+    wrong = await tools.execute(check, json.dumps({"answer": "119"}))
+    assert wrong.content == "Incorrect." and wrong.step_reward == 0.0
+    right = await tools.execute(check, json.dumps({"answer": "120."}))
+    assert right.content == "Correct." and right.step_reward == 1.0
+    assert (await tools.calc_reward(check)).reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("arguments", "needle"),
+    [({}, "'expression' is a required property"), ({"expression": 5}, "is not of type 'string'"),
+     ({"expression": "1", "extra": 1}, "Additional properties")],
+)
+async def test_schema_violations_are_tool_errors_the_model_reads(tools, arguments, needle) -> None:
+    calc = await tools.create_instance("calculator", "t")
+    result = await tools.execute(calc, json.dumps(arguments))
+    assert result.error_kind is ToolErrorKind.INVALID_ARGUMENTS and needle in result.content
+
+
+async def test_caller_errors_and_lost_instances_are_told_apart(tools) -> None:
+    with pytest.raises(ToolRequestError, match="NOT_FOUND.*no tool named 'nope'"):
+        await tools.create_instance("nope", "t")
+    with pytest.raises(ToolRequestError, match="ground_truth"):
+        await tools.create_instance("check_answer", "t", {})
+    calc = await tools.create_instance("calculator", "t")
+    with pytest.raises(ToolRequestError, match="INVALID_ARGUMENT.*not JSON"):
+        await tools.execute(calc, "{not json")
+    await tools.release(calc)
+    with pytest.raises(ToolInfrastructureError, match="NOT_FOUND"):
+        await tools.execute(calc, json.dumps({"expression": "1"}))
+
+
+async def test_idle_instances_are_released_after_ttl() -> None:
+    async with tool_server(instance_ttl_s=0.2) as (server, client):
+        instance = await client.create_instance("calculator", "t")
+        assert server.instances.live_instances == 1
+        await asyncio.sleep(0.6)
+        assert server.instances.live_instances == 0
+        with pytest.raises(ToolInfrastructureError, match="expired"):
+            await client.execute(instance, json.dumps({"expression": "1"}))
+
+
+async def test_limits_answer_resource_exhausted() -> None:
+    async with tool_server(max_instances=2, max_concurrent_executions=1) as (server, client):
+        python = await client.create_instance("python", "t")
+        calc = await client.create_instance("calculator", "t")
+        with pytest.raises(ToolInfrastructureError, match="RESOURCE_EXHAUSTED.*instances"):
+            await client.create_instance("calculator", "t")
+        slow = asyncio.create_task(client.execute(python, json.dumps({"code": "import time; time.sleep(1)"})))
+        await asyncio.sleep(0.5)
+        with pytest.raises(ToolInfrastructureError, match="RESOURCE_EXHAUSTED.*executions"):
+            await client.execute(calc, json.dumps({"expression": "1"}))
+        assert not (await slow).is_error
+
+
+async def test_in_process_client_has_the_same_interface() -> None:
+    instances = InstanceManager(build_tools(load_config(BUILTIN)))
+    client = InProcessToolClient(instances)
+    calc = await client.create_instance("calculator", "t")
+    assert (await client.execute(calc, json.dumps({"expression": "2 + 2"}))).content == "4"
+    assert {s.name for s in await client.list_tools()} == {"calculator", "check_answer", "python"}
+    await instances.close()

@@ -1,0 +1,61 @@
+"""calculator: exact arithmetic through a parser of Python's expression syntax, never ``eval``.
+
+Only numbers, + - * / // % ** and parentheses (and unary signs) are accepted; anything else (names, calls,
+attributes) is rejected with a message the model can act on. Results are exact for integers; powers are bounded
+so a model cannot ask for 9**9**9.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+MAX_EXPONENT = 1000
+MAX_LENGTH = 500
+
+
+def _evaluate(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+            raise ValueError(f"exponent {right} is too large (at most {MAX_EXPONENT})")
+        return _BINARY[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_evaluate(node.operand))
+    raise ValueError(f"unsupported element {ast.unparse(node)!r}: use numbers, + - * / // % ** and parentheses")
+
+
+def _format(value: int | float) -> str:
+    if isinstance(value, float):
+        if math.isfinite(value) and value.is_integer():
+            return str(int(value))
+        return repr(value)
+    return str(value)
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly and return the result.
+
+    Args:
+        expression: Arithmetic with numbers, + - * / // % ** and parentheses, e.g. "(17 + 23) * 3".
+    """
+    if len(expression) > MAX_LENGTH:
+        raise ValueError(f"expression is longer than {MAX_LENGTH} characters")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as error:
+        raise ValueError(f"not an arithmetic expression: {error.msg}") from None
+    return _format(_evaluate(tree.body))

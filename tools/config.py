@@ -1,0 +1,89 @@
+"""tools.yaml: which tools a ToolExecute server hosts, and its limits.
+
+    tools:
+      - function: agentloop_grpc.tools.builtin.calculator:calculator   # a typed function; schema inferred
+      - class: agentloop_grpc.tools.builtin.python_tool:PythonTool     # a Tool class
+        kwargs: {wall_timeout_s: 10}
+    limits: {max_instances: 1024, max_concurrent_executions: 64, instance_ttl_s: 600}
+
+Tools are built once at start-up into a ToolSet (an explicit object: no global registry); a name collision or
+an import failure is a start-up error.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .tool import FunctionTool, Tool
+
+
+class ToolEntry(BaseModel):
+    """One hosted tool: exactly one of ``function`` or ``class``."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    function: str | None = Field(None, description="module:function of a typed Python function.")
+    class_: str | None = Field(None, alias="class", description="module:Class implementing the Tool protocol.")
+    name: str | None = Field(None, description="Override the tool's name.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments of a class tool.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ToolEntry:
+        if (self.function is None) == (self.class_ is None):
+            raise ValueError("a tool entry names exactly one of `function` or `class`")
+        if self.function is not None and self.kwargs:
+            raise ValueError("`kwargs` is for class tools")
+        return self
+
+
+class ToolLimits(BaseModel):
+    """Bounds that keep a tool server alive whatever its clients do."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_instances: int = Field(1024, ge=1, description="Live instances; CreateInstance beyond is RESOURCE_EXHAUSTED.")
+    max_concurrent_executions: int = Field(
+        64, ge=1, description="Execute calls running at once; beyond is RESOURCE_EXHAUSTED."
+    )
+    instance_ttl_s: float = Field(
+        600.0, gt=0, description="An instance idle this long is released (a client that died leaks nothing)."
+    )
+
+
+class ToolServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tools: list[ToolEntry] = Field(min_length=1)
+    limits: ToolLimits = Field(default_factory=ToolLimits)
+
+
+def _import(reference: str) -> Any:
+    module, _, attribute = reference.partition(":")
+    if not attribute:
+        raise ValueError(f"{reference!r} is not of the form module:attribute")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def build_tools(config: ToolServerConfig) -> dict[str, Tool]:
+    """Instantiate every tool; names must be unique."""
+    tools: dict[str, Tool] = {}
+    for entry in config.tools:
+        if entry.function is not None:
+            tool: Tool = FunctionTool(_import(entry.function), name=entry.name)
+        else:
+            tool = _import(entry.class_)(**entry.kwargs)
+            if entry.name:
+                raise ValueError(f"{entry.class_}: `name` can only rename function tools")
+        if tool.spec.name in tools:
+            raise ValueError(f"two tools are named {tool.spec.name!r}")
+        tools[tool.spec.name] = tool
+    return tools
+
+
+def load_config(path: str | Path) -> ToolServerConfig:
+    return ToolServerConfig.model_validate(yaml.safe_load(Path(path).read_text()))

@@ -1,0 +1,59 @@
+"""What a tool call returns: text for the model, optional images, and a tool-error mark when the work failed."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class ToolErrorKind(enum.Enum):
+    """Why a tool's work failed (mirrors agentloop.v1.ToolErrorKind)."""
+
+    INVALID_ARGUMENTS = "invalid_arguments"
+    EXCEPTION = "exception"
+    TIMEOUT = "timeout"
+    RESOURCE_LIMIT = "resource_limit"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolImage:
+    mime_type: str
+    data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """One tool call's outcome. ``error_kind`` is set when the tool's work failed; ``content`` then says why."""
+
+    content: str
+    error_kind: ToolErrorKind | None = None
+    step_reward: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    images: tuple[ToolImage, ...] = ()
+
+    @property
+    def is_error(self) -> bool:
+        return self.error_kind is not None
+
+    @classmethod
+    def error(cls, kind: ToolErrorKind, message: str) -> ToolResult:
+        return cls(content=message, error_kind=kind)
+
+
+@dataclass(frozen=True, slots=True)
+class RewardResult:
+    reward: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool as the model sees it: an OpenAI function."""
+
+    name: str
+    description: str
+    parameters: dict
+
+    def openai(self) -> dict:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}

@@ -1,0 +1,54 @@
+"""The ToolExecute server: tools from a config, health, reflection, graceful stop (same shape as engine servers)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from agentloop_grpc.engine_adapters.server import SERVER_OPTIONS, add_health_and_reflection, bind, stop_signal
+from agentloop_grpc.v1 import tool_pb2_grpc
+
+from .config import ToolServerConfig, build_tools
+from .instances import InstanceManager
+from .servicer import SERVICE_NAME, ToolExecuteServicer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ToolServer:
+    server: grpc.aio.Server
+    port: int
+    instances: InstanceManager
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        await self.server.stop(grace_s)
+        await self.instances.close()
+
+
+async def create_tool_server(config: ToolServerConfig, address: str = "127.0.0.1:0") -> ToolServer:
+    instances = InstanceManager(build_tools(config), config.limits)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    health = add_health_and_reflection(server, (SERVICE_NAME,))
+    tool_pb2_grpc.add_ToolExecuteServicer_to_server(ToolExecuteServicer(instances), server)
+    port = bind(server, address)
+    await server.start()
+    instances.start()
+    for name in ("", SERVICE_NAME):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return ToolServer(server, port, instances)
+
+
+async def serve_tools(
+    config: ToolServerConfig, address: str, on_listening: Callable[[int], None] | None = None
+) -> None:
+    """Run until SIGTERM or SIGINT, then stop (in-flight calls get a grace period) and release every instance."""
+    tool_server = await create_tool_server(config, address)
+    if on_listening is not None:
+        on_listening(tool_server.port)
+    await stop_signal().wait()
+    await tool_server.stop()
