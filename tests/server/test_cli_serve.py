@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -124,3 +125,35 @@ def test_port_in_use_is_a_clear_error(server: ServerProcess) -> None:
     )
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+async def test_embedded_adapter_serves_from_the_cli() -> None:
+    """`agentloop engine serve --adapter embedded` prepares (or finds) the default model and serves it."""
+    process = subprocess.Popen(
+        [AGENTLOOP, "engine", "serve", "--adapter", "embedded", "--port", "0", "--max-running", "2",
+         "--max-model-len", "512", "--log-level", "WARNING"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    try:
+        address = process.stdout.readline().split()[4]
+        for _ in range(1200):  # loading takes seconds (about 20 s the first time: the model is converted)
+            if await _wait_serving(address) == health_pb2.HealthCheckResponse.SERVING:
+                break
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = generation_pb2_grpc.TokenGenerateStub(channel)
+            request = generation_pb2.GenerateRequest(
+                request_id="cli-embedded",
+                prompt_ids=[1, 4093, 198, 10898, 253, 1837, 30, 2, 198, 1, 520, 9531, 198],
+                sampling_params=generation_pb2.SamplingParams(max_new_tokens=4, temperature=0, logprobs=True),
+            )
+            messages = [m async for m in stub.Generate(request, timeout=120)]
+        assert messages[-1].WhichOneof("response") == "complete"
+        assert sum(len(m.chunk.token_ids) for m in messages[:-1]) == messages[-1].complete.completion_tokens > 0
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -105,3 +105,21 @@ async def test_in_process_client_has_the_same_interface() -> None:
     assert (await client.execute(calc, json.dumps({"expression": "2 + 2"}))).content == "4"
     assert {s.name for s in await client.list_tools()} == {"calculator", "check_answer", "python"}
     await instances.close()
+
+
+async def test_images_cross_the_contract() -> None:
+    from agentloop_grpc.tools.client import GrpcToolClient
+    from agentloop_grpc.tools.config import ToolServerConfig
+    from agentloop_grpc.tools.server import create_tool_server
+
+    config = ToolServerConfig.model_validate({"tools": [{"function": "tests.tools.image_tool:plot"}]})
+    server = await create_tool_server(config, "127.0.0.1:0")
+    client = GrpcToolClient(f"127.0.0.1:{server.port}")
+    try:
+        instance = await client.create_instance("plot", "t")
+        result = await client.execute(instance, json.dumps({"title": "loss"}))
+        assert result.content == "plotted loss"
+        assert [(i.mime_type, i.data) for i in result.images] == [("image/png", b"\x89PNG\r\n\x1a\nloss")]
+    finally:
+        await client.close()
+        await server.stop(grace_s=1)
