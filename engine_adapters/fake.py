@@ -16,7 +16,7 @@ import heapq
 import itertools
 import random
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from agentloop_grpc import __version__
@@ -90,6 +90,7 @@ class _Request:
     events: asyncio.Queue[GenerateEvent] = field(default_factory=asyncio.Queue)
     generated: list[int] = field(default_factory=list)
     cached_tokens: int = 0
+    cached_key: int = 0  # the prefix-cache chain key at cached_tokens
     prefilled: bool = False
     done: bool = False
 
@@ -265,24 +266,25 @@ class FakeEngine:
                 break
             self._cache.move_to_end(key)
             cached_blocks += 1
+            entry.cached_key = key
         entry.cached_tokens = cached_blocks * self.config.block_size
         entry.prefilled = True
         self._prompt_tokens_seen += len(prompt)
         self._prompt_tokens_cached += entry.cached_tokens
         return len(prompt) - entry.cached_tokens
 
-    def _block_keys(self, tokens: Sequence[int], limit: int) -> list[int]:
-        """Chained hashes of the full blocks within tokens[:limit] (a block's key depends on all before it)."""
+    def _block_keys(self, tokens: Sequence[int], limit: int, start: int = 0, key: int = 0) -> Iterator[int]:
+        """Chained hashes of the full blocks within tokens[start:limit], lazily (a block's key depends on every
+        block before it; ``key`` is the chain's value at ``start``)."""
         size = self.config.block_size
-        keys, key = [], 0
-        for start in range(0, limit - size + 1, size):
-            key = hash((key, tuple(tokens[start : start + size])))
-            keys.append(key)
-        return keys
+        for begin in range(start, limit - size + 1, size):
+            key = hash((key, tuple(tokens[begin : begin + size])))
+            yield key
 
     def _remember(self, entry: _Request) -> None:
+        """Cache the blocks this request computed (those after its prefix-cache hit)."""
         tokens = entry.request.prompt_ids + tuple(entry.generated)
-        for key in self._block_keys(tokens, limit=len(tokens)):
+        for key in self._block_keys(tokens, len(tokens), start=entry.cached_tokens, key=entry.cached_key):
             self._cache[key] = None
             self._cache.move_to_end(key)
         while len(self._cache) > self.config.cache_blocks:
