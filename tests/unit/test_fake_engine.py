@@ -64,22 +64,22 @@ async def test_full_queue_is_resource_exhausted_over_grpc() -> None:
             stub = generation_pb2_grpc.TokenGenerateStub(channel)
 
             def call(request_id: str):
-                params = generation_pb2.SamplingParams(max_new_tokens=50, ignore_eos=True)
+                params = generation_pb2.SamplingParams(max_new_tokens=3000, ignore_eos=True)  # ~30 s each
                 return stub.Generate(
                     generation_pb2.GenerateRequest(request_id=request_id, prompt_ids=[1], sampling_params=params)
                 )
 
-            running, waiting = call("a"), call("b")
-            await running.read()
-            while (await stub.GetLoad(generation_pb2.GetLoadRequest())).waiting_requests < 1:
-                await asyncio.sleep(0.005)
+            first, second = call("a"), call("b")  # either may reach the engine first
+            async with asyncio.timeout(20):
+                while (await stub.GetLoad(generation_pb2.GetLoadRequest())).waiting_requests < 1:
+                    await asyncio.sleep(0.005)
             with pytest.raises(grpc.aio.AioRpcError) as error:
                 async for _ in call("c"):
                     pass
             assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "waiting queue is full" in error.value.details()
-            running.cancel()
-            waiting.cancel()
+            first.cancel()
+            second.cancel()
     finally:
         await server.stop(grace_s=1)
 
