@@ -118,10 +118,12 @@ async def test_pause_keep_holds_and_resume_continues_the_same_stream(engine: Con
     await kept.first_tokens()
     paused = await engine.control.Pause(engine_pb2.PauseRequest(mode=engine_pb2.PAUSE_MODE_KEEP), timeout=30)
     assert paused.kept_requests == 1
-    await asyncio.sleep(0.3)  # tokens already on the wire when Pause landed arrive
-    settled = kept.token_count
-    await asyncio.sleep(0.5)
-    assert kept.token_count == settled < len(reference.tokens)
+    settled = -1  # tokens of a step in progress when Pause landed still arrive; then nothing may
+    async with asyncio.timeout(60):
+        while kept.token_count != settled:
+            settled = kept.token_count
+            await asyncio.sleep(0.5)
+    assert settled < len(reference.tokens)
     load = await engine.load()
     assert load.running_requests + load.waiting_requests == 1
     await engine.control.Resume(engine_pb2.ResumeRequest(), timeout=30)
