@@ -5,7 +5,9 @@ latency, so what is measured is transport and our own overhead, not an engine:
   (a) Router.generate -> `agentloop engine serve --adapter fake` in another process (gRPC stream),
   (b) a Ray async actor holding the same FakeEngine, called as verl's server manager does
       (`await actor.generate.remote(...)`),
-  (c) a bare grpc.aio unary echo of the same bytes in another process: the floor for any gRPC design.
+  (c) a bare grpc.aio unary echo of the same bytes in another process: the floor for any gRPC design,
+  (d) a bare grpc.aio server stream answering the same GenerateRequest with two fixed messages (one chunk, one
+      completion) and no engine: the floor for a streaming Generate in grpc.aio.
 Each is run at 1 and 64 calls in flight, REPEATS times; medians are reported. Ends with RATIO lines.
 
 Usage: python bench/transport.py [--calls 2000] [--repeats 3]
@@ -68,14 +70,28 @@ def _start(args: list[str]) -> tuple[subprocess.Popen, str]:
 # -- (c) bare grpc.aio echo ----------------------------------------------------------------------------------
 
 _ECHO_METHOD = "/bench.Echo/Echo"
+_STREAM_METHOD = "/bench.Echo/Stream"
 
 
 async def _serve_echo() -> None:
+    from agentloop_grpc.v1 import generation_pb2
+
+    chunk = generation_pb2.GenerateResponse(chunk=generation_pb2.TokenChunk(token_ids=[7])).SerializeToString()
+    complete = generation_pb2.GenerateResponse(
+        complete=generation_pb2.GenerateComplete(finish_reason=generation_pb2.FINISH_REASON_LENGTH)
+    ).SerializeToString()
+
     async def echo(request: bytes, context) -> bytes:
         return request
 
+    async def stream(request: bytes, context):
+        generation_pb2.GenerateRequest.FromString(request)
+        yield chunk
+        yield complete
+
     handler = grpc.method_handlers_generic_handler(
-        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+        "bench.Echo",
+        {"Echo": grpc.unary_unary_rpc_method_handler(echo), "Stream": grpc.unary_stream_rpc_method_handler(stream)},
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))
@@ -91,6 +107,23 @@ async def _bench_echo(address: str, calls: int, in_flight: int) -> dict[str, flo
         echo = channel.unary_unary(_ECHO_METHOD)
         await echo(payload)
         return await _drive(lambda i: echo(payload, timeout=30), calls, in_flight)
+
+
+async def _bench_stream(address: str, calls: int, in_flight: int) -> dict[str, float]:
+    from agentloop_grpc.v1 import generation_pb2
+
+    request = generation_pb2.GenerateRequest(
+        request_id="x", prompt_ids=PROMPT, sampling_params=generation_pb2.SamplingParams(max_new_tokens=1)
+    ).SerializeToString()
+    async with grpc.aio.insecure_channel(address) as channel:
+        stream = channel.unary_stream(_STREAM_METHOD)
+
+        async def call(i: int) -> None:
+            async for _ in stream(request, timeout=30):
+                pass
+
+        await call(0)
+        return await _drive(call, calls, in_flight)
 
 
 # -- (a) Router + engine server ------------------------------------------------------------------------------
@@ -181,11 +214,12 @@ def main() -> int:
                     ("router", lambda: _bench_router(engine_address, args.calls, in_flight)),
                     ("ray", lambda: _bench_ray(actor, args.calls, in_flight)),
                     ("bare_grpc", lambda: _bench_echo(echo_address, args.calls, in_flight)),
+                    ("bare_stream", lambda: _bench_stream(echo_address, args.calls, in_flight)),
                 ):
                     outcome = asyncio.run(run())
                     results.setdefault((name, in_flight), []).append(outcome)
                     print(
-                        f"repeat {repeat + 1} {name:9s} in_flight {in_flight:2d}: "
+                        f"repeat {repeat + 1} {name:11s} in_flight {in_flight:2d}: "
                         f"{outcome['calls_per_s']:7.0f} calls/s  p50 {outcome['p50_ms']:6.2f} ms  "
                         f"p99 {outcome['p99_ms']:6.2f} ms",
                         flush=True,
@@ -197,18 +231,23 @@ def main() -> int:
             process.wait(30)
 
     print(f"\nmedians of {args.repeats} runs, {args.calls} calls each, {len(PROMPT)}-id prompt, {os.cpu_count()} cores")
-    print(f"{'path':10s} {'in flight':>9s} {'calls/s':>8s} {'p50 ms':>7s} {'p99 ms':>7s}")
+    print(f"{'path':11s} {'in flight':>9s} {'calls/s':>8s} {'p50 ms':>7s} {'p99 ms':>7s}")
     for (name, in_flight), runs in sorted(results.items()):
         print(
-            f"{name:10s} {in_flight:9d} {_median(runs, 'calls_per_s'):8.0f} {_median(runs, 'p50_ms'):7.2f} "
+            f"{name:11s} {in_flight:9d} {_median(runs, 'calls_per_s'):8.0f} {_median(runs, 'p50_ms'):7.2f} "
             f"{_median(runs, 'p99_ms'):7.2f}"
         )
     for in_flight in (1, 64):
-        router, ray_runs, bare = (results[(n, in_flight)] for n in ("router", "ray", "bare_grpc"))
+        router, ray_runs, bare, stream = (
+            results[(n, in_flight)] for n in ("router", "ray", "bare_grpc", "bare_stream")
+        )
         calls_ratio = _median(router, "calls_per_s") / _median(ray_runs, "calls_per_s")
         p50_ratio = _median(router, "p50_ms") / _median(bare, "p50_ms")
         print(f"RATIO router_calls_vs_ray_{in_flight} {calls_ratio:.2f} target 1.5")
         print(f"RATIO router_p50_over_bare_grpc_{in_flight} {p50_ratio:.2f} target 2.0")
+        # informative: how far our stack is from the cost of a streaming RPC itself (lower is better)
+        stream_ratio = _median(router, "p50_ms") / _median(stream, "p50_ms")
+        print(f"RATIO router_p50_over_bare_stream_{in_flight} {stream_ratio:.2f} target 1.2")
     return 0
 
 
