@@ -41,35 +41,6 @@ class AdapterKind(str, enum.Enum):
     FAKE = "fake"
 
 
-def _build_adapter(
-    kind: AdapterKind,
-    *,
-    model: str | None,
-    max_model_len: int,
-    max_running: int,
-    max_waiting: int,
-    threads: int,
-    dp_rank: int,
-    dp_size: int,
-    fake: FakeEngineConfig,
-) -> EngineAdapter:
-    if kind is AdapterKind.FAKE:
-        return FakeEngine(fake)
-    from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
-
-    return EmbeddedEngine(
-        EmbeddedEngineConfig(
-            model=model,
-            max_model_len=max_model_len,
-            max_running=max_running,
-            max_waiting=max_waiting,
-            threads=threads,
-            dp_rank=dp_rank,
-            dp_size=dp_size,
-        )
-    )
-
-
 @engine_app.command("serve")
 def engine_serve(
     adapter: AdapterKind = typer.Option(AdapterKind.EMBEDDED, help="Which engine to serve."),
@@ -98,26 +69,34 @@ def engine_serve(
         raise typer.BadParameter(f"--dp-rank {dp_rank} must be below --dp-size {dp_size}")
     if model is not None and adapter is AdapterKind.FAKE:
         raise typer.BadParameter("--model is for real engines; the fake engine has no model")
-    engine = _build_adapter(
-        adapter,
-        model=model,
-        max_model_len=max_model_len,
-        max_running=max_running,
-        max_waiting=max_waiting,
-        threads=threads,
-        dp_rank=dp_rank,
-        dp_size=dp_size,
-        fake=FakeEngineConfig(
-            vocab_size=fake_vocab_size,
-            max_model_len=max_model_len,
-            token_latency_s=fake_token_latency_ms / 1000,
-            prefill_latency_s_per_token=fake_prefill_us_per_token / 1e6,
-            max_running=max_running,
-            max_waiting=max_waiting,
-            dp_rank=dp_rank,
-            dp_size=dp_size,
-        ),
-    )
+    engine: EngineAdapter
+    if adapter is AdapterKind.FAKE:
+        engine = FakeEngine(
+            FakeEngineConfig(
+                vocab_size=fake_vocab_size,
+                max_model_len=max_model_len,
+                token_latency_s=fake_token_latency_ms / 1000,
+                prefill_latency_s_per_token=fake_prefill_us_per_token / 1e6,
+                max_running=max_running,
+                max_waiting=max_waiting,
+                dp_rank=dp_rank,
+                dp_size=dp_size,
+            )
+        )
+    else:
+        from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+        engine = EmbeddedEngine(
+            EmbeddedEngineConfig(
+                model=model,
+                max_model_len=max_model_len,
+                max_running=max_running,
+                max_waiting=max_waiting,
+                threads=threads,
+                dp_rank=dp_rank,
+                dp_size=dp_size,
+            )
+        )
 
     def announce(bound_port: int) -> None:
         print(f"agentloop engine listening on {host}:{bound_port} (adapter {adapter.value})", flush=True)

@@ -72,20 +72,26 @@ async def test_serve_reports_health_and_lists_services_by_reflection(server: Ser
     assert server.stop() == 0
 
 
-async def test_sigterm_lets_in_flight_streams_finish_and_exits_zero(server: ServerProcess) -> None:
+async def _sigterm_mid_stream(server: ServerProcess, request_id: str, tokens: int) -> list:
+    """Start a generation, SIGTERM the server after its first chunk, return every message of the stream."""
     await _wait_serving(server.address)
     async with grpc.aio.insecure_channel(server.address) as channel:
         stub = generation_pb2_grpc.TokenGenerateStub(channel)
         request = generation_pb2.GenerateRequest(
-            request_id="drain-1",
+            request_id=request_id,
             prompt_ids=[1, 2, 3],
-            sampling_params=generation_pb2.SamplingParams(max_new_tokens=60, ignore_eos=True),
+            sampling_params=generation_pb2.SamplingParams(max_new_tokens=tokens, ignore_eos=True),
         )
         call = stub.Generate(request, timeout=60)
         messages = [await call.read()]
         server.process.send_signal(signal.SIGTERM)
         while (message := await call.read()) is not grpc.aio.EOF:
             messages.append(message)
+    return messages
+
+
+async def test_sigterm_lets_in_flight_streams_finish_and_exits_zero(server: ServerProcess) -> None:
+    messages = await _sigterm_mid_stream(server, "drain-1", 60)
     assert messages[-1].complete.finish_reason == generation_pb2.FINISH_REASON_LENGTH
     assert sum(len(m.chunk.token_ids) for m in messages[:-1]) == 60
     assert await asyncio.to_thread(server.process.wait, 30) == 0
@@ -94,19 +100,7 @@ async def test_sigterm_lets_in_flight_streams_finish_and_exits_zero(server: Serv
 async def test_drain_timeout_aborts_what_is_left_with_a_final_message() -> None:
     server = ServerProcess("--fake-token-latency-ms", "10", "--drain-timeout", "0.3")
     try:
-        await _wait_serving(server.address)
-        async with grpc.aio.insecure_channel(server.address) as channel:
-            stub = generation_pb2_grpc.TokenGenerateStub(channel)
-            request = generation_pb2.GenerateRequest(
-                request_id="drain-2",
-                prompt_ids=[1, 2, 3],
-                sampling_params=generation_pb2.SamplingParams(max_new_tokens=3000, ignore_eos=True),
-            )
-            call = stub.Generate(request, timeout=60)
-            messages = [await call.read()]
-            server.process.send_signal(signal.SIGTERM)
-            while (message := await call.read()) is not grpc.aio.EOF:
-                messages.append(message)
+        messages = await _sigterm_mid_stream(server, "drain-2", 3000)
         assert messages[-1].complete.finish_reason == generation_pb2.FINISH_REASON_ABORT
         assert 0 < messages[-1].complete.completion_tokens < 3000
         assert await asyncio.to_thread(server.process.wait, 30) == 0
