@@ -16,7 +16,7 @@ import heapq
 import itertools
 import random
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from agentloop_grpc import __version__
@@ -69,6 +69,9 @@ class FakeEngineConfig:
     cache_blocks: int = 65_536
     dp_rank: int = 0
     dp_size: int = 1
+    #: Scripted replies (agent-loop tests): when set, a request's tokens are ``script(request)`` followed by eos,
+    #: instead of the hash stream. Greedy or not, the script decides; logprobs stay the fake's deterministic ones.
+    script: Callable[[GenerateRequest], Sequence[int]] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.vocab_size < 3 or not 0 <= self.eos_token_id < self.vocab_size:
@@ -91,6 +94,7 @@ class _Request:
     generated: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     cached_key: int = 0  # the prefix-cache chain key at cached_tokens
+    scripted: tuple[int, ...] | None = None  # FakeEngineConfig.script's reply
     prefilled: bool = False
     done: bool = False
 
@@ -183,6 +187,8 @@ class FakeEngine:
         sampling = request.sampling
         seed = 0 if sampling.greedy else (sampling.seed if sampling.seed is not None else random.getrandbits(63))
         entry = _Request(request=request, base=_mix(hash((seed, request.prompt_ids)) & _MASK64))
+        if self.config.script is not None:
+            entry.scripted = tuple(self.config.script(request))
         if self._hold_new or self._paused:
             self._held.append(entry)
         else:
@@ -295,6 +301,8 @@ class FakeEngine:
         position = len(entry.generated)
         draw = _mix(entry.base + position)
         token = draw % self.config.vocab_size
+        if entry.scripted is not None:
+            token = entry.scripted[position] if position < len(entry.scripted) else self.config.eos_token_id
         entry.generated.append(token)
         logprobs: tuple[float, ...] = ()
         top: tuple[tuple[tuple[int, float], ...], ...] = ()

@@ -1,0 +1,30 @@
+"""The agent-loop runtime: loops, tool-call parsing, token-exact trajectories, workers and the manager.
+
+``AgentLoopManager.generate(samples)`` is the trainer's entry point; ``Trajectory`` what comes back; ``to_batch``
+the padded tensors; ``write_parquet`` the record. See ARCHITECTURE.md ("Agent loop runtime").
+"""
+
+from .batch import TrainerBatch, to_batch
+from .chat import ChatCodec
+from .config import AgentLoopConfig, SamplingConfig
+from .context import LoopContext
+from .interaction import Interaction, InteractionTurn, RetryOnWrongAnswer
+from .loops import AgentLoop, LoopRegistry, LoopState, SingleTurnLoop, ToolLoop
+from .manager import AgentLoopManager, RolloutBatch
+from .metrics import RolloutMetrics
+from .parquet import read_parquet, write_parquet
+from .parsers import HermesParser, ParsedTurn, ToolCall, ToolCallParser
+from .reward import Outcome, RewardFunction, Score
+from .sample import Sample
+from .spec import ComponentSpec, WorkerSpec
+from .tracing import JsonlTracer
+from .trajectory import Termination, Timings, Trajectory
+from .worker import AgentLoopWorker
+
+__all__ = [
+    "AgentLoop", "AgentLoopConfig", "AgentLoopManager", "AgentLoopWorker", "ChatCodec", "ComponentSpec",
+    "HermesParser", "Interaction", "InteractionTurn", "JsonlTracer", "LoopContext", "LoopRegistry", "LoopState",
+    "Outcome", "ParsedTurn", "RetryOnWrongAnswer", "RewardFunction", "RolloutBatch", "RolloutMetrics", "Sample",
+    "SamplingConfig", "Score", "SingleTurnLoop", "Termination", "Timings", "ToolCall", "ToolCallParser", "ToolLoop",
+    "TrainerBatch", "Trajectory", "WorkerSpec", "read_parquet", "to_batch", "write_parquet",
+]

@@ -1,0 +1,92 @@
+"""AgentLoopConfig: every limit of a loop, with bounds and the reason for each (pydantic, frozen)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentloop_grpc.v1 import generation_pb2
+
+
+class SamplingConfig(BaseModel):
+    """Sampling of one assistant turn (logprobs are always requested: trajectories need them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 is greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass kept.")
+    top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 keeps all.")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="Drop tokens below min_p times the top probability.")
+    repetition_penalty: float = Field(1.0, gt=0.0, description="1.0 is off.")
+    seed: int | None = Field(
+        None, ge=0, description="Base seed; each generation adds a stable offset (sample, turn) so runs repeat."
+    )
+    stop_token_ids: tuple[int, ...] = Field((), description="Extra ids that end a turn (the template's eos always does).")
+
+    def to_proto(self, max_new_tokens: int, seed_offset: int) -> generation_pb2.SamplingParams:
+        params = generation_pb2.SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            stop_token_ids=list(self.stop_token_ids),
+            logprobs=True,
+        )
+        if self.seed is not None:
+            params.seed = (self.seed + seed_offset) % (2**63)
+        return params
+
+
+class AgentLoopConfig(BaseModel):
+    """Limits and behaviour of the agent loops."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_assistant_turns: int = Field(8, ge=1, le=1000, description="Model turns before the loop stops (TURN_LIMIT).")
+    max_user_turns: int = Field(
+        4, ge=0, le=1000, description="Interaction (user simulator) turns before the loop stops (TURN_LIMIT)."
+    )
+    max_parallel_tool_calls: int = Field(
+        4, ge=1, le=64, description="Calls of one turn executed concurrently; extra calls get a tool-error message."
+    )
+    max_tool_response_chars: int = Field(
+        2048, ge=16, description="A tool response longer than this is truncated before it is encoded."
+    )
+    tool_response_truncation: Literal["left", "right", "middle"] = Field(
+        "right", description="Which part of a long tool response is cut: right keeps the start, left keeps the "
+        "end, middle keeps both ends."
+    )
+    max_prompt_tokens: int = Field(2048, ge=1, description="A longer first prompt fails the sample (model error).")
+    response_budget: int = Field(
+        1024, ge=1, description="Tokens after the prompt (model, tool and user tokens together); LENGTH past it."
+    )
+    max_new_tokens_per_turn: int = Field(256, ge=1, description="Upper bound of one assistant turn.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling of every turn...")
+    turn_sampling: tuple[SamplingConfig, ...] = Field(
+        (), description="...except turn i (0-based) uses turn_sampling[i] when present."
+    )
+    constrain_tool_calls: bool = Field(
+        False, description="Force every assistant turn of the tool loop to be well-formed tool calls (structured "
+        "output with the parser's grammar); the trajectory records it. The loop then ends when a tool or an "
+        "interaction ends it, or at a limit."
+    )
+    tool_parser: Literal["hermes"] = Field("hermes", description="Format of tool calls in the model's text.")
+    resume_on_abort: bool = Field(
+        True, description="A generation the engine aborted (Pause ABORT before a weight update) continues from the "
+        "tokens it had, once the engine resumes: partial rollout."
+    )
+    max_resumes: int = Field(16, ge=0, description="Resumes of one generation before the trajectory fails.")
+    drift_check: Literal["strict", "report", "off"] = Field(
+        "report", description="Re-render the conversation at the end and compare with the recorded ids: strict "
+        "fails the trajectory on a difference, report records the first difference, off skips the check."
+    )
+    generate_timeout_s: float = Field(600.0, gt=0, description="Deadline of one generation.")
+    end_on_tool: tuple[str, ...] = Field(
+        ("check_answer",), description="Tools whose call ends the episode (the final answer was submitted)."
+    )
+
+    def sampling_for(self, turn: int) -> SamplingConfig:
+        return self.turn_sampling[turn] if turn < len(self.turn_sampling) else self.sampling

@@ -1,0 +1,120 @@
+"""Episode: the conversation state one loop run shares between its turns, and how it ends.
+
+It keeps two views of the conversation: ``rendered`` (what the chat template renders: assistant turns as the
+model's raw text, so a fresh render reproduces the model's tokens) and the builder's ``messages`` (for humans:
+assistant turns with parsed tool calls). It encodes every non-model turn as a template delta, enforces the
+response budget, traces turns, and at the end runs the drift check and the reward.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .builder import TrajectoryBuilder
+from .context import LoopContext
+from .errors import LoopError
+from .generation import Turn
+from .reward import Outcome, score
+from .sample import Sample
+from .trajectory import Termination, Trajectory
+
+
+class BudgetExceeded(Exception):
+    """The next turn does not fit in the response budget."""
+
+
+class Episode:
+    def __init__(self, context: LoopContext, sample: Sample, loop: str, tools: list[dict[str, Any]]) -> None:
+        self.context = context
+        self.sample = sample
+        self.tools = tools  # OpenAI specs offered to the model
+        self.rendered: list[dict[str, Any]] = [dict(m) for m in sample.messages]
+        prompt = context.codec.prompt_ids(self.rendered, tools)
+        if len(prompt) > context.config.max_prompt_tokens:
+            raise LoopError(f"the prompt has {len(prompt)} tokens, more than max_prompt_tokens={context.config.max_prompt_tokens}")
+        self.builder = TrajectoryBuilder(sample.sample_id, loop, prompt, group_id=sample.group_id)
+        self.builder.messages = [dict(m) for m in sample.messages]
+        self.open_for_assistant = True
+
+    @property
+    def budget_left(self) -> int:
+        return self.context.config.response_budget - len(self.builder.response_ids)
+
+    def model_turn(self, turn: Turn, text: str, human: dict[str, Any]) -> None:
+        """Record a finished model turn (its tokens are already in the builder)."""
+        self.builder.assistant_turns += 1
+        self.builder.generate_s += turn.seconds
+        self.rendered.append({"role": "assistant", "content": text})
+        self.builder.messages.append(human)
+        self.open_for_assistant = False
+        self.trace("assistant", list(turn.token_ids), text, turn.seconds, server=turn.server,
+                   tool_calls=human.get("tool_calls", []), finish_reason=turn.finish_reason.value)
+
+    def continue_with(self, new_messages: list[dict[str, Any]], stopped_on: int | None, kind: str) -> None:
+        """Append non-model messages as the template's delta (mask 0); BudgetExceeded if they do not fit."""
+        ids = self.context.codec.delta_ids(self.rendered, new_messages, self.tools, stopped_on)
+        if len(ids) >= self.budget_left:  # at least one model token must fit after it
+            raise BudgetExceeded(f"a {kind} turn of {len(ids)} tokens does not fit in {self.budget_left} left")
+        self.builder.context(ids)
+        self.rendered += new_messages
+        self.builder.messages += new_messages
+        self.open_for_assistant = True
+        self.trace(kind, ids, "\n".join(m.get("content", "") for m in new_messages), 0.0)
+
+    def trace(self, kind: str, token_ids: list[int], text: str, seconds: float, **extra: Any) -> None:
+        if self.context.tracer is None:
+            return
+        self.context.tracer.record({
+            "sample_id": self.sample.sample_id,
+            "turn": self.builder.assistant_turns,
+            "kind": kind,
+            "time": time.time(),
+            "seconds": seconds,
+            "token_ids": token_ids,
+            "text": text,
+            **extra,
+        })
+
+    async def finish(
+        self,
+        termination: Termination,
+        tool_instance_rewards: dict[str, float] | None = None,
+        interaction_score: float | None = None,
+        error: str | None = None,
+        infrastructure_failure: bool = False,
+    ) -> Trajectory:
+        """Drift check, reward (not for failed trajectories), then the frozen Trajectory."""
+        drift = None
+        if self.context.config.drift_check != "off" and termination is not Termination.ERROR:
+            drift = self.context.codec.first_drift(
+                self.rendered, self.tools, self.builder.all_ids, self.open_for_assistant
+            )
+            if drift is not None and self.context.config.drift_check == "strict":
+                termination, error = Termination.ERROR, f"token drift at position {drift.position} (strict check)"
+        reward, metrics, reward_s = 0.0, {}, 0.0
+        if termination is not Termination.ERROR:
+            started = time.monotonic()
+            result = await score(
+                self.context.reward,
+                Outcome(
+                    sample=self.sample,
+                    messages=tuple(self.builder.messages),
+                    termination=termination,
+                    tool_instance_rewards=dict(tool_instance_rewards or {}),
+                    tool_step_rewards=tuple(self.builder.tool_rewards),
+                    interaction_score=interaction_score,
+                    response_ids=tuple(self.builder.response_ids),
+                ),
+            )
+            reward, metrics, reward_s = result.reward, result.metrics, time.monotonic() - started
+        self.trace("end", [], termination.value, 0.0, reward=reward, error=error)
+        return self.builder.build(
+            termination,
+            reward=reward,
+            reward_s=reward_s,
+            error=error,
+            infrastructure_failure=infrastructure_failure,
+            drift=drift,
+            metrics=metrics,
+        )

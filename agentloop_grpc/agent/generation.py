@@ -1,0 +1,74 @@
+"""One assistant turn: generate through the router, append the engine's tokens verbatim, resume after aborts.
+
+Partial rollout: when the trainer pauses the engines with ABORT to update weights, the in-flight generation ends
+with FINISH_REASON_ABORT and the tokens decoded so far. They are kept (already appended), and the turn goes on
+with a new request whose prompt is everything so far and whose budget is what is left; the engine holds it until
+``resume``. Each token keeps the weight version that produced it, so a trajectory spanning an update says so.
+
+Limitation: a grammar constraint cannot be resumed mid-way (the contract carries no matcher state), so a
+constrained turn that is resumed continues unconstrained; a broken call then becomes a counted tool error.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from agentloop_grpc.engine_adapters.types import FinishReason
+from agentloop_grpc.v1 import generation_pb2
+
+from .builder import TrajectoryBuilder
+from .context import LoopContext
+from .errors import LoopError
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    #: The stop token that ended the turn (None when it ended on length).
+    stopped_on: int | None
+    seconds: float
+    server: str
+
+
+def seed_offset(sample_id: str, turn: int, attempt: int) -> int:
+    """A stable per-(sample, turn, resume) offset, so seeded runs repeat and no two generations share a stream."""
+    return zlib.crc32(f"{sample_id}/{turn}/{attempt}".encode())
+
+
+async def generate_turn(
+    context: LoopContext,
+    builder: TrajectoryBuilder,
+    turn: int,
+    max_new_tokens: int,
+    structured_output: generation_pb2.StructuredOutput | None = None,
+) -> Turn:
+    config = context.config
+    sampling = config.sampling_for(turn)
+    produced: list[int] = []
+    seconds = 0.0
+    server = ""
+    for attempt in range(config.max_resumes + 1):
+        params = sampling.to_proto(max_new_tokens - len(produced), seed_offset(builder.sample_id, turn, attempt))
+        result = await context.generator.generate(
+            builder.sample_id,
+            builder.all_ids,
+            params,
+            structured_output=structured_output if not produced else None,
+            timeout_s=config.generate_timeout_s,
+        )
+        builder.model(result.token_ids, result.logprobs, result.weight_versions)
+        builder.served_by(result.servers)
+        produced += result.token_ids
+        seconds += result.seconds
+        server = result.servers[-1] if result.servers else server
+        if result.finish_reason is not FinishReason.ABORT:
+            stopped_on = result.matched_stop_token_id if result.finish_reason is FinishReason.STOP else None
+            return Turn(tuple(produced), result.finish_reason, stopped_on, seconds, server)
+        if not config.resume_on_abort:
+            raise LoopError("the engine aborted the generation (resume_on_abort is off)")
+        if len(produced) >= max_new_tokens:
+            return Turn(tuple(produced), FinishReason.LENGTH, None, seconds, server)
+        builder.resumed_generations += 1
+    raise LoopError(f"the engine aborted one generation more than max_resumes={config.max_resumes} times")

@@ -1,0 +1,137 @@
+"""AgentLoopManager: what the trainer calls. Splits a batch across workers and returns trajectories and metrics.
+
+Workers run in this process by default, or as Ray actors (``use_ray``: a local Ray here, a cluster when Ray is
+already initialised against one). In hybrid mode (engines share the trainer's devices) the engines are woken
+before the rollout and put to sleep after it. ``update_weights`` may be called while ``generate`` runs: engines
+pause with ABORT, take the new weights, resume, and the loops continue from the tokens they had (partial
+rollout; see generation.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+from agentloop_grpc.engine_adapters.types import NamedTensor
+from agentloop_grpc.router import Router
+from agentloop_grpc.v1 import engine_pb2
+
+from .metrics import RolloutMetrics
+from .sample import Sample
+from .spec import WorkerSpec, build_worker
+from .trajectory import Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutBatch:
+    trajectories: tuple[Trajectory, ...]
+    metrics: RolloutMetrics
+
+
+def split(samples: Sequence[Sample], parts: int) -> list[list[Sample]]:
+    """Contiguous, near-equal chunks (a prompt's GRPO group stays mostly on one worker)."""
+    size, extra = divmod(len(samples), parts)
+    chunks, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(list(samples[start:end]))
+        start = end
+    return chunks
+
+
+class AgentLoopManager:
+    def __init__(self, spec: WorkerSpec, num_workers: int = 1, use_ray: bool = False, hybrid: bool = False) -> None:
+        if num_workers < 1:
+            raise ValueError("num_workers must be >= 1")
+        self.spec = spec
+        self.num_workers = num_workers
+        self.use_ray = use_ray
+        self.hybrid = hybrid
+        self._stack = AsyncExitStack()
+        self._local: list = []
+        self._actors: list = []
+        self.control: Router | None = None
+
+    async def __aenter__(self) -> AgentLoopManager:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self.use_ray:
+            import ray
+
+            from .ray_worker import RayAgentLoopWorker
+
+            if not ray.is_initialized():
+                ray.init(include_dashboard=False, log_to_driver=False)
+            actor = ray.remote(num_cpus=0)(RayAgentLoopWorker)
+            self._actors = [actor.remote(self.spec, i) for i in range(self.num_workers)]
+            await _gather_refs([a.start.remote() for a in self._actors])
+            # the actors' own router is the data path; this one carries control calls (wake, sleep, weights)
+            self.control = await self._control_router()
+        else:
+            for i in range(self.num_workers):
+                worker, router = await build_worker(self.spec, self._stack, i)
+                self._local.append(worker)
+                self.control = self.control or router
+
+    async def _control_router(self) -> Router:
+        spec = self.spec
+        router = Router.from_discovery_file(spec.discovery_file, spec.router) if spec.discovery_file else Router(
+            list(spec.engines), spec.router
+        )
+        return await self._stack.enter_async_context(router)
+
+    async def close(self) -> None:
+        if self._actors:
+            import ray
+
+            await _gather_refs([a.close.remote() for a in self._actors])
+            for actor in self._actors:
+                ray.kill(actor)
+            self._actors = []
+        await self._stack.aclose()
+
+    async def generate(
+        self, samples: Sequence[Sample], on_done: Callable[[Trajectory], None] | None = None
+    ) -> RolloutBatch:
+        """Roll out every sample; trajectories come back in the samples' order."""
+        ids = [s.sample_id for s in samples]
+        if len(set(ids)) != len(ids):
+            raise ValueError("sample ids must be unique in a batch (they are the router's session ids)")
+        started = time.monotonic()
+        if self.hybrid:
+            (await self.control.wake_up()).raise_for_errors()
+        try:
+            chunks = split(samples, self.num_workers)
+            if self._actors:
+                results = await _gather_refs([a.run.remote(c) for a, c in zip(self._actors, chunks, strict=True)])
+                trajectories = [t for chunk in results for t in chunk]
+                if on_done is not None:
+                    for trajectory in trajectories:
+                        on_done(trajectory)
+            else:
+                results = await asyncio.gather(*(w.run(c, on_done) for w, c in zip(self._local, chunks, strict=True)))
+                trajectories = [t for chunk in results for t in chunk]
+        finally:
+            if self.hybrid:
+                (await self.control.sleep()).raise_for_errors()
+        return RolloutBatch(tuple(trajectories), RolloutMetrics.of(trajectories, time.monotonic() - started))
+
+    async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int) -> None:
+        """Pause (ABORT) -> update weights -> resume on every engine; running loops keep their tokens."""
+        (await self.control.pause(engine_pb2.PAUSE_MODE_ABORT)).raise_for_errors()
+        try:
+            (await self.control.update_weights(tensors, weight_version)).raise_for_errors()
+        finally:
+            (await self.control.resume()).raise_for_errors()
+
+
+async def _gather_refs(refs: list) -> list:
+    return list(await asyncio.gather(*refs))

@@ -1,0 +1,63 @@
+"""RolloutMetrics: what a batch cost and how it went, computed once from its trajectories."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from .trajectory import Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutMetrics:
+    trajectories: int
+    failures: int
+    infrastructure_failures: int
+    wall_s: float
+    mean_reward: float
+    mean_assistant_turns: float
+    model_tokens: int
+    model_tokens_per_s: float
+    tool_calls: int
+    tool_errors: int
+    malformed_tool_calls: int
+    generate_s: float
+    tools_s: float
+    reward_s: float
+    slowest_sample: str
+    slowest_s: float
+    resumed_generations: int
+    terminations: dict[str, int]
+
+    @classmethod
+    def of(cls, trajectories: Sequence[Trajectory], wall_s: float) -> RolloutMetrics:
+        ok = [t for t in trajectories if not t.failed]
+        slowest = max(trajectories, key=lambda t: t.timings.total_s, default=None)
+        tokens = sum(t.model_tokens for t in trajectories)
+        terminations: dict[str, int] = {}
+        for t in trajectories:
+            terminations[t.termination.value] = terminations.get(t.termination.value, 0) + 1
+        return cls(
+            trajectories=len(trajectories),
+            failures=len(trajectories) - len(ok),
+            infrastructure_failures=sum(t.infrastructure_failure for t in trajectories),
+            wall_s=wall_s,
+            mean_reward=statistics.fmean(t.reward for t in ok) if ok else 0.0,
+            mean_assistant_turns=statistics.fmean(t.assistant_turns for t in ok) if ok else 0.0,
+            model_tokens=tokens,
+            model_tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
+            tool_calls=sum(t.tool_calls for t in trajectories),
+            tool_errors=sum(t.tool_errors for t in trajectories),
+            malformed_tool_calls=sum(t.malformed_tool_calls for t in trajectories),
+            generate_s=sum(t.timings.generate_s for t in trajectories),
+            tools_s=sum(t.timings.tools_s for t in trajectories),
+            reward_s=sum(t.timings.reward_s for t in trajectories),
+            slowest_sample=slowest.sample_id if slowest else "",
+            slowest_s=slowest.timings.total_s if slowest else 0.0,
+            resumed_generations=sum(t.resumed_generations for t in trajectories),
+            terminations=terminations,
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,55 @@
+"""Trajectories to and from Parquet (pyarrow): one row per trajectory, token lists as list columns, the
+conversation and metrics as JSON text so any reader (pandas, DuckDB, Spark) can open the file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from .trajectory import Drift, Termination, Timings, Trajectory
+
+_JSON_FIELDS = ("messages", "metrics")
+
+
+def _row(t: Trajectory) -> dict:
+    row = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+    row["termination"] = t.termination.value
+    row["timings"] = dataclasses.asdict(t.timings)
+    row["drift"] = dataclasses.asdict(t.drift) if t.drift is not None else None
+    for name in _JSON_FIELDS:
+        row[name] = json.dumps(row[name], default=str)
+    for name, value in row.items():
+        if isinstance(value, tuple):
+            row[name] = list(value)
+    return row
+
+
+def write_parquet(trajectories: Sequence[Trajectory], path: str | Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist([_row(t) for t in trajectories])
+    pq.write_table(table, path)
+    return path
+
+
+def read_parquet(path: str | Path) -> list[Trajectory]:
+    import pyarrow.parquet as pq
+
+    trajectories = []
+    for row in pq.read_table(Path(path)).to_pylist():
+        row["termination"] = Termination(row["termination"])
+        row["timings"] = Timings(**row["timings"])
+        row["drift"] = Drift(**row["drift"]) if row["drift"] is not None else None
+        for name in _JSON_FIELDS:
+            row[name] = json.loads(row[name])
+        row["messages"] = tuple(row["messages"])
+        for f in dataclasses.fields(Trajectory):
+            if isinstance(row[f.name], list):
+                row[f.name] = tuple(row[f.name])
+        trajectories.append(Trajectory(**row))
+    return trajectories

@@ -1,0 +1,97 @@
+"""WorkerSpec: everything needed to build a worker, as plain data, so a Ray actor on another node can build its
+own (channels, tokenizer and tool list cannot be pickled; a spec can).
+
+Python parts (reward function, interactions) are named by import path ``module:attribute``, resolved when the
+worker is built: explicit, no registry filled at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentloop_grpc.router import Router, RouterConfig
+
+from .chat import ChatCodec
+from .config import AgentLoopConfig
+from .context import LoopContext
+from .loops.base import LoopRegistry
+from .tracing import JsonlTracer
+from .worker import AgentLoopWorker
+
+
+class ComponentSpec(BaseModel):
+    """A Python object built from an import path and keyword arguments."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(description="module:attribute, e.g. agentloop_grpc.agent.interaction:RetryOnWrongAnswer")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments when the attribute is a class.")
+
+    def load(self) -> Any:
+        module, _, attribute = self.path.partition(":")
+        if not attribute:
+            raise ValueError(f"{self.path!r} is not of the form module:attribute")
+        target = getattr(importlib.import_module(module), attribute)
+        return target(**self.kwargs) if isinstance(target, type) else target
+
+
+class WorkerSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engines: tuple[str, ...] = Field((), description="Engine server addresses (host:port).")
+    discovery_file: str | None = Field(None, description="A launcher's discovery file, instead of engines.")
+    tool_server: str | None = Field(None, description="ToolExecute server address; None: no tools.")
+    model_dir: str | None = Field(None, description="Folder of the tokenizer; None: the default model's.")
+    loop: AgentLoopConfig = Field(default_factory=AgentLoopConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    max_concurrency: int = Field(256, ge=1, description="Loops running at once in one worker.")
+    reward: ComponentSpec | None = Field(None, description="Reward function; None: the default (tool rewards).")
+    interactions: dict[str, ComponentSpec] = Field(default_factory=dict)
+    trace_path: str | None = Field(None, description="Append one JSON line per turn here (per worker: a suffix "
+                                   "with the worker index is added when there are several).")
+
+
+def load_codec(model_dir: str | None) -> ChatCodec:
+    from agentloop_grpc.engine_adapters.embedded import model_store
+
+    folder = Path(model_dir) if model_dir else model_store.prepare()
+    return ChatCodec(model_store.load_tokenizer(folder))
+
+
+async def build_worker(spec: WorkerSpec, stack: AsyncExitStack, index: int = 0) -> tuple[AgentLoopWorker, Router]:
+    """Build a worker and what it owns (closed by ``stack``)."""
+    from agentloop_grpc.tools.client import GrpcToolClient
+
+    router = Router.from_discovery_file(spec.discovery_file, spec.router) if spec.discovery_file else Router(
+        list(spec.engines), spec.router
+    )
+    await stack.enter_async_context(router)
+    tools, specs = None, {}
+    if spec.tool_server:
+        tools = GrpcToolClient(spec.tool_server)
+        stack.push_async_callback(tools.close)
+        specs = {s.name: s for s in await tools.list_tools()}
+    tracer = None
+    if spec.trace_path:
+        path = Path(spec.trace_path)
+        tracer = JsonlTracer(path if index == 0 else path.with_suffix(f".{index}{path.suffix}"))
+        stack.callback(tracer.close)
+    context_args: dict[str, Any] = {}
+    if spec.reward is not None:
+        context_args["reward"] = spec.reward.load()
+    context = LoopContext(
+        generator=router,
+        codec=load_codec(spec.model_dir),
+        config=spec.loop,
+        tools=tools,
+        tool_specs=specs,
+        interactions={name: component.load() for name, component in spec.interactions.items()},
+        tracer=tracer,
+        **context_args,
+    )
+    return AgentLoopWorker(LoopRegistry.default(context), spec.max_concurrency), router

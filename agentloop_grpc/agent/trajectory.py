@@ -1,0 +1,132 @@
+"""Trajectory: one finished agent loop, token-exact, as a trainer consumes it.
+
+A trajectory is frozen and validated on construction, so a malformed one (misaligned logprobs, a mask that is not
+0/1, a logprob on a tool token) fails where it is built, never inside a training step. ``response_ids`` holds the
+model's tokens exactly as the engine produced them, interleaved with the tool/user/template tokens between turns;
+``response_mask`` tells them apart (1 = model token, 0 = everything else).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Termination(enum.Enum):
+    """Why a loop ended."""
+
+    #: The conversation ended naturally (single turn done, or the interaction said it was done).
+    STOP = "stop"
+    #: The response length budget (or the model's context) ran out.
+    LENGTH = "length"
+    #: max assistant turns or max user turns reached.
+    TURN_LIMIT = "turn_limit"
+    #: Tools were offered and the model answered without calling any.
+    NO_TOOL_CALL = "no_tool_call"
+    #: Something failed; ``error`` says what and ``infrastructure_failure`` whether it was the model's fault.
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Seconds spent in each phase of one trajectory (summed over turns)."""
+
+    generate_s: float = 0.0
+    tools_s: float = 0.0
+    interaction_s: float = 0.0
+    reward_s: float = 0.0
+    total_s: float = 0.0
+    #: Wall-clock start, seconds since the epoch (for timelines).
+    started_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """The first place where the recorded tokens differ from a fresh render of the whole conversation."""
+
+    position: int
+    recorded: int | None
+    rendered: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """One sample's rollout (see the module docstring)."""
+
+    sample_id: str
+    loop: str
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    response_mask: tuple[int, ...]
+    #: Aligned with response_ids; 0.0 where the mask is 0.
+    response_logprobs: tuple[float, ...]
+    #: Aligned with response_ids: the weights version that produced each model token; -1 where the mask is 0.
+    weight_versions: tuple[int, ...]
+    reward: float
+    termination: Termination
+    assistant_turns: int = 0
+    user_turns: int = 0
+    #: One score per interaction turn (user simulator / environment).
+    turn_scores: tuple[float, ...] = ()
+    #: Step rewards of the tool calls, in call order.
+    tool_rewards: tuple[float, ...] = ()
+    tool_calls: int = 0
+    tool_errors: int = 0
+    malformed_tool_calls: int = 0
+    #: Whether tool calls were constrained by structured output (the grammar of the call format).
+    constrained: bool = False
+    infrastructure_failure: bool = False
+    error: str | None = None
+    drift: Drift | None = None
+    #: Generations resumed after an engine abort (partial rollout across a weight update).
+    resumed_generations: int = 0
+    timings: Timings = field(default_factory=Timings)
+    #: The servers that served this trajectory's generations, in order of first use.
+    servers: tuple[str, ...] = ()
+    #: The conversation for humans (assistant turns with their parsed tool calls).
+    messages: tuple[dict[str, Any], ...] = ()
+    #: Reward metrics and anything else a reward function reported.
+    metrics: dict[str, float] = field(default_factory=dict)
+    #: Prompt group (samples of one prompt share it: GRPO).
+    group_id: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        if not (len(self.response_mask) == len(self.response_logprobs) == len(self.weight_versions) == n):
+            raise ValueError(
+                f"trajectory {self.sample_id}: response_ids ({n}), response_mask ({len(self.response_mask)}), "
+                f"response_logprobs ({len(self.response_logprobs)}) and weight_versions "
+                f"({len(self.weight_versions)}) must have the same length"
+            )
+        for i, (mask, logprob, version) in enumerate(
+            zip(self.response_mask, self.response_logprobs, self.weight_versions, strict=True)
+        ):
+            if mask not in (0, 1):
+                raise ValueError(f"trajectory {self.sample_id}: response_mask[{i}] is {mask}, not 0 or 1")
+            if mask == 0 and (logprob != 0.0 or version != -1):
+                raise ValueError(
+                    f"trajectory {self.sample_id}: position {i} is not a model token but has a logprob or version"
+                )
+            if mask == 1 and (logprob > 0.0 or version < 0):
+                raise ValueError(f"trajectory {self.sample_id}: model token {i} has logprob {logprob} > 0 or no version")
+        if self.termination is not Termination.ERROR and (self.error is not None or self.infrastructure_failure):
+            raise ValueError(f"trajectory {self.sample_id}: an error needs termination ERROR")
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(self.response_mask)
+
+    @property
+    def min_weight_version(self) -> int | None:
+        versions = [v for v in self.weight_versions if v >= 0]
+        return min(versions) if versions else None
+
+    @property
+    def max_weight_version(self) -> int | None:
+        versions = [v for v in self.weight_versions if v >= 0]
+        return max(versions) if versions else None
+
+    @property
+    def failed(self) -> bool:
+        return self.termination is Termination.ERROR

@@ -1,0 +1,71 @@
+"""AgentLoopWorker: runs many loops concurrently on one event loop, bounded, with failures isolated.
+
+One coroutine per sample. A sample whose loop raises (a bug, a broken tool, a bad row) becomes a flagged
+trajectory (termination ERROR) and the batch goes on: one broken trajectory never fails the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from .errors import INFRASTRUCTURE_ERRORS, REQUEST_ERRORS
+from .loops.base import LoopRegistry
+from .sample import Sample
+from .trajectory import Termination, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def failed_trajectory(sample: Sample, error: str, infrastructure: bool) -> Trajectory:
+    """The record of a sample whose loop could not even produce a partial trajectory."""
+    return Trajectory(
+        sample_id=sample.sample_id,
+        loop=sample.loop,
+        group_id=sample.group_id,
+        prompt_ids=(),
+        response_ids=(),
+        response_mask=(),
+        response_logprobs=(),
+        weight_versions=(),
+        reward=0.0,
+        termination=Termination.ERROR,
+        error=error,
+        infrastructure_failure=infrastructure,
+        messages=tuple(sample.messages),
+    )
+
+
+class AgentLoopWorker:
+    def __init__(self, registry: LoopRegistry, max_concurrency: int = 256) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        self.registry = registry
+        self.max_concurrency = max_concurrency
+
+    async def run_one(self, sample: Sample) -> Trajectory:
+        try:
+            return await self.registry.get(sample.loop).run(sample)
+        except INFRASTRUCTURE_ERRORS as error:
+            return failed_trajectory(sample, str(error), infrastructure=True)
+        except (*REQUEST_ERRORS, KeyError, ValueError) as error:
+            return failed_trajectory(sample, f"{type(error).__name__}: {error}", infrastructure=False)
+        except Exception as error:  # noqa: BLE001 - isolation: a loop bug must not fail the batch
+            log.exception("sample %s: the loop failed", sample.sample_id)
+            return failed_trajectory(sample, f"internal error: {type(error).__name__}: {error}", infrastructure=False)
+
+    async def run(
+        self, samples: Sequence[Sample], on_done: Callable[[Trajectory], None] | None = None
+    ) -> list[Trajectory]:
+        """Run every sample; trajectories come back in the samples' order. ``on_done`` sees each as it ends."""
+        gate = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(sample: Sample) -> Trajectory:
+            async with gate:
+                trajectory = await self.run_one(sample)
+            if on_done is not None:
+                on_done(trajectory)
+            return trajectory
+
+        return list(await asyncio.gather(*(one(s) for s in samples)))
