@@ -1,0 +1,128 @@
+"""Workers isolate failures; infrastructure failures are told apart; the manager runs in process and on Ray."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import pytest
+
+from agentloop_grpc.agent import AgentLoopManager, AgentLoopWorker, Sample, Termination, WorkerSpec
+from agentloop_grpc.agent.manager import split
+from agentloop_grpc.agent.reward import Outcome
+from agentloop_grpc.router import Router, RouterConfig
+from agentloop_grpc.tools.client import GrpcToolClient
+from agentloop_grpc.v1 import engine_pb2
+
+from ..router.conftest import free_port
+from ..tools.conftest import tool_server
+from .conftest import call, loop_context, scripted_engine, TextScript
+
+QUESTION = ({"role": "user", "content": "What is 2 + 3?"},)
+
+
+def _exploding_reward(outcome: Outcome) -> float:
+    if outcome.sample.sample_id == "boom":
+        raise RuntimeError("the reward function broke")
+    return 0.5
+
+
+async def test_one_broken_sample_never_fails_the_batch(codec):
+    replies = [call("calculator", expression="2+3"), "5"]
+    async with loop_context(codec, replies, reward=_exploding_reward) as (_, loops, _s):
+        samples = [
+            Sample(sample_id="ok-1", messages=QUESTION),
+            Sample(sample_id="boom", messages=QUESTION),
+            Sample(sample_id="no-such-loop", messages=QUESTION, loop="nope"),
+            Sample(sample_id="unknown-tool", messages=QUESTION, tools=("web_search",)),
+            Sample(sample_id="ok-2", messages=QUESTION),
+        ]
+        done: list[str] = []
+        result = await AgentLoopWorker(loops, max_concurrency=2).run(samples, on_done=lambda t: done.append(t.sample_id))
+    assert [t.sample_id for t in result] == [s.sample_id for s in samples] and sorted(done) == sorted(
+        s.sample_id for s in samples)
+    by_id = {t.sample_id: t for t in result}
+    assert by_id["ok-1"].reward == 0.5 and by_id["ok-2"].reward == 0.5 and not by_id["ok-1"].failed
+    assert by_id["boom"].failed and "the reward function broke" in by_id["boom"].error
+    assert by_id["no-such-loop"].failed and "no loop named 'nope'" in by_id["no-such-loop"].error
+    assert by_id["unknown-tool"].failed and "unknown tools ['web_search']" in by_id["unknown-tool"].error
+    assert not any(t.infrastructure_failure for t in result)
+
+
+async def test_a_dead_tool_server_is_an_infrastructure_failure(codec):
+    dead = GrpcToolClient(f"127.0.0.1:{free_port()}", timeout_s=2)
+    async with tool_server() as (_, live):
+        specs = await live.list_tools()
+    replies = [call("calculator", expression="2+3"), "5"]
+    async with loop_context(codec, replies) as (ctx, _, _s):
+        from agentloop_grpc.agent import LoopContext, LoopRegistry
+
+        ctx = LoopContext(generator=ctx.generator, codec=codec, tools=dead, tool_specs={s.name: s for s in specs})
+        [t] = await AgentLoopWorker(LoopRegistry.default(ctx)).run([Sample(sample_id="s", messages=QUESTION)])
+    await dead.close()
+    assert t.failed and t.infrastructure_failure and "CreateInstance" in t.error
+    assert t.assistant_turns == 1  # what was generated before the failure is kept
+
+
+async def test_a_dead_engine_is_an_infrastructure_failure(codec):
+    from agentloop_grpc.agent import LoopContext, LoopRegistry
+
+    async with Router([f"127.0.0.1:{free_port()}"], RouterConfig(no_server_wait_s=0.5)) as router:
+        dead = LoopContext(generator=router, codec=codec)
+        [t] = await AgentLoopWorker(LoopRegistry.default(dead)).run([Sample(sample_id="s", messages=QUESTION)])
+    assert t.failed and t.infrastructure_failure
+
+
+async def test_async_and_sync_rewards_run_as_each_trajectory_ends(codec):
+    finished: list[str] = []
+
+    async def reward(outcome: Outcome) -> float:
+        finished.append(outcome.sample.sample_id)
+        return 1.0
+
+    def slow_prompt(text: str) -> str:
+        return "short" if "quick" in text else "a much longer answer " * 20
+
+    async with loop_context(codec, slow_prompt, reward=reward) as (ctx, loops, _s):
+        samples = [Sample(sample_id="slow", messages=({"role": "user", "content": "slow one"},), loop="single_turn"),
+                   Sample(sample_id="quick", messages=({"role": "user", "content": "quick one"},), loop="single_turn")]
+        result = await AgentLoopWorker(loops).run(samples)
+    assert [t.reward for t in result] == [1.0, 1.0] and sorted(finished) == ["quick", "slow"]
+
+
+def test_split_is_contiguous_and_balanced():
+    samples = [Sample(sample_id=str(i), messages=QUESTION) for i in range(7)]
+    chunks = split(samples, 3)
+    assert [len(c) for c in chunks] == [3, 2, 2] and [s for c in chunks for s in c] == samples
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_ray", [False, True], ids=["in-process", "ray"])
+async def test_manager_runs_a_batch_with_tools_and_hybrid_mode(codec, use_ray):
+    script = TextScript(codec, [call("calculator", expression="6*7"), call("check_answer", answer="42")])
+    async with AsyncExitStack() as stack:
+        engine = await stack.enter_async_context(scripted_engine(script))
+        tools, _ = await stack.enter_async_context(tool_server())
+        spec = WorkerSpec(engines=(engine,), tool_server=f"127.0.0.1:{tools.port}", max_concurrency=8)
+        manager = await stack.enter_async_context(AgentLoopManager(spec, num_workers=2, use_ray=use_ray, hybrid=True))
+        samples = [
+            Sample(sample_id=f"q{i}", messages=({"role": "user", "content": "6 times 7?"},), ground_truth="42",
+                   tools_kwargs={"check_answer": {"ground_truth": "42"}}, group_id="g")
+            for i in range(6)
+        ]
+        batch = await manager.generate(samples)
+        info = await manager.control.server_info()
+    assert [t.sample_id for t in batch.trajectories] == [s.sample_id for s in samples]
+    assert all(t.termination is Termination.STOP and t.reward == 1.0 for t in batch.trajectories)
+    m = batch.metrics
+    assert m.trajectories == 6 and m.failures == 0 and m.tool_calls == 12 and m.mean_reward == 1.0
+    assert m.mean_assistant_turns == 2 and m.slowest_sample in {s.sample_id for s in samples}
+    # hybrid: the engines were asleep again after the rollout
+    [response] = info.responses.values()
+    assert response.state == engine_pb2.ENGINE_STATE_SLEEPING
+
+
+async def test_batch_with_duplicate_ids_is_refused(codec):
+    spec = WorkerSpec(engines=("127.0.0.1:1",))
+    manager = AgentLoopManager(spec)
+    with pytest.raises(ValueError, match="unique"):
+        await manager.generate([Sample(sample_id="a", messages=QUESTION)] * 2)
