@@ -125,12 +125,17 @@ class AgentLoopManager:
         return RolloutBatch(tuple(trajectories), RolloutMetrics.of(trajectories, time.monotonic() - started))
 
     async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int) -> None:
-        """Pause (ABORT) -> update weights -> resume on every engine; running loops keep their tokens."""
-        (await self.control.pause(engine_pb2.PAUSE_MODE_ABORT)).raise_for_errors()
-        try:
-            (await self.control.update_weights(tensors, weight_version)).raise_for_errors()
-        finally:
-            (await self.control.resume()).raise_for_errors()
+        """Update every engine's weights, also while ``generate`` runs (see ``update_weights_mid_rollout``)."""
+        await update_weights_mid_rollout(self.control, tensors, weight_version)
+
+
+async def update_weights_mid_rollout(control: Router, tensors: Sequence[NamedTensor], weight_version: int) -> None:
+    """Pause (ABORT) -> update weights -> resume on every engine; running loops keep their tokens and go on."""
+    (await control.pause(engine_pb2.PAUSE_MODE_ABORT)).raise_for_errors()
+    try:
+        (await control.update_weights(tensors, weight_version)).raise_for_errors()
+    finally:
+        (await control.resume()).raise_for_errors()
 
 
 async def _gather_refs(refs: list) -> list:
