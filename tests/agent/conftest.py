@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import asyncio
+
 import pytest
 
 from agentloop_grpc.agent import AgentLoopConfig, ChatCodec, LoopContext, LoopRegistry
@@ -48,7 +50,13 @@ class TextScript:
         else:
             turn = text.count("<|im_start|>assistant") - 1
             reply = self.replies[min(turn, len(self.replies) - 1)]
-        return reply_ids(self.codec, reply)
+        ids = reply_ids(self.codec, reply)
+        # a resumed generation (after an abort) continues the reply from the tokens the prompt already has
+        opener = self.codec.encode("<|im_start|>assistant\n")
+        prompt = list(request.prompt_ids)
+        starts = [i + len(opener) for i in range(len(prompt) - len(opener) + 1) if prompt[i : i + len(opener)] == opener]
+        produced = prompt[starts[-1]:] if starts else []
+        return ids[len(produced):] if produced and ids[: len(produced)] == produced else ids
 
 
 def reply_ids(codec: ChatCodec, reply: str | list[int]) -> list[int]:
@@ -78,12 +86,13 @@ async def scripted_engine(script: Callable[[GenerateRequest], Sequence[int]], **
 
 @asynccontextmanager
 async def loop_context(
-    codec: ChatCodec, replies, config: AgentLoopConfig | None = None, tools=None, **context
+    codec: ChatCodec, replies, config: AgentLoopConfig | None = None, tools=None, engine: dict | None = None,
+    **context,
 ) -> AsyncIterator[tuple[LoopContext, LoopRegistry, TextScript]]:
     """A scripted engine behind a Router, with the given loop config, and the registry of the default loops."""
     script = TextScript(codec, replies)
     async with AsyncExitStack() as stack:
-        address = await stack.enter_async_context(scripted_engine(script))
+        address = await stack.enter_async_context(scripted_engine(script, **(engine or {})))
         router = await stack.enter_async_context(Router([address], RouterConfig(no_server_wait_s=1)))
         await router.wait_ready()
         tools = tools if tools is not None else local_tools()
@@ -93,3 +102,27 @@ async def loop_context(
             interactions={"retry": RetryOnWrongAnswer(max_attempts=3)}, **context,
         )
         yield ctx, LoopRegistry.default(ctx), script
+
+
+class WatchedRouter:
+    """The Router, watched: counts the tokens streamed to each session and records every result."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.tokens: dict[str, int] = {}
+        self.results = []
+        self.changed = asyncio.Event()
+
+    async def generate(self, session_id, prompt_ids, params=None, **options):
+        async for event in self.router.stream(session_id, prompt_ids, params, **options):
+            if hasattr(event, "finish_reason"):
+                self.results.append(event)
+                return event
+            self.tokens[session_id] = self.tokens.get(session_id, 0) + len(event.token_ids)
+            self.changed.set()
+        raise AssertionError("no result")
+
+    async def wait(self, predicate) -> None:
+        while not predicate():
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), timeout=120)

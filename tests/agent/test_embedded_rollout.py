@@ -16,7 +16,7 @@ from agentloop_grpc.agent.manager import update_weights_mid_rollout
 from agentloop_grpc.engine_adapters.types import NamedTensor
 from agentloop_grpc.router import Router
 
-from .conftest import local_tools
+from .conftest import WatchedRouter, local_tools
 
 pytestmark = pytest.mark.slow
 
@@ -106,30 +106,6 @@ async def test_constrained_tool_trajectory_logprobs_match_a_recompute(embedded_s
     assert worst < 1e-4, worst
 
 
-class _Watch:
-    """The Router, watched: counts the tokens streamed to each session and records every result."""
-
-    def __init__(self, router: Router) -> None:
-        self.router = router
-        self.tokens: dict[str, int] = {}
-        self.results = []
-        self.changed = asyncio.Event()
-
-    async def generate(self, session_id, prompt_ids, params=None, **options):
-        async for event in self.router.stream(session_id, prompt_ids, params, **options):
-            if hasattr(event, "finish_reason"):
-                self.results.append(event)
-                return event
-            self.tokens[session_id] = self.tokens.get(session_id, 0) + len(event.token_ids)
-            self.changed.set()
-        raise AssertionError("no result")
-
-    async def wait(self, predicate) -> None:
-        while not predicate():
-            self.changed.clear()
-            await asyncio.wait_for(self.changed.wait(), timeout=120)
-
-
 async def test_partial_rollout_keeps_every_token_across_a_weight_update(embedded_server, codec):
     from safetensors import safe_open
 
@@ -148,7 +124,7 @@ async def test_partial_rollout_keeps_every_token_across_a_weight_update(embedded
         await router.wait_ready()
         [info] = (await control.server_info()).responses.values()
         version = info.weight_version + 1
-        watch = _Watch(router)
+        watch = WatchedRouter(router)
         worker = AgentLoopWorker(LoopRegistry.default(LoopContext(generator=watch, codec=codec, config=config)))
         rollout = asyncio.create_task(worker.run(samples))
         await watch.wait(lambda: len(watch.tokens) == 3 and min(watch.tokens.values()) >= 4)

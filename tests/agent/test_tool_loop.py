@@ -6,7 +6,7 @@ import json
 
 from agentloop_grpc.agent import AgentLoopConfig, Sample, Termination
 
-from .conftest import EOS, call, loop_context
+from .conftest import EOS, WatchedRouter, call, loop_context
 
 QUESTION = ({"role": "user", "content": "What is 2 + 3?"},)
 
@@ -214,3 +214,38 @@ async def test_trace_has_one_record_per_turn(codec, tmp_path):
     assert sum(len(r["token_ids"]) for r in records) == len(t.response_ids)
     assert records[0]["tool_calls"][0]["function"]["name"] == "calculator" and records[0]["server"]
     assert json.loads(json.dumps(records))  # plain JSON
+
+
+async def _pause_abort_midway(ctx, sample, tokens_first: int):
+    """Run ``sample``; once ``tokens_first`` of its tokens arrived, Pause(ABORT) then Resume the engine."""
+    import asyncio
+    import dataclasses
+
+    from agentloop_grpc.agent import LoopRegistry
+    from agentloop_grpc.v1 import engine_pb2
+
+    watched = WatchedRouter(ctx.generator)
+    loops = LoopRegistry.default(dataclasses.replace(ctx, generator=watched))
+    task = asyncio.create_task(loops.get(sample.loop).run(sample))
+    await watched.wait(lambda: watched.tokens.get(sample.sample_id, 0) >= tokens_first)
+    (await ctx.generator.pause(engine_pb2.PAUSE_MODE_ABORT)).raise_for_errors()
+    (await ctx.generator.resume()).raise_for_errors()
+    return await task, watched
+
+
+async def test_an_aborted_generation_resumes_from_its_tokens(codec):
+    reply = "one two three four five six seven eight nine ten " * 3
+    async with loop_context(codec, [reply], engine={"token_latency_s": 0.01}) as (ctx, loops, script):
+        t, watched = await _pause_abort_midway(ctx, Sample(sample_id="s", messages=QUESTION, loop="single_turn"), 5)
+    assert [r.finish_reason.value for r in watched.results] == ["abort", "stop"] and watched.results[0].token_ids
+    assert t.resumed_generations == 1 and len(script.requests) == 2
+    assert list(t.response_ids) == codec.encode(reply) + [EOS]  # nothing lost, nothing twice
+    assert t.termination is Termination.STOP
+
+
+async def test_resume_can_be_turned_off(codec):
+    reply = "one two three four five six seven eight nine ten " * 3
+    config = AgentLoopConfig(resume_on_abort=False)
+    async with loop_context(codec, [reply], config, engine={"token_latency_s": 0.01}) as (ctx, loops, _s):
+        t, _ = await _pause_abort_midway(ctx, Sample(sample_id="s", messages=QUESTION, loop="single_turn"), 5)
+    assert t.failed and "resume_on_abort is off" in t.error and not t.infrastructure_failure
