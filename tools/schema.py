@@ -1,7 +1,8 @@
 """JSON Schema of a typed Python function's arguments, inferred from its annotations and docstring.
 
-Supported: str, int, float, bool, list[T], Optional[T] / T | None, Literal[...]; a parameter with a default is
-not required. The docstring's first paragraph is the description; ``Args:`` lines (Google style) describe the
+Supported: str, int, float, bool, list[T], Optional[T] / T | None, Literal[...], and ``Annotated[T, {...}]`` whose
+dict adds JSON Schema keywords (``pattern``, ``maxLength``, ``minimum``...: constraints the model sees and that a
+grammar-constrained call obeys); a parameter with a default is not required. The docstring's first paragraph is the description; ``Args:`` lines (Google style) describe the
 parameters. Anything else is a start-up error: a schema that lies to the model is worse than none.
 """
 
@@ -18,6 +19,14 @@ _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
 
 
 def _type_schema(annotation, where: str) -> dict:
+    if typing.get_origin(annotation) is typing.Annotated:
+        base, *metadata = typing.get_args(annotation)
+        schema = _type_schema(base, where)
+        for extra in metadata:
+            if not isinstance(extra, dict):
+                raise TypeError(f"{where}: Annotated metadata must be a dict of JSON Schema keywords")
+            schema.update(extra)
+        return schema
     if annotation in _SCALARS:
         return {"type": _SCALARS[annotation]}
     origin = typing.get_origin(annotation)
@@ -58,7 +67,7 @@ def _docstring(function: Callable) -> tuple[str, dict[str, str]]:
 
 def function_schema(function: Callable) -> tuple[str, dict]:
     """Return (description, JSON Schema of the arguments object)."""
-    hints = typing.get_type_hints(function)
+    hints = typing.get_type_hints(function, include_extras=True)
     description, documented = _docstring(function)
     properties: dict[str, dict] = {}
     required: list[str] = []

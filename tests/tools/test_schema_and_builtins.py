@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import pytest
 
@@ -79,3 +79,21 @@ def test_name_collision_is_a_start_up_error() -> None:
 def test_entry_needs_exactly_one_kind() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         ToolServerConfig.model_validate({"tools": [{"name": "x"}]})
+
+
+def test_annotated_adds_json_schema_keywords():
+    from agentloop_grpc.tools.schema import function_schema
+
+    def f(code: Annotated[str, {"pattern": "^[0-9]+$", "maxLength": 5}], n: Annotated[int, {"minimum": 1}] = 1) -> str:
+        """Do it."""
+        return code * n
+
+    _, schema = function_schema(f)
+    assert schema["properties"]["code"] == {"type": "string", "pattern": "^[0-9]+$", "maxLength": 5}
+    assert schema["properties"]["n"] == {"type": "integer", "minimum": 1, "default": 1}
+
+    def g(code: Annotated[str, "not a dict"]) -> str:
+        return code
+
+    with pytest.raises(TypeError, match="Annotated metadata must be a dict"):
+        function_schema(g)

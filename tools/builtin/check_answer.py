@@ -13,6 +13,7 @@ from typing import Any
 from ..result import RewardResult, ToolErrorKind, ToolResult, ToolSpec
 
 RELATIVE_TOLERANCE = 1e-6
+NUMBER_PATTERN = r"^-?[0-9][0-9,]{0,15}(\.[0-9]{0,8})?$"
 
 
 def parse_number(text: str) -> float:
@@ -35,7 +36,9 @@ class CheckAnswer:
             description="Submit your final numeric answer. It is compared with the correct answer.",
             parameters={
                 "type": "object",
-                "properties": {"answer": {"type": "string", "description": "The final answer, a number."}},
+                "properties": {
+                    "answer": {"type": "string", "description": "The final answer, a number.", "pattern": NUMBER_PATTERN}
+                },
                 "required": ["answer"],
                 "additionalProperties": False,
             },

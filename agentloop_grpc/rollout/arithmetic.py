@@ -1,0 +1,71 @@
+"""The demo task: multi-step arithmetic word problems, generated from a seed (nothing is downloaded).
+
+Each problem chains two or three integer steps through a small story ("Ana has 12 apples. She buys 3 bags of 7
+apples each. ..."), so a model that calls the calculator with the right expression and submits the result with
+``check_answer`` is rewarded; the ground truth is computed here, exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+_NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivan", "Jia", "Kofi", "Lena")
+_ITEMS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "cards", "shells")
+
+SYSTEM_PROMPT = (
+    "You solve arithmetic word problems with tools. First call the calculator with one expression that "
+    "computes the answer. Then call check_answer with the number the calculator returned."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    question: str
+    expression: str
+    answer: int
+
+
+def problem(rng: random.Random) -> Problem:
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    start = rng.randint(5, 60)
+    bags, per_bag = rng.randint(2, 9), rng.randint(3, 12)
+    kind = rng.randrange(3)
+    if kind == 0:
+        lost = rng.randint(1, start)
+        text = (f"{name} has {start} {item}. {name} buys {bags} bags with {per_bag} {item} in each bag, then gives "
+                f"away {lost} {item}. How many {item} does {name} have now?")
+        expression = f"{start} + {bags} * {per_bag} - {lost}"
+    elif kind == 1:
+        friends = rng.randint(2, 6)
+        total = friends * rng.randint(2, 15)
+        text = (f"{name} has {bags} boxes of {per_bag} {item} and {total} loose {item}. The loose {item} are shared "
+                f"equally among {friends} friends, and {name} keeps one share and all the boxes. How many {item} "
+                f"does {name} keep?")
+        expression = f"{bags} * {per_bag} + {total} / {friends}"
+    else:
+        days = rng.randint(2, 7)
+        text = (f"{name} collects {per_bag} {item} every day for {days} days and already had {start}. "
+                f"How many {item} does {name} have in total?")
+        expression = f"{per_bag} * {days} + {start}"
+    answer = eval(expression, {"__builtins__": {}})  # noqa: S307 - our own literal arithmetic
+    return Problem(text, expression, int(answer))
+
+
+def problems(count: int, seed: int) -> list[Problem]:
+    rng = random.Random(seed)
+    return [problem(rng) for _ in range(count)]
+
+
+def dataset_rows(count: int, seed: int) -> list[dict]:
+    """Rows in the rollout dataset format (see rollout/dataset.py)."""
+    return [
+        {
+            "id": f"arith-{seed}-{i}",
+            "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": p.question}],
+            "ground_truth": str(p.answer),
+            "tools": ["calculator", "check_answer"],
+            "loop": "tool",
+        }
+        for i, p in enumerate(problems(count, seed))
+    ]

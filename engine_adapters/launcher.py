@@ -1,0 +1,189 @@
+"""The per-node launcher: one engine server process per data-parallel group, ports chosen, health awaited, and a
+discovery file that ``Router.from_discovery_file`` reads.
+
+Each server is ``agentloop engine serve --port 0 --dp-rank i --dp-size N`` in its own process (its own GIL, its
+own torch threads), started together so model loading overlaps. A server prints ``listening on HOST:PORT`` once
+bound; the launcher then waits until its ``grpc.health.v1`` status is SERVING (the model loaded). Stopping sends
+SIGTERM (servers drain) and SIGKILL after a grace period. Server output goes to one log file per server, so the
+caller's terminal stays readable and a failed start can quote the log's tail.
+
+The same ``ServerProcess`` starts tool servers (``agentloop tools serve``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+_LISTENING = re.compile(r"listening on (\S+)")
+
+
+class LaunchError(RuntimeError):
+    """A server did not start (its log's tail is in the message)."""
+
+
+def agentloop_command() -> list[str]:
+    """The CLI of this installation, run with this interpreter (works in a venv without activating it)."""
+    return [sys.executable, "-m", "agentloop_grpc.cli"]
+
+
+@dataclass
+class ServerProcess:
+    """One server process started from ``args`` (an agentloop CLI command that prints its address)."""
+
+    args: Sequence[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    process: asyncio.subprocess.Process | None = None
+    address: str | None = None
+
+    async def start(self, timeout_s: float) -> str:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.args, stdout=asyncio.subprocess.PIPE, stderr=log, env={**os.environ, **self.env},
+                start_new_session=True,  # Ctrl-C in the caller's terminal reaches the caller, which stops us
+            )
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout_s
+        while self.address is None:
+            try:
+                line = await asyncio.wait_for(self.process.stdout.readline(), max(0.01, deadline - time.monotonic()))
+            except TimeoutError:
+                raise LaunchError(f"{self.args[3:5]} did not print its address within {timeout_s:.0f} s"
+                                  f"{self._tail()}") from None
+            if not line:
+                code = await self.process.wait()
+                raise LaunchError(f"{' '.join(self.args[3:5])} exited with code {code} before listening{self._tail()}")
+            match = _LISTENING.search(line.decode(errors="replace"))
+            if match:
+                self.address = match.group(1)
+        asyncio.ensure_future(self._drain_stdout())
+        await self._wait_serving(deadline)
+        return self.address
+
+    async def _drain_stdout(self) -> None:
+        with contextlib.suppress(Exception):
+            while await self.process.stdout.readline():
+                pass
+
+    async def _wait_serving(self, deadline: float) -> None:
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self.process.returncode is not None:
+                    raise LaunchError(f"the server at {self.address} exited while loading{self._tail()}")
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"the server at {self.address} was not SERVING in time{self._tail()}")
+                await asyncio.sleep(0.2)
+
+    def _tail(self, lines: int = 8) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return ""
+        return (f"; the end of {self.log_path}:\n  " + "\n  ".join(text)) if text else ""
+
+    async def stop(self, grace_s: float) -> int | None:
+        if self.process is None or self.process.returncode is not None:
+            return self.process.returncode if self.process else None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.process.wait(), grace_s)
+        except TimeoutError:
+            self.process.kill()
+            return await self.process.wait()
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """What to launch on this node: ``dp`` servers of one adapter."""
+
+    adapter: str = "embedded"
+    dp: int = 1
+    tp: int = 1
+    model: str | None = None
+    host: str = "127.0.0.1"
+    #: embedded: torch threads per server (the node's cores are shared by its servers).
+    threads: int | None = None
+    #: Extra ``agentloop engine serve`` options, e.g. ("--max-running", "16").
+    extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.dp < 1 or self.tp < 1:
+            raise ValueError("dp and tp must be >= 1")
+        if self.tp != 1 and self.adapter in ("embedded", "fake"):
+            raise ValueError(f"the {self.adapter} engine runs on one device: tensor parallelism (tp={self.tp}) "
+                             "needs the vllm or sglang adapter")
+
+    def command(self, rank: int) -> list[str]:
+        args = [*agentloop_command(), "engine", "serve", "--adapter", self.adapter, "--host", self.host, "--port", "0",
+                "--dp-rank", str(rank), "--dp-size", str(self.dp)]
+        if self.model:
+            args += ["--model", self.model]
+        if self.adapter == "embedded":
+            threads = self.threads or max(1, (os.cpu_count() or 1) // self.dp)
+            args += ["--threads", str(threads)]
+        return args + list(self.extra_args)
+
+
+class EngineLauncher:
+    """Start ``launch.dp`` engine servers; ``async with`` stops them. ``addresses`` once started."""
+
+    def __init__(self, launch: EngineLaunch, log_dir: str | Path, grace_s: float = 10.0) -> None:
+        self.launch = launch
+        self.log_dir = Path(log_dir)
+        self.grace_s = grace_s
+        self.servers = [
+            ServerProcess(launch.command(rank), self.log_dir / f"engine-{rank}.log") for rank in range(launch.dp)
+        ]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [s.address for s in self.servers if s.address]
+
+    async def __aenter__(self) -> EngineLauncher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.stop()
+
+    async def start(self) -> list[str]:
+        try:
+            await asyncio.gather(*(s.start(self.launch.startup_timeout_s) for s in self.servers))
+        except BaseException:
+            await self.stop()
+            raise
+        return self.addresses
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(s.stop(self.grace_s) for s in self.servers))
+
+    def write_discovery(self, path: str | Path) -> Path:
+        """``{"servers": [{"address", "dp_rank", "adapter"}...]}``: what ``Router.from_discovery_file`` reads."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        servers = [{"address": s.address, "dp_rank": rank, "adapter": self.launch.adapter}
+                   for rank, s in enumerate(self.servers)]
+        path.write_text(json.dumps({"servers": servers}, indent=2) + "\n")
+        return path
