@@ -23,7 +23,8 @@ import typer
 
 from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
 from agentloop_grpc.engine_adapters.protocol import EngineAdapter
-from agentloop_grpc.engine_adapters.server import PortInUseError, serve
+from agentloop_grpc.engine_adapters.server import PortInUseError, serve, stop_signal
+from agentloop_grpc.rollout.command import rollout as rollout_command
 
 app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_args_is_help=True)
 engine_app = typer.Typer(help="Engine servers (one per data-parallel group).", no_args_is_help=True)
@@ -146,6 +147,46 @@ def tools_serve(
     except (PortInUseError, ValueError, ImportError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
+
+
+@engine_app.command("launch")
+def engine_launch(
+    adapter: AdapterKind = typer.Option(AdapterKind.EMBEDDED, help="Which engine every replica serves."),
+    model: str = typer.Option(None, help="Model folder (default: the default model)."),
+    dp: int = typer.Option(1, min=1, help="Data-parallel replicas on this node (one server process each)."),
+    tp: int = typer.Option(1, min=1, help="Tensor-parallel size of each replica (vllm / sglang only)."),
+    host: str = typer.Option("127.0.0.1", help="Address the servers bind."),
+    threads: int = typer.Option(None, min=1, help="embedded: torch threads per replica (default: cores / dp)."),
+    discovery_file: Path = typer.Option(Path("discovery.json"), help="Where to write the servers' addresses."),
+    log_dir: Path = typer.Option(Path("logs"), help="One log file per server."),
+) -> None:
+    """Start one engine server per DP group on this node, wait until all serve, write the discovery file; stop
+    them all on Ctrl-C or SIGTERM."""
+    from agentloop_grpc.engine_adapters.launcher import EngineLaunch, EngineLauncher, LaunchError
+
+    try:
+        launch = EngineLaunch(adapter=adapter.value, dp=dp, tp=tp, model=model, host=host, threads=threads)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+    async def run() -> None:
+        async with EngineLauncher(launch, log_dir) as launcher:
+            path = launcher.write_discovery(discovery_file)
+            print(f"agentloop engine launch: {dp} {adapter.value} server(s) serving: "
+                  f"{', '.join(launcher.addresses)}; discovery file {path}", flush=True)
+            await stop_signal().wait()
+
+    try:
+        asyncio.run(run())
+    except LaunchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        pass
+
+
+app.command("rollout")(rollout_command)
 
 
 def main() -> None:

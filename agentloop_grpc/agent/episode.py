@@ -51,8 +51,11 @@ class Episode:
         self.trace("assistant", list(turn.token_ids), text, turn.seconds, server=turn.server,
                    tool_calls=human.get("tool_calls", []), finish_reason=turn.finish_reason.value)
 
-    def continue_with(self, new_messages: list[dict[str, Any]], stopped_on: int | None, kind: str) -> None:
-        """Append non-model messages as the template's delta (mask 0); BudgetExceeded if they do not fit."""
+    def continue_with(
+        self, new_messages: list[dict[str, Any]], stopped_on: int | None, kind: str, seconds: float = 0.0
+    ) -> None:
+        """Append non-model messages as the template's delta (mask 0); BudgetExceeded if they do not fit.
+        ``seconds``: how long producing them took (tools, interaction), for the trace."""
         ids = self.context.codec.delta_ids(self.rendered, new_messages, self.tools, stopped_on)
         if len(ids) >= self.budget_left:  # at least one model token must fit after it
             raise BudgetExceeded(f"a {kind} turn of {len(ids)} tokens does not fit in {self.budget_left} left")
@@ -60,7 +63,7 @@ class Episode:
         self.rendered += new_messages
         self.builder.messages += new_messages
         self.open_for_assistant = True
-        self.trace(kind, ids, "\n".join(m.get("content", "") for m in new_messages), 0.0)
+        self.trace(kind, ids, "\n".join(m.get("content", "") for m in new_messages), seconds)
 
     def trace(self, kind: str, token_ids: list[int], text: str, seconds: float, **extra: Any) -> None:
         if self.context.tracer is None:

@@ -173,13 +173,15 @@ class ToolLoop:
                     return Termination.NO_TOOL_CALL if run.tool_names else Termination.STOP
             # 2. PROCESSING_TOOLS: run the calls, answer malformed ones, append all responses as one delta.
             elif state is LoopState.PROCESSING_TOOLS:
+                started = time.monotonic()
                 messages = await self._process_tools(run)
+                seconds = time.monotonic() - started
                 if run.final_tool_called:
                     return Termination.STOP
                 if run.episode.builder.assistant_turns >= config.max_assistant_turns:
                     return Termination.TURN_LIMIT
                 try:
-                    run.episode.continue_with(messages, run.turn.stopped_on, "tool")
+                    run.episode.continue_with(messages, run.turn.stopped_on, "tool", seconds)
                 except BudgetExceeded:
                     return Termination.LENGTH
                 state = LoopState.GENERATING
@@ -187,7 +189,8 @@ class ToolLoop:
             elif state is LoopState.INTERACTING:
                 started = time.monotonic()
                 reply = await run.interaction.respond(run.interaction_state, list(run.episode.builder.messages))
-                run.episode.builder.interaction_s += time.monotonic() - started
+                seconds = time.monotonic() - started
+                run.episode.builder.interaction_s += seconds
                 run.episode.builder.turn_scores.append(reply.score)
                 if reply.done:
                     return Termination.STOP
@@ -195,7 +198,9 @@ class ToolLoop:
                         or run.episode.builder.assistant_turns >= config.max_assistant_turns):
                     return Termination.TURN_LIMIT
                 try:
-                    run.episode.continue_with([{"role": "user", "content": reply.content}], run.turn.stopped_on, "user")
+                    run.episode.continue_with(
+                        [{"role": "user", "content": reply.content}], run.turn.stopped_on, "user", seconds
+                    )
                 except BudgetExceeded:
                     return Termination.LENGTH
                 run.episode.builder.user_turns += 1

@@ -1,0 +1,1 @@
+"""``agentloop rollout``: a whole rollout from one YAML file (engines, tools, dataset, loop, outputs, report)."""

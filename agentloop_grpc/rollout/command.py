@@ -1,0 +1,67 @@
+"""``agentloop rollout --config FILE``: bad input ends with one clear sentence and a non-zero exit, never a
+traceback; Ctrl-C stops the servers this run started and keeps the trajectories already finished."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import typer
+import yaml
+from pydantic import ValidationError
+
+from agentloop_grpc.engine_adapters.launcher import LaunchError
+
+from .config import load_config
+from .dataset import DatasetError
+from .run import RolloutError, RunRecord, run_rollout, summarize
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _validation_message(path: Path, error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{path}: {where}: {first['msg']}{more}"
+
+
+def rollout(
+    config: Path = typer.Option(..., "--config", "-c", help="Rollout YAML (see examples/demo.yaml)."),
+    output_dir: str = typer.Option(None, help="Override the config's output_dir."),
+) -> None:
+    """Run agent loops over a dataset and write trajectories, the turn trace, a padded batch and a report."""
+    try:
+        from .progress import Progress
+    except ImportError as error:
+        _fail(f"the rollout display needs the 'rollout' extra (pip install 'agentloop-grpc[rollout]'): {error}")
+    if not config.is_file():
+        _fail(f"the config file {config} does not exist")
+    try:
+        settings = load_config(config)
+    except ValidationError as error:
+        _fail(_validation_message(config, error))
+    except (yaml.YAMLError, ValueError, OSError) as error:
+        _fail(f"{config} is not a valid rollout config: {str(error).splitlines()[0]}")
+    if output_dir is not None:
+        settings = settings.model_copy(update={"output_dir": output_dir})
+    progress = Progress()
+    record = RunRecord(output_dir=Path(settings.output_dir))
+    try:
+        asyncio.run(run_rollout(settings, progress, record))
+    except KeyboardInterrupt:
+        kept = len(record.trajectories)
+        typer.echo(f"interrupted: servers stopped; {kept} finished trajectories kept in {record.output_dir}", err=True)
+        raise typer.Exit(130) from None
+    except (DatasetError, RolloutError, LaunchError) as error:
+        _fail(str(error).splitlines()[0] if isinstance(error, DatasetError) else str(error), 1)
+    progress.summary(summarize(record), str(record.output_dir))
+
+
+if __name__ == "__main__":
+    typer.run(rollout)
+    sys.exit(0)

@@ -1,0 +1,122 @@
+"""RolloutConfig: everything ``agentloop rollout --config FILE.yaml`` needs, with defaults and a docstring per
+field. Unknown fields are errors (a typo must not silently fall back to a default)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentloop_grpc.agent.config import AgentLoopConfig
+from agentloop_grpc.agent.spec import ComponentSpec
+from agentloop_grpc.router import RouterConfig
+
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+
+
+class LaunchEngines(BaseModel):
+    """Engine servers this run starts on this machine (one process per data-parallel replica)."""
+
+    model_config = _STRICT
+
+    replicas: int = Field(2, ge=1, le=64, description="Data-parallel replicas (one server process each).")
+    adapter: str = Field("embedded", description="embedded, vllm or fake.")
+    model: str | None = Field(None, description="Model folder (default: SmolLM2-135M-Instruct, prepared offline).")
+    threads: int | None = Field(None, ge=1, description="embedded: torch threads per replica (default: cores / replicas).")
+    max_running: int = Field(16, ge=1, description="Requests each replica decodes together.")
+    startup_timeout_s: float = Field(300.0, gt=0, description="How long a replica may take to load.")
+
+
+class Engines(BaseModel):
+    """Where generation happens: exactly one of addresses, discovery_file, launch."""
+
+    model_config = _STRICT
+
+    addresses: tuple[str, ...] = Field((), description="Running engine servers (host:port).")
+    discovery_file: str | None = Field(None, description="A discovery file written by `agentloop engine launch`.")
+    launch: LaunchEngines | None = Field(None, description="Start engine servers for this run, stop them after.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Engines:
+        given = [bool(self.addresses), self.discovery_file is not None, self.launch is not None]
+        if sum(given) != 1:
+            raise ValueError("engines: give exactly one of addresses, discovery_file or launch")
+        return self
+
+
+class Tools(BaseModel):
+    """Where tools run: a running ToolExecute server, or one this run starts from a tools.yaml."""
+
+    model_config = _STRICT
+
+    address: str | None = Field(None, description="A running ToolExecute server (host:port).")
+    launch: str | None = Field("builtin", description="A tools.yaml to serve for this run ('builtin': the built-ins).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Tools:
+        if self.address is not None and self.launch is not None:
+            raise ValueError("tools: give address or launch, not both (set launch: null to use address)")
+        return self
+
+
+class ArithmeticDataset(BaseModel):
+    """The bundled demo task: multi-step arithmetic word problems generated from a seed."""
+
+    model_config = _STRICT
+
+    count: int = Field(8, ge=1, le=100_000, description="Problems (prompts).")
+    seed: int = Field(0, description="Generator seed.")
+
+
+class Dataset(BaseModel):
+    """Prompts: a JSONL or Parquet file, or the generated arithmetic task.
+
+    A row has ``messages`` (chat messages), and optionally ``id``, ``ground_truth``, ``tools`` (names),
+    ``tools_kwargs``, ``loop`` (default: the config's default_loop), ``interaction``.
+    """
+
+    model_config = _STRICT
+
+    path: str | None = Field(None, description="A .jsonl or .parquet file of rows.")
+    arithmetic: ArithmeticDataset | None = Field(None, description="Generate the demo task instead of reading a file.")
+    limit: int | None = Field(None, ge=1, description="Use only the first rows.")
+    default_loop: str = Field("tool", description="Loop of rows that name none.")
+    ground_truth_kwargs: tuple[str, ...] = Field(
+        ("check_answer",), description="Tools that get {'ground_truth': row.ground_truth} at CreateInstance."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Dataset:
+        if (self.path is None) == (self.arithmetic is None):
+            raise ValueError("dataset: give exactly one of path or arithmetic")
+        return self
+
+
+class RolloutConfig(BaseModel):
+    model_config = _STRICT
+
+    engines: Engines = Field(description="Engine servers.")
+    tools: Tools = Field(default_factory=Tools, description="Tool servers.")
+    dataset: Dataset = Field(description="Prompts.")
+    samples_per_prompt: int = Field(1, ge=1, le=1024, description="Trajectories per prompt (a GRPO group).")
+    loop: AgentLoopConfig = Field(default_factory=AgentLoopConfig, description="Loop limits and sampling.")
+    router: RouterConfig = Field(default_factory=RouterConfig, description="Routing over the engine servers.")
+    reward: ComponentSpec | None = Field(None, description="Reward function (default: tool rewards + interaction).")
+    interactions: dict[str, ComponentSpec] = Field(default_factory=dict, description="Interactions by name.")
+    workers: int = Field(1, ge=1, description="Agent-loop workers.")
+    ray: bool = Field(False, description="Run the workers as Ray actors (local Ray, or the cluster Ray is on).")
+    max_concurrency: int = Field(256, ge=1, description="Loops in flight per worker.")
+    output_dir: str = Field("runs/rollout", description="Where trajectories, trace, batch and report go.")
+    trace: bool = Field(True, description="Write the per-turn trace (trace.jsonl).")
+    report: bool = Field(True, description="Write report.html with plots.")
+    prompt_length: int | None = Field(None, ge=1, description="Pad prompts to this length in batch.pt (default: longest).")
+    response_length: int | None = Field(None, ge=1, description="Pad responses to this length (default: longest).")
+
+
+def load_config(path: str | Path) -> RolloutConfig:
+    """Read and validate a rollout YAML (ValidationError / OSError / yaml.YAMLError on bad input)."""
+    document = yaml.safe_load(Path(path).read_text())
+    if not isinstance(document, dict):
+        raise ValueError(f"{path}: a rollout config is a YAML mapping")
+    return RolloutConfig.model_validate(document)

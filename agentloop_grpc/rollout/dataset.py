@@ -1,0 +1,69 @@
+"""Dataset rows -> Samples: JSONL or Parquet files, or the generated arithmetic task; ``samples_per_prompt``
+copies of each prompt share a group id (GRPO)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from agentloop_grpc.agent.sample import Sample
+
+from . import arithmetic
+from .config import Dataset
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be read or a row is malformed (the message names the file and row)."""
+
+
+def read_rows(dataset: Dataset) -> list[dict]:
+    if dataset.arithmetic is not None:
+        rows = arithmetic.dataset_rows(dataset.arithmetic.count, dataset.arithmetic.seed)
+    else:
+        path = Path(dataset.path)
+        if not path.is_file():
+            raise DatasetError(f"dataset file {path} does not exist")
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(path).to_pylist()
+        elif path.suffix in (".jsonl", ".json"):
+            rows = []
+            for number, line in enumerate(path.read_text().splitlines(), start=1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as error:
+                        raise DatasetError(f"{path}:{number} is not JSON ({error.msg})") from None
+        else:
+            raise DatasetError(f"dataset file {path} must be .jsonl or .parquet")
+    return rows[: dataset.limit] if dataset.limit else rows
+
+
+def to_samples(rows: list[dict], dataset: Dataset, samples_per_prompt: int) -> list[Sample]:
+    samples = []
+    for index, row in enumerate(rows):
+        prompt_id = str(row.get("id", f"row-{index}"))
+        truth = row.get("ground_truth")
+        kwargs = {name: dict(value) for name, value in (row.get("tools_kwargs") or {}).items()}
+        if truth is not None:
+            for tool in dataset.ground_truth_kwargs:
+                kwargs.setdefault(tool, {}).setdefault("ground_truth", str(truth))
+        for k in range(samples_per_prompt):
+            try:
+                samples.append(Sample(
+                    sample_id=f"{prompt_id}/{k}",
+                    group_id=prompt_id,
+                    messages=tuple(row["messages"]),
+                    loop=row.get("loop") or dataset.default_loop,
+                    tools=tuple(row["tools"]) if row.get("tools") is not None else None,
+                    tools_kwargs=kwargs,
+                    ground_truth=None if truth is None else str(truth),
+                    interaction=row.get("interaction"),
+                ))
+            except (KeyError, TypeError, ValidationError) as error:
+                detail = f"missing {error}" if isinstance(error, KeyError) else str(error).splitlines()[-1].strip()
+                raise DatasetError(f"dataset row {index} ({prompt_id}): {detail}") from None
+    return samples

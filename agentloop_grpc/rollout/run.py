@@ -1,0 +1,207 @@
+"""One rollout, start to finish: start what the config asks for, run every sample, write the outputs.
+
+Steps: (1) read the dataset (before anything starts, so a bad file fails fast); (2) engines: launch replicas or
+use running servers, and check they answer; (3) tools: launch a server or use a running one; (4) the manager runs
+the samples with a live progress display while a sampler records each server's load; (5) outputs:
+trajectories.parquet, trace.jsonl, batch.pt, summary.json, report.html. Servers this run started are stopped on
+the way out, also on Ctrl-C, and the trajectories finished before an interruption are still written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from importlib import resources
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentloop_grpc.agent import AgentLoopManager, Trajectory, WorkerSpec, to_batch, write_parquet
+from agentloop_grpc.agent.metrics import RolloutMetrics
+from agentloop_grpc.engine_adapters.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
+from agentloop_grpc.router import NoHealthyServerError
+
+from .config import RolloutConfig
+from .dataset import read_rows, to_samples
+from .progress import Progress
+
+
+
+class RolloutError(RuntimeError):
+    """A run could not start or go on; the message is one sentence for the user."""
+
+
+@dataclass
+class LoadSample:
+    time: float
+    server: str
+    in_flight: float
+
+
+@dataclass
+class RunRecord:
+    """What a run produced (also when interrupted: then ``interrupted`` is True and trajectories are partial)."""
+
+    output_dir: Path
+    trajectories: list[Trajectory] = field(default_factory=list)
+    metrics: RolloutMetrics | None = None
+    load: list[LoadSample] = field(default_factory=list)
+    decisions: dict[str, float] = field(default_factory=dict)
+    servers: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    wall_s: float = 0.0
+
+
+async def _engines(config: RolloutConfig, stack: AsyncExitStack, out: Path) -> tuple[list[str], str | None]:
+    engines = config.engines
+    if engines.launch is not None:
+        launch = engines.launch
+        launcher = EngineLauncher(
+            EngineLaunch(adapter=launch.adapter, dp=launch.replicas, model=launch.model, threads=launch.threads,
+                         extra_args=("--max-running", str(launch.max_running)),
+                         startup_timeout_s=launch.startup_timeout_s),
+            out / "logs",
+        )
+        await stack.enter_async_context(launcher)
+        launcher.write_discovery(out / "discovery.json")
+        return launcher.addresses, launch.model
+    if engines.discovery_file is not None:
+        path = Path(engines.discovery_file)
+        try:
+            document = json.loads(path.read_text())
+            return [entry["address"] for entry in document["servers"]], None
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise RolloutError(f"the discovery file {path} cannot be read ({error})") from None
+    return list(engines.addresses), None
+
+
+async def _tools(config: RolloutConfig, stack: AsyncExitStack, out: Path) -> str | None:
+    if config.tools.address is not None:
+        return config.tools.address
+    if config.tools.launch is None:
+        return None
+    path = Path(str(resources.files("agentloop_grpc.tools") / "builtin.yaml")) if config.tools.launch == "builtin" \
+        else Path(config.tools.launch)
+    if not path.is_file():
+        raise RolloutError(f"the tools config {path} does not exist")
+    server = ServerProcess([*agentloop_command(), "tools", "serve", "--config", str(path), "--port", "0"],
+                           out / "logs" / "tools.log")
+    stack.push_async_callback(server.stop, 5.0)
+    return await server.start(timeout_s=60)
+
+
+async def _sample_load(manager: AgentLoopManager, record: RunRecord, every_s: float = 0.25) -> None:
+    metrics = manager.control.metrics
+    while True:
+        now = time.time()
+        for server in record.servers:
+            record.load.append(LoadSample(now, server, metrics.value("agentloop_router_in_flight", server=server)))
+        await asyncio.sleep(every_s)
+
+
+async def run_rollout(config: RolloutConfig, progress: Progress, record: RunRecord) -> RunRecord:
+    """Run the rollout into ``record`` (the caller keeps it, so an interrupted run's record is still there)."""
+    out = record.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    # 1. the dataset, before anything starts
+    samples = to_samples(read_rows(config.dataset), config.dataset, config.samples_per_prompt)
+    started = time.monotonic()
+    async with AsyncExitStack() as stack:
+        # 2-3. engines and tools
+        progress.status("starting engine and tool servers")
+        (addresses, model_dir), tool_address = await asyncio.gather(_engines(config, stack, out),
+                                                                     _tools(config, stack, out))
+        record.servers = addresses
+        trace = out / "trace.jsonl"
+        trace.unlink(missing_ok=True)
+        spec = WorkerSpec(
+            engines=tuple(addresses), tool_server=tool_address, model_dir=model_dir, loop=config.loop,
+            router=config.router, max_concurrency=config.max_concurrency, reward=config.reward,
+            interactions=config.interactions, trace_path=str(trace) if config.trace else None,
+        )
+        manager = AgentLoopManager(spec, num_workers=config.workers, use_ray=config.ray)
+        await stack.enter_async_context(manager)
+        try:
+            await manager.control.wait_ready(min_servers=len(addresses), timeout_s=config.router.no_server_wait_s)
+        except NoHealthyServerError:
+            down = [a for a, e in manager.control.servers.items() if not e.healthy]
+            raise RolloutError(f"engine server(s) {', '.join(down)} did not answer as SERVING") from None
+        # 4. the rollout
+        progress.start(len(samples))
+        sampler = asyncio.create_task(_sample_load(manager, record))
+
+        def done(trajectory: Trajectory) -> None:
+            record.trajectories.append(trajectory)
+            progress.advance(trajectory)
+
+        try:
+            batch = await manager.generate(samples, on_done=done)
+            record.trajectories = list(batch.trajectories)  # the samples' order
+            record.metrics = batch.metrics
+        except asyncio.CancelledError:
+            record.interrupted = True
+            raise
+        finally:
+            sampler.cancel()
+            record.decisions = {
+                d: manager.control.metrics.value("agentloop_router_routing_decisions_total", decision=d)
+                for d in ("new", "sticky", "moved")
+            }
+            record.wall_s = time.monotonic() - started
+            if record.metrics is None:
+                record.metrics = RolloutMetrics.of(record.trajectories, record.wall_s)
+            progress.stop()
+            write_outputs(config, record, manager)
+    return record
+
+
+def write_outputs(config: RolloutConfig, record: RunRecord, manager: AgentLoopManager | None = None) -> None:
+    """5. Parquet, the padded batch, summary.json and the report (whatever was finished)."""
+    out = record.output_dir
+    if not record.trajectories:
+        return
+    write_parquet(record.trajectories, out / "trajectories.parquet")
+    from agentloop_grpc.agent.spec import load_codec
+
+    codec = load_codec(config.engines.launch.model if config.engines.launch else None)
+    pad = codec.tokenizer.pad_token_id if codec.tokenizer.pad_token_id is not None else codec.tokenizer.eos_token_id
+    if any(not t.failed for t in record.trajectories):
+        to_batch(record.trajectories, pad_token_id=pad, prompt_length=config.prompt_length,
+                 response_length=config.response_length).save(out / "batch.pt")
+    summary = summarize(record)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if config.report:
+        from .report import write_report
+
+        write_report(record, summary, codec, out / "report.html")
+
+
+def summarize(record: RunRecord) -> dict:
+    ts = record.trajectories
+    m = record.metrics
+    attempts = sum(t.tool_calls + t.malformed_tool_calls for t in ts)
+    valid = attempts - sum(t.tool_errors for t in ts)
+    ok = [t for t in ts if not t.failed]
+    decisions = record.decisions
+    later = decisions.get("sticky", 0.0) + decisions.get("moved", 0.0)  # a session's 2nd, 3rd... requests
+    return {
+        "trajectories": len(ts),
+        "interrupted": record.interrupted,
+        "wall_s": round(record.wall_s, 2),
+        "failures": m.failures,
+        "infrastructure_failures": m.infrastructure_failures,
+        "mean_reward": round(m.mean_reward, 4),
+        "correct_answers_rate": round(sum(t.reward >= 1.0 for t in ok) / len(ok), 4) if ok else 0.0,
+        "tool_call_attempts": attempts,
+        "valid_tool_calls_rate": round(valid / attempts, 4) if attempts else 0.0,
+        "mean_assistant_turns": round(m.mean_assistant_turns, 2),
+        "model_tokens": m.model_tokens,
+        "model_tokens_per_s": round(m.model_tokens_per_s, 2),
+        "terminations": m.terminations,
+        "sticky_share": round(decisions.get("sticky", 0.0) / later, 4) if later else 0.0,
+        "routing_decisions": decisions,
+        "slowest_sample": m.slowest_sample,
+        "slowest_s": round(m.slowest_s, 2),
+        "drifted_trajectories": sum(t.drift is not None for t in ts),
+    }
