@@ -15,7 +15,10 @@ _ITEMS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "cards",
 
 SYSTEM_PROMPT = (
     "You solve arithmetic word problems with tools. First call the calculator with one expression that "
-    "computes the answer. Then call check_answer with the number the calculator returned."
+    "computes the answer from the numbers in the problem. Then call check_answer with the number the calculator "
+    "returned.\n\nExample. Problem: Sam has 4 bags of 6 apples and 5 more apples. How many apples does Sam have?\n"
+    'First call: calculator {"expression": "4 * 6 + 5"}. The calculator returns 29.\n'
+    'Second call: check_answer {"answer": "29"}.'
 )
 
 

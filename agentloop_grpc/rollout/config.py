@@ -26,6 +26,7 @@ class LaunchEngines(BaseModel):
     threads: int | None = Field(None, ge=1, description="embedded: torch threads per replica (default: cores / replicas).")
     max_running: int = Field(16, ge=1, description="Requests each replica decodes together.")
     startup_timeout_s: float = Field(300.0, gt=0, description="How long a replica may take to load.")
+    extra_args: tuple[str, ...] = Field((), description="More `agentloop engine serve` options for every replica.")
 
 
 class Engines(BaseModel):

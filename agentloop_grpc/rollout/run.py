@@ -59,7 +59,7 @@ async def _engines(config: RolloutConfig, stack: AsyncExitStack, out: Path) -> t
         launch = engines.launch
         launcher = EngineLauncher(
             EngineLaunch(adapter=launch.adapter, dp=launch.replicas, model=launch.model, threads=launch.threads,
-                         extra_args=("--max-running", str(launch.max_running)),
+                         extra_args=("--max-running", str(launch.max_running), *launch.extra_args),
                          startup_timeout_s=launch.startup_timeout_s),
             out / "logs",
         )

@@ -1,0 +1,62 @@
+"""`agentloop engine launch`: one server per DP group on this node, health awaited, a discovery file the Router
+reads; stopping the launcher stops its servers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from agentloop_grpc.router import Router
+from agentloop_grpc.v1 import generation_pb2
+
+AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
+
+
+def _closed(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as probe:
+        return probe.connect_ex((host, int(port))) != 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adapter", ["fake", "embedded"])
+async def test_launch_dp2_serves_two_replicas_a_router_uses(tmp_path, adapter):
+    discovery = tmp_path / "discovery.json"
+    launcher = subprocess.Popen(
+        [*AGENTLOOP, "engine", "launch", "--adapter", adapter, "--dp", "2", "--discovery-file", str(discovery),
+         "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = launcher.stdout.readline()
+        assert "2 " + adapter + " server(s) serving" in line, (line, launcher.stderr.read() if launcher.poll() else "")
+        servers = json.loads(discovery.read_text())["servers"]
+        assert [s["dp_rank"] for s in servers] == [0, 1] and len({s["address"] for s in servers}) == 2
+        async with Router.from_discovery_file(discovery) as router:
+            await router.wait_ready(min_servers=2, timeout_s=30)
+            info = await router.server_info()
+            assert sorted(r.dp_rank for r in info.responses.values()) == [0, 1]
+            assert {r.dp_size for r in info.responses.values()} == {2}
+            used = set()
+            for i in range(8):  # new sessions go to the least-loaded server: both get used
+                result = await router.generate(f"s{i}", [1, 2, 3, 4], generation_pb2.SamplingParams(max_new_tokens=2))
+                used.update(result.servers)
+                if len(used) == 2:
+                    break
+            assert used == {s["address"] for s in servers}
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=60)
+    assert launcher.returncode == 0
+    assert all(_closed(s["address"]) for s in servers)
+
+
+def test_tensor_parallel_needs_a_real_adapter(tmp_path):
+    result = subprocess.run([*AGENTLOOP, "engine", "launch", "--adapter", "embedded", "--tp", "2"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "tensor parallelism (tp=2) needs the vllm or sglang adapter" in result.stderr
