@@ -95,6 +95,8 @@ class Dataset(BaseModel):
 
 
 class RolloutConfig(BaseModel):
+    """A whole rollout: which engines and tools, which prompts, how loops run, where outputs go."""
+
     model_config = _STRICT
 
     engines: Engines = Field(description="Engine servers.")
