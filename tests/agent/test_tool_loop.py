@@ -88,13 +88,15 @@ async def test_malformed_call_is_answered_and_counted(codec):
 
 
 async def test_tool_error_and_unknown_tool_reach_the_model(codec):
-    replies = [call("calculator", expression="__import__('os')") + "\n" + call("web_search", q="x"), "ok"]
+    replies = [call("calculator", expression="1/0") + "\n" + call("calculator", expression="os.system()") + "\n"
+               + call("web_search", q="x"), "ok"]
     async with loop_context(codec, replies) as (_, loops, _s):
         t = await loops.get("tool").run(Sample(sample_id="s", messages=QUESTION, tools=("calculator",)))
     contents = [m["content"] for m in t.messages if m["role"] == "tool"]
-    assert contents[0].startswith("Error (exception):") and "unsupported element" in contents[0]
-    assert contents[1].startswith("Error: unknown tool 'web_search'; available: calculator")
-    assert t.tool_errors == 2 and t.failed is False
+    assert contents[0] == "Error (exception): ZeroDivisionError: division by zero"
+    assert contents[1].startswith("Error (invalid_arguments): invalid arguments for calculator: expression:")
+    assert contents[2].startswith("Error: unknown tool 'web_search'; available: calculator")
+    assert t.tool_errors == 3 and t.failed is False
 
 
 async def test_long_tool_responses_are_truncated_on_the_configured_side(codec):
