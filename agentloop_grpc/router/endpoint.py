@@ -46,6 +46,8 @@ class Endpoint:
         self.info: engine_pb2.GetServerInfoResponse | None = None
         self._watch_task: asyncio.Task | None = None
         self._poll_task: asyncio.Task | None = None
+        # the gauge this server's in-flight count goes to, looked up once (every generate sets it twice)
+        self._in_flight_gauge = metrics.in_flight.labels(address)
 
     @property
     def load(self) -> int:
@@ -67,11 +69,11 @@ class Endpoint:
 
     def begin_request(self) -> None:
         self.in_flight += 1
-        self._metrics.in_flight.labels(self.address).set(self.in_flight)
+        self._in_flight_gauge.set(self.in_flight)
 
     def end_request(self) -> None:
         self.in_flight -= 1
-        self._metrics.in_flight.labels(self.address).set(self.in_flight)
+        self._in_flight_gauge.set(self.in_flight)
 
     def mark_unavailable(self) -> None:
         """A call failed with UNAVAILABLE: stop routing here until the server says SERVING again."""

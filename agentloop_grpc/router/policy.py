@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from .config import RouterConfig
 
@@ -23,11 +23,16 @@ class Decision(enum.Enum):
     MOVED = "moved"
 
 
-def _rendezvous(session_id: str, servers: Mapping[str, float]) -> str:
+def _rendezvous(session_id: str, servers: Iterable[str]) -> str:
     def score(address: str) -> bytes:
         return hashlib.blake2b(f"{session_id}|{address}".encode(), digest_size=8).digest()
 
     return max(servers, key=score)
+
+
+def _overloaded(load: float, lowest: float, config: RouterConfig) -> bool:
+    """Whether a server with ``load`` is imbalanced enough against the least-loaded one to shed a session."""
+    return load - lowest > config.imbalance_min_gap and load > config.imbalance_ratio * lowest
 
 
 def choose_server(
@@ -40,14 +45,14 @@ def choose_server(
         chosen = _rendezvous(session_id, loads)
     else:
         lowest = min(loads.values())
-        # among equally loaded servers, hash the session: new sessions spread even when nothing is in flight
-        least = _rendezvous(session_id, {a: load for a, load in loads.items() if load == lowest})
-        if current in loads:
-            gap = loads[current] - loads[least]
-            overloaded = gap > config.imbalance_min_gap and loads[current] > config.imbalance_ratio * loads[least]
-            chosen = least if overloaded else current
+        # hashing runs only when it decides something (every call pays for this function): a session that stays
+        # needs no hash, and neither does a single least-loaded server
+        if current in loads and not _overloaded(loads[current], lowest, config):
+            chosen = current
         else:
-            chosen = least
+            # among equally loaded servers, hash the session: new sessions spread even when nothing is in flight
+            least = [address for address, load in loads.items() if load == lowest]
+            chosen = least[0] if len(least) == 1 else _rendezvous(session_id, least)
     if current is None:
         return chosen, Decision.NEW
     return chosen, Decision.STICKY if chosen == current else Decision.MOVED

@@ -50,6 +50,8 @@ class Router:
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self._active: dict[str, dict[str, Endpoint]] = {}  # session -> request id -> endpoint
         self._background: set[asyncio.Task] = set()
+        # label lookups cost a lock and a validation each: every generate counts one decision
+        self._decision_counters = {decision: self.metrics.decisions.labels(decision.value) for decision in Decision}
 
     @classmethod
     def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Router:
@@ -119,14 +121,15 @@ class Router:
         wait_until = min(deadline, time.monotonic() + self.config.no_server_wait_s)
         while True:
             loads = {a: e.load for a, e in self._endpoints.items() if e.healthy}
-            loads = {a: load for a, load in loads.items() if a not in avoid} or loads
+            if avoid:
+                loads = {a: load for a, load in loads.items() if a not in avoid} or loads
             if loads:
                 break
             if time.monotonic() >= wait_until:
                 raise NoHealthyServerError(f"no healthy engine server among {sorted(self._endpoints)}")
             await asyncio.sleep(0.02)
         address, decision = choose_server(session_id, self._sessions.get(session_id), loads, self.config)
-        self.metrics.decisions.labels(decision.value).inc()
+        self._decision_counters[decision].inc()
         if decision is Decision.MOVED:
             log.debug("session %s moves to %s", session_id, address)
         self._remember(session_id, address)
@@ -189,7 +192,8 @@ class Router:
                 break
             attempt_id = base_id if attempt == 1 else f"{base_id}.{attempt}"
             request = _attempt_request(
-                attempt_id, session_id, prompt + tokens, params, len(tokens), structured_output, priority
+                attempt_id, session_id, prompt + tokens if tokens else prompt, params, len(tokens), structured_output,
+                priority,
             )
             servers.append(endpoint.address)
             endpoint.begin_request()
@@ -197,8 +201,9 @@ class Router:
             call = endpoint.generate.Generate(request, timeout=max(0.001, deadline - time.monotonic()))
             complete = None
             try:
-                async for message in call:
-                    if message.WhichOneof("response") == "complete":
+                # read() rather than ``async for``: one async-generator layer less per message
+                while (message := await call.read()) is not grpc.aio.EOF:
+                    if message.HasField("complete"):
                         complete = message.complete
                         break
                     chunk = convert.chunk_from_proto(message.chunk)
@@ -365,20 +370,19 @@ def _attempt_request(
     priority: int,
 ) -> generation_pb2.GenerateRequest:
     """The request of one attempt: the prompt extended by what was received, with the budget that is left."""
-    attempt_params = generation_pb2.SamplingParams()
-    attempt_params.CopyFrom(params)
-    if params.HasField("max_new_tokens"):
-        attempt_params.max_new_tokens = params.max_new_tokens - received
-    request = generation_pb2.GenerateRequest(
+    if received and params.HasField("max_new_tokens"):
+        remaining = generation_pb2.SamplingParams()
+        remaining.CopyFrom(params)
+        remaining.max_new_tokens = params.max_new_tokens - received
+        params = remaining
+    return generation_pb2.GenerateRequest(
         request_id=request_id,
         session_id=session_id,
         prompt_ids=prompt_ids,
-        sampling_params=attempt_params,
+        sampling_params=params,  # copied into the request: the caller's message is never modified
+        structured_output=structured_output,
         priority=priority,
     )
-    if structured_output is not None:
-        request.structured_output.CopyFrom(structured_output)
-    return request
 
 
 def _ended_before_resume(

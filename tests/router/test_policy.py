@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentloop_grpc.router import RouterConfig
-from agentloop_grpc.router.policy import Decision, choose_server
+from agentloop_grpc.router.policy import Decision, _rendezvous, choose_server
 
 CONFIG = RouterConfig(imbalance_ratio=2.0, imbalance_min_gap=4)
 
@@ -55,3 +55,31 @@ def test_deterministic_mode_ignores_load_and_is_stable() -> None:
 def test_empty_is_an_error() -> None:
     with pytest.raises(ValueError):
         choose_server("s", None, {}, CONFIG)
+
+
+def _reference(session_id: str, current: str | None, loads: dict[str, int], config: RouterConfig) -> str:
+    """The documented rule, spelled out without shortcuts: the least loaded (hash among ties) unless the session's
+    server is within the bounded imbalance."""
+    lowest = min(loads.values())
+    tied = [a for a, load in loads.items() if load == lowest]
+    least = _rendezvous(session_id, tied)
+    if current in loads:
+        gap = loads[current] - lowest
+        if not (gap > config.imbalance_min_gap and loads[current] > config.imbalance_ratio * lowest):
+            return current
+    return least
+
+
+@pytest.mark.parametrize("current", [None, "a", "b", "c", "gone"])
+def test_choice_matches_the_documented_rule_over_a_grid_of_loads(current) -> None:
+    for a in range(0, 20, 3):
+        for b in range(0, 20, 4):
+            for c in (0, 5, 17):
+                loads = {"a": a, "b": b, "c": c}
+                for session in ("s1", "s2", "s3"):
+                    chosen, decision = choose_server(session, current, loads, CONFIG)
+                    assert chosen == _reference(session, current, loads, CONFIG), (loads, current, session)
+                    expected = Decision.NEW if current is None else (
+                        Decision.STICKY if chosen == current else Decision.MOVED
+                    )
+                    assert decision is expected
