@@ -106,12 +106,17 @@ class ToolLoop:
 
     def __init__(self, context: LoopContext) -> None:
         self.context = context
+        # grammar per offered tool set: built once, not per turn (samples of a dataset share a few tool sets)
+        self._grammars: dict[tuple[str, ...], generation_pb2.StructuredOutput] = {}
 
     def _constraint(self, run: _Run) -> generation_pb2.StructuredOutput | None:
         if not self.context.config.constrain_tool_calls or not run.tool_names:
             return None
-        grammar = self.context.parser.constraint(run.episode.tools, self.context.config.max_parallel_tool_calls)
-        return generation_pb2.StructuredOutput(ebnf_grammar=grammar)
+        key = tuple(run.tool_names)
+        if key not in self._grammars:
+            grammar = self.context.parser.constraint(run.episode.tools, self.context.config.max_parallel_tool_calls)
+            self._grammars[key] = generation_pb2.StructuredOutput(ebnf_grammar=grammar)
+        return self._grammars[key]
 
     async def run(self, sample: Sample) -> Trajectory:
         run = _Run(self.context, sample)
