@@ -44,6 +44,10 @@ class RouterConfig(BaseModel):
     no_server_wait_s: float = Field(
         10.0, ge=0, description="How long a generate waits for some server to become healthy before failing."
     )
+    max_streams_per_server: int = Field(
+        512, ge=1, description="Generate streams open at once on one server's channel; more callers wait for a "
+        "slot (gRPC cancels streams beyond ~1,000 on one channel)."
+    )
     weight_chunk_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="UpdateWeights splits tensors into messages of at most this size."
     )

@@ -196,6 +196,7 @@ class Router:
                 priority,
             )
             servers.append(endpoint.address)
+            await endpoint.stream_slots.acquire()  # bounded streams per channel: beyond, requests wait here
             endpoint.begin_request()
             self._active.setdefault(session_id, {})[attempt_id] = endpoint
             call = endpoint.generate.Generate(request, timeout=max(0.001, deadline - time.monotonic()))
@@ -236,6 +237,7 @@ class Router:
                         f"generate {base_id} failed on {attempt} attempts; last: {code.name} from {endpoint.address}"
                     ) from error
             finally:
+                endpoint.stream_slots.release()
                 endpoint.end_request()
                 active = self._active.get(session_id, {})
                 active.pop(attempt_id, None)
