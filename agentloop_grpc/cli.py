@@ -40,6 +40,7 @@ class AdapterKind(str, enum.Enum):
 
     EMBEDDED = "embedded"
     VLLM = "vllm"
+    SGLANG = "sglang"
     FAKE = "fake"
 
 
@@ -67,6 +68,11 @@ def engine_serve(
     ),
     dp_rank: int = typer.Option(0, min=0, help="This server's data-parallel rank."),
     dp_size: int = typer.Option(1, min=1, help="Number of data-parallel groups."),
+    tp: int = typer.Option(1, min=1, help="sglang: tensor-parallel size (number of TP actors in this DP group)."),
+    sglang_prefix: str = typer.Option("sglang", help="sglang: group prefix of the TP actors' names."),
+    sglang_namespace: str = typer.Option("agentloop", help="sglang: Ray namespace of the TP actors."),
+    sglang_name_template: str = typer.Option("{prefix}-dp{dp_rank}-tp{tp_rank}", help="sglang: actor name template."),
+    ray_address: str = typer.Option(None, help="sglang: Ray cluster address (default: auto)."),
     drain_timeout: float = typer.Option(30.0, min=0, help="Seconds in-flight requests get to finish on SIGTERM."),
     fake_token_latency_ms: float = typer.Option(0.0, min=0, help="fake: milliseconds per decode step."),
     fake_prefill_us_per_token: float = typer.Option(
@@ -79,6 +85,8 @@ def engine_serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if dp_rank >= dp_size:
         raise typer.BadParameter(f"--dp-rank {dp_rank} must be below --dp-size {dp_size}")
+    if tp != 1 and adapter is not AdapterKind.SGLANG:
+        raise typer.BadParameter("--tp is for the sglang adapter (its TP group of Ray actors)")
     if model is not None and adapter is AdapterKind.FAKE:
         raise typer.BadParameter("--model is for real engines; the fake engine has no model")
     engine: EngineAdapter
@@ -107,6 +115,14 @@ def engine_serve(
                 **limits,
                 **placement,
             )
+        )
+    elif adapter is AdapterKind.SGLANG:
+        from agentloop_grpc.engine_adapters.sglang import ActorNaming, SglangEngine, SglangEngineConfig
+
+        naming = ActorNaming(prefix=sglang_prefix, namespace=sglang_namespace, template=sglang_name_template)
+        # max_model_len / max_running are SGLang's own settings, given when its actors are deployed
+        engine = SglangEngine(
+            SglangEngineConfig(naming=naming, tp_size=tp, model_id=model or "", ray_address=ray_address, **placement)
         )
     else:
         from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig

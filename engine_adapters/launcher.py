@@ -131,15 +131,17 @@ class EngineLaunch:
     def __post_init__(self) -> None:
         if self.dp < 1 or self.tp < 1:
             raise ValueError("dp and tp must be >= 1")
-        if self.tp != 1 and self.adapter in ("embedded", "fake"):
-            raise ValueError(f"the {self.adapter} engine runs on one device: tensor parallelism (tp={self.tp}) "
-                             "needs the vllm or sglang adapter")
+        if self.tp != 1 and self.adapter != "sglang":
+            raise ValueError(f"tensor parallelism (tp={self.tp}) needs the sglang adapter here (its TP group of "
+                             f"Ray actors); the {self.adapter} server runs one device")
 
     def command(self, rank: int) -> list[str]:
         args = [*agentloop_command(), "engine", "serve", "--adapter", self.adapter, "--host", self.host, "--port", "0",
                 "--dp-rank", str(rank), "--dp-size", str(self.dp)]
         if self.model:
             args += ["--model", self.model]
+        if self.tp != 1:
+            args += ["--tp", str(self.tp)]
         if self.adapter == "embedded":
             threads = self.threads or max(1, (os.cpu_count() or 1) // self.dp)
             args += ["--threads", str(threads)]

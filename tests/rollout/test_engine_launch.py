@@ -59,4 +59,4 @@ async def test_launch_dp2_serves_two_replicas_a_router_uses(tmp_path, adapter):
 def test_tensor_parallel_needs_a_real_adapter(tmp_path):
     result = subprocess.run([*AGENTLOOP, "engine", "launch", "--adapter", "embedded", "--tp", "2"],
                             capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "tensor parallelism (tp=2) needs the vllm or sglang adapter" in result.stderr
+    assert result.returncode == 2 and "tensor parallelism (tp=2) needs the sglang adapter" in result.stderr

@@ -1,0 +1,346 @@
+"""StandInSglEngine: a STAND-IN for ``sgl.Engine`` (tests only; SGLang's kernels need a GPU this machine lacks).
+
+It has the surface the SGLang adapter's actor uses, with SGLang 0.5.23's names and signatures (cited in
+``engine_adapters/sglang/api.py``): ``async_generate(input_ids=..., sampling_params={...}, return_logprob=...,
+logprob_start_len=..., top_logprobs_num=..., stream=True, rid=...)`` streaming dicts shaped like SGLang's
+(``output_ids`` and ``meta_info`` with ``output_token_logprobs`` / ``output_top_logprobs`` as (logprob, id, text)
+tuples, cumulative unless ``incremental_streaming_output``; ``finish_reason`` dicts), and a ``tokenizer_manager``
+with ``abort_request``, ``pause_generation``, ``continue_generation``, ``flush_cache``,
+``release/resume_memory_occupation``, ``update_weights_from_tensor``, ``get_loads``, ``config_value``,
+``context_len``, ``model_config``, ``tokenizer``. Its request objects are stand-ins with SGLang's field names.
+
+Tokens are a deterministic function of (seed, prompt, position) (greedy ignores the seed), so tests can check
+exact streams. Every control call is reported to a ``CallRecorder`` actor, so a test can see what reached the
+engine inside the rank-0 actor's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import random
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import ray
+
+from agentloop_grpc.engine_adapters.sglang import SglangApi
+
+_MASK = (1 << 63) - 1
+_BLOCK = 16
+
+
+@dataclass
+class PauseGenerationReqInput:
+    mode: str = "abort"
+
+
+@dataclass
+class ContinueGenerationReqInput:
+    torch_empty_cache: bool = True
+
+
+@dataclass
+class ReleaseMemoryOccupationReqInput:
+    tags: list[str] | None = None
+
+
+@dataclass
+class ResumeMemoryOccupationReqInput:
+    tags: list[str] | None = None
+
+
+@dataclass
+class UpdateWeightsFromTensorReqInput:
+    serialized_named_tensors: list[bytes]
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+@dataclass
+class FlushCacheReqOutput:
+    success: bool
+    message: str = ""
+
+
+@dataclass
+class LoadSnapshot:
+    num_running_reqs: int
+    num_waiting_reqs: int
+    token_usage: float
+    cache_hit_rate: float
+    max_running_requests: int
+
+
+def standin_token(seed: int, prompt: list[int], position: int, vocab_size: int) -> tuple[int, float]:
+    """The stand-in's token and logprob at ``position`` (tests compute expected streams with it)."""
+    draw = hash((seed, tuple(prompt), position)) & _MASK
+    return draw % vocab_size, -0.001 - (draw >> 40) % 8000 / 1000.0
+
+
+class CallRecorder:
+    """A Ray actor collecting what reached the stand-in engine: (method, payload) in arrival order."""
+
+    def __init__(self) -> None:
+        self._calls: list[tuple[str, Any]] = []
+
+    def record(self, method: str, payload: Any) -> None:
+        self._calls.append((method, payload))
+
+    def calls(self) -> list[tuple[str, Any]]:
+        return list(self._calls)
+
+    def clear(self) -> None:
+        self._calls.clear()
+
+
+class _StandInTokenizer:
+    def __init__(self, vocab_size: int) -> None:
+        self._vocab = {f"t{i}": i for i in range(vocab_size)}
+        self.all_special_tokens = ["t2"]
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._vocab
+
+
+@dataclass
+class _Request:
+    rid: str
+    input_ids: list[int]
+    params: dict[str, Any]
+    seed: int
+    cached_tokens: int
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[tuple[float, int, None]] = field(default_factory=list)
+    top: list[list[tuple[float, int, None]]] = field(default_factory=list)
+    aborted: bool = False
+    sent: int = 0
+
+
+class StandInTokenizerManager:
+    """The TokenizerManager part of the stand-in (control calls)."""
+
+    def __init__(self, engine: StandInSglEngine) -> None:
+        self._engine = engine
+        self.context_len = engine.context_len
+        self.model_config = SimpleNamespace(vocab_size=engine.vocab_size, hf_eos_token_id={engine.eos_token_id})
+        self.tokenizer = _StandInTokenizer(engine.vocab_size)
+
+    def config_value(self, name: str) -> Any:
+        return self._engine.server_args[name]
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self._engine.record("abort_request", {"rid": rid, "abort_all": abort_all})
+        for request in self._engine.requests.values():
+            if abort_all or request.rid == rid:
+                request.aborted = True
+
+    async def pause_generation(self, obj: PauseGenerationReqInput) -> None:
+        self._engine.record("pause_generation", {"mode": obj.mode})
+        self._engine.paused = obj.mode
+        if obj.mode == "abort":
+            self.abort_request(abort_all=True)
+        self._engine.resumed.clear()
+
+    async def continue_generation(self, obj: ContinueGenerationReqInput) -> None:
+        self._engine.record("continue_generation", {})
+        self._engine.paused = None
+        self._engine.resumed.set()
+
+    async def flush_cache(self) -> FlushCacheReqOutput:
+        engine = self._engine
+        if engine.paused == "in_place" and engine.requests:
+            engine.record("flush_cache", {"success": False})
+            return FlushCacheReqOutput(success=False, message="requests in the running batch")
+        engine.record("flush_cache", {"success": True})
+        engine.cache.clear()
+        return FlushCacheReqOutput(success=True)
+
+    async def release_memory_occupation(self, obj: ReleaseMemoryOccupationReqInput, request: Any = None) -> None:
+        self._engine.record("release_memory_occupation", {"tags": obj.tags})
+        self._engine.released.update(obj.tags or ("weights", "kv_cache"))
+        self._engine.cache.clear()
+
+    async def resume_memory_occupation(self, obj: ResumeMemoryOccupationReqInput, request: Any = None) -> None:
+        self._engine.record("resume_memory_occupation", {"tags": obj.tags})
+        self._engine.released.difference_update(obj.tags or ("weights", "kv_cache"))
+
+    async def update_weights_from_tensor(self, obj: UpdateWeightsFromTensorReqInput, request: Any = None):
+        engine = self._engine
+        per_rank = [pickle.loads(payload) for payload in obj.serialized_named_tensors]
+        named = per_rank[0]
+        engine.record(
+            "update_weights_from_tensor",
+            {
+                "ranks": len(per_rank),
+                "flush_cache": obj.flush_cache,
+                "weight_version": obj.weight_version,
+                "tensors": [(name, str(t.dtype), tuple(t.shape), t.flatten().tolist()) for name, t in named],
+            },
+        )
+        unknown = [name for name, _ in named if name not in engine.parameter_names]
+        if unknown:
+            return False, f"Failed to update weights: unknown parameters {unknown}"
+        if obj.flush_cache:
+            engine.cache.clear()
+        return True, "Succeeded to update model weights."
+
+    async def get_loads(self, include: list[str] | None = None, dp_rank: int | None = None) -> list[LoadSnapshot]:
+        engine = self._engine
+        running = len(engine.requests)
+        return [LoadSnapshot(running, 0, min(1.0, running / engine.max_running), 0.0, engine.max_running)]
+
+
+class StandInSglEngine:
+    """The stand-in engine (see module docstring); kwargs are a few of SGLang's server arguments."""
+
+    def __init__(
+        self,
+        model_path: str = "standin/model",
+        tp_size: int = 1,
+        vocab_size: int = 32_000,
+        context_len: int = 4096,
+        eos_token_id: int = 2,
+        token_latency_s: float = 0.002,
+        enable_memory_saver: bool = True,
+        incremental_streaming_output: bool = False,
+        max_running_requests: int = 512,
+        parameter_names: tuple[str, ...] = ("model.norm.weight",),
+        recorder: ray.actor.ActorHandle | None = None,
+    ) -> None:
+        self.vocab_size, self.context_len, self.eos_token_id = vocab_size, context_len, eos_token_id
+        self.token_latency_s = token_latency_s
+        self.incremental = incremental_streaming_output
+        self.max_running = max_running_requests
+        self.parameter_names = parameter_names
+        self.server_args = {"enable_memory_saver": enable_memory_saver, "tp_size": tp_size, "model_path": model_path}
+        self.recorder = recorder
+        self.requests: dict[str, _Request] = {}
+        self.cache: set[int] = set()
+        self.released: set[str] = set()
+        self.paused: str | None = None
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+        self.tokenizer_manager = StandInTokenizerManager(self)
+
+    def record(self, method: str, payload: Any) -> None:
+        if self.recorder is not None:
+            self.recorder.record.remote(method, payload)
+
+    def shutdown(self) -> None:
+        self.record("shutdown", {})
+
+    async def async_generate(
+        self,
+        prompt: Any = None,
+        sampling_params: dict | None = None,
+        input_ids: list[int] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+        rid: str | None = None,
+        **unused: Any,
+    ):
+        params = dict(sampling_params or {})
+        self.record(
+            "async_generate",
+            {"rid": rid, "input_ids": list(input_ids), "sampling_params": params, "return_logprob": return_logprob,
+             "top_logprobs_num": top_logprobs_num, "logprob_start_len": logprob_start_len, "stream": stream},
+        )
+        if not stream:
+            raise NotImplementedError("the stand-in streams only (the adapter always streams)")
+        if "%unsupported" in params.get("ebnf", ""):  # what SGLang does with a grammar its backend refuses
+            return self._rejected(rid, len(input_ids))
+        greedy = params.get("temperature", 1.0) == 0.0
+        seed = 0 if greedy else params.get("sampling_seed", random.getrandbits(62))
+        request = _Request(rid, list(input_ids), params, seed, self._cached(input_ids))
+        return self._run(request, return_logprob, top_logprobs_num or 0)
+
+    async def _rejected(self, rid: str | None, prompt_tokens: int):
+        finish = {"type": "abort", "message": "Failed to compile the EBNF grammar", "status_code": 400}
+        yield {"text": "", "output_ids": [], "meta_info": {"id": rid, "finish_reason": finish,
+                                                        "prompt_tokens": prompt_tokens, "completion_tokens": 0,
+                                                        "cached_tokens": 0}}
+
+    def _cached(self, input_ids: list[int]) -> int:
+        blocks = 0
+        for end in range(_BLOCK, len(input_ids), _BLOCK):
+            if hash(tuple(input_ids[:end])) not in self.cache:
+                break
+            blocks += 1
+        return blocks * _BLOCK
+
+    def _remember(self, tokens: list[int]) -> None:
+        for end in range(_BLOCK, len(tokens) + 1, _BLOCK):
+            self.cache.add(hash(tuple(tokens[:end])))
+
+    async def _run(self, request: _Request, return_logprob: bool, top_n: int):
+        self.requests[request.rid] = request
+        try:
+            while True:
+                await asyncio.sleep(self.token_latency_s)
+                while self.paused is not None and not request.aborted:
+                    await self.resumed.wait()
+                if request.aborted:
+                    self._finish(request)
+                    aborted = {"type": "abort", "message": "Abort in waiting queue", "status_code": None}
+                    yield self._output(request, aborted)
+                    return
+                finish = self._decode(request, top_n)
+                if finish is not None:
+                    self._finish(request)  # as SGLang's scheduler: cached and freed before the finish is streamed
+                yield self._output(request, finish, return_logprob)
+                if finish is not None:
+                    return
+        finally:
+            self._finish(request)
+
+    def _finish(self, request: _Request) -> None:
+        if self.requests.pop(request.rid, None) is not None:
+            self._remember(request.input_ids + request.output_ids)
+
+    def _decode(self, request: _Request, top_n: int) -> dict | None:
+        position = len(request.output_ids)
+        token, logprob = standin_token(request.seed, request.input_ids, position, self.vocab_size)
+        request.output_ids.append(token)
+        request.logprobs.append((logprob, token, None))
+        request.top.append([(logprob - 0.5 * j, (token + j) % self.vocab_size, None) for j in range(top_n)])
+        params = request.params
+        if token in params.get("stop_token_ids", ()) or (token == self.eos_token_id and not params.get("ignore_eos")):
+            return {"type": "stop", "matched": token}
+        if len(request.output_ids) >= params.get("max_new_tokens", 128):
+            return {"type": "length", "length": len(request.output_ids)}
+        return None
+
+    def _output(self, request: _Request, finish: dict | None, return_logprob: bool = False) -> dict:
+        count = len(request.output_ids)
+        start = request.sent if self.incremental else 0  # incremental_streaming_output: only the new part
+        request.sent = count
+        meta: dict[str, Any] = {
+            "id": request.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(request.input_ids),
+            "completion_tokens": count,
+            "cached_tokens": request.cached_tokens,
+            "weight_version": "default",
+        }
+        if return_logprob:
+            meta["output_token_logprobs"] = request.logprobs[start:]
+            meta["output_top_logprobs"] = request.top[start:]
+        return {"text": None, "output_ids": request.output_ids[start:], "meta_info": meta}
+
+
+STANDIN_API = SglangApi(
+    version="0.5.23 (stand-in)",
+    engine_class=StandInSglEngine,
+    pause_request=PauseGenerationReqInput,
+    continue_request=ContinueGenerationReqInput,
+    release_memory_request=ReleaseMemoryOccupationReqInput,
+    resume_memory_request=ResumeMemoryOccupationReqInput,
+    update_weights_request=UpdateWeightsFromTensorReqInput,
+    serialize_tensors=pickle.dumps,
+)
