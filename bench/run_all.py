@@ -3,6 +3,9 @@
 Each benchmark prints its own tables and ends with ``RATIO <name> <value> target <target>`` lines against a
 baseline measured in the same run; this collects them (and each benchmark's output) into one file.
 
+Each benchmark's result is also kept in bench/results.json, so ``--only`` re-runs some and keeps the others' last
+results in RESULTS.md (each section says when it ran).
+
 Usage: python bench/run_all.py [--only transport,async_rollout] [--out bench/RESULTS.md]
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
@@ -53,7 +57,9 @@ def main() -> int:
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n] or list(BENCHMARKS)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GOMP_SPINCOUNT": "10000"}
-    sections, rows, failed = [], [], []
+    store = Path(args.out).with_name("results.json")
+    kept = json.loads(store.read_text()) if store.exists() else {}
+    failed = []
     for name in names:
         script, what = BENCHMARKS[name]
         print(f"== {name}", flush=True)
@@ -65,15 +71,19 @@ def main() -> int:
             failed.append(name)
             print(process.stderr[-3000:], file=sys.stderr)
         ratios = [RATIO.match(line) for line in process.stdout.splitlines()]
-        for match in filter(None, ratios):
-            value, target = float(match.group(2)), float(match.group(3))
-            rows.append(f"| {name} | `{match.group(1)}` | {value:g} | {target:g} |")
+        rows = [f"| {name} | `{m.group(1)}` | {float(m.group(2)):g} | {float(m.group(3)):g} |" for m in ratios if m]
         body = "\n".join(line for line in process.stdout.splitlines() if not line.startswith("RATIO"))
         status = "" if process.returncode == 0 else f" **(failed with exit code {process.returncode})**"
-        sections.append(f"## {name}{status}\n{what}. `bench/{script}`, {elapsed:.0f} s.\n\n```\n{body.strip()}\n```\n")
+        ran = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        kept[name] = {"rows": rows, "section": f"## {name}{status}\n{what}. `bench/{script}`, {elapsed:.0f} s, "
+                      f"run {ran}.\n\n```\n{body.strip()}\n```\n"}
+    store.write_text(json.dumps(kept, indent=1) + "\n")
+    order = [n for n in BENCHMARKS if n in kept]
+    rows = [row for n in order for row in kept[n]["rows"]]
+    sections = [kept[n]["section"] for n in order]
     today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     Path(args.out).write_text(
-        f"# Benchmark results\n\n`make bench` on {today}.\nMachine: {_machine()}.\n\n"
+        f"# Benchmark results\n\n`make bench`, written {today}.\nMachine: {_machine()}.\n\n"
         "Every ratio compares against a baseline measured in the same run (medians of repetitions); the machine is "
         "shared, so expect noise of tens of percent between runs.\n\n"
         "| benchmark | ratio | value | target |\n|---|---|---|---|\n" + "\n".join(rows) + "\n\n" + "\n".join(sections)
