@@ -82,11 +82,7 @@ class AgentLoopManager:
                 self.control = self.control or router
 
     async def _control_router(self) -> Router:
-        spec = self.spec
-        router = Router.from_discovery_file(spec.discovery_file, spec.router) if spec.discovery_file else Router(
-            list(spec.engines), spec.router
-        )
-        return await self._stack.enter_async_context(router)
+        return await self._stack.enter_async_context(self.spec.make_router())
 
     async def close(self) -> None:
         if self._actors:

@@ -55,6 +55,12 @@ class WorkerSpec(BaseModel):
     trace_path: str | None = Field(None, description="Append one JSON line per turn here (per worker: a suffix "
                                    "with the worker index is added when there are several).")
 
+    def make_router(self) -> Router:
+        """A Router over this spec's engines (not entered yet)."""
+        if self.discovery_file:
+            return Router.from_discovery_file(self.discovery_file, self.router)
+        return Router(list(self.engines), self.router)
+
 
 def load_codec(model_dir: str | None) -> ChatCodec:
     from agentloop_grpc.engine_adapters.embedded import model_store
@@ -67,10 +73,7 @@ async def build_worker(spec: WorkerSpec, stack: AsyncExitStack, index: int = 0) 
     """Build a worker and what it owns (closed by ``stack``)."""
     from agentloop_grpc.tools.client import GrpcToolClient
 
-    router = Router.from_discovery_file(spec.discovery_file, spec.router) if spec.discovery_file else Router(
-        list(spec.engines), spec.router
-    )
-    await stack.enter_async_context(router)
+    router = await stack.enter_async_context(spec.make_router())
     tools, specs = None, {}
     if spec.tool_server:
         tools = GrpcToolClient(spec.tool_server)

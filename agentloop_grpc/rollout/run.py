@@ -21,6 +21,7 @@ from agentloop_grpc.agent import AgentLoopManager, Trajectory, WorkerSpec, to_ba
 from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.engine_adapters.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
 from agentloop_grpc.router import NoHealthyServerError
+from agentloop_grpc.router.router import discovery_addresses
 
 from .config import RolloutConfig
 from .dataset import read_rows, to_samples
@@ -69,8 +70,7 @@ async def _engines(config: RolloutConfig, stack: AsyncExitStack, out: Path) -> t
     if engines.discovery_file is not None:
         path = Path(engines.discovery_file)
         try:
-            document = json.loads(path.read_text())
-            return [entry["address"] for entry in document["servers"]], None
+            return discovery_addresses(path), None
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise RolloutError(f"the discovery file {path} cannot be read ({error})") from None
     return list(engines.addresses), None

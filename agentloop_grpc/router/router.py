@@ -55,9 +55,8 @@ class Router:
 
     @classmethod
     def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Router:
-        """Servers from a launcher's discovery file: ``{"servers": [{"address": "host:port", ...}, ...]}``."""
-        document = json.loads(Path(path).read_text())
-        return cls([entry["address"] for entry in document["servers"]], config)
+        """Servers from a launcher's discovery file (see ``discovery_addresses``)."""
+        return cls(discovery_addresses(path), config)
 
     async def __aenter__(self) -> Router:
         for address in self._initial:
@@ -360,6 +359,12 @@ class Router:
             return await endpoint.control.UpdateWeights(stream(), timeout=self.config.control_timeout_s)
 
         return await self._fan_out(send)
+
+
+def discovery_addresses(path: str | Path) -> list[str]:
+    """The addresses in a launcher's discovery file: ``{"servers": [{"address": "host:port", ...}, ...]}``."""
+    document = json.loads(Path(path).read_text())
+    return [entry["address"] for entry in document["servers"]]
 
 
 def _attempt_request(

@@ -17,7 +17,7 @@ from agentloop_grpc.agent.spec import load_codec
 from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.engine_adapters.types import GenerateRequest
-from agentloop_grpc.router import Router, RouterConfig
+from agentloop_grpc.router import GenerateResult, Router, RouterConfig
 from agentloop_grpc.tools.builtin.calculator import calculator
 from agentloop_grpc.tools.builtin.check_answer import CheckAnswer
 from agentloop_grpc.tools.client import InProcessToolClient
@@ -115,7 +115,7 @@ class WatchedRouter:
 
     async def generate(self, session_id, prompt_ids, params=None, **options):
         async for event in self.router.stream(session_id, prompt_ids, params, **options):
-            if hasattr(event, "finish_reason"):
+            if isinstance(event, GenerateResult):
                 self.results.append(event)
                 return event
             self.tokens[session_id] = self.tokens.get(session_id, 0) + len(event.token_ids)

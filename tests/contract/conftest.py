@@ -19,7 +19,7 @@ import pytest
 
 from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-from agentloop_grpc.v1 import engine_pb2, generation_pb2
+from agentloop_grpc.v1 import engine_pb2
 
 from .target import ContractTarget
 
@@ -108,17 +108,10 @@ async def engine_target(request) -> AsyncIterator[ContractTarget]:
         yield target
 
 
-async def _reset(target: ContractTarget) -> None:
-    await target.control.Resume(engine_pb2.ResumeRequest(), timeout=30)
-    await target.control.WakeUp(engine_pb2.WakeUpRequest(), timeout=60)
-    await target.generate.Abort(generation_pb2.AbortRequest(all=True), timeout=10)
-    await target.wait_no_requests()
-
-
 @pytest.fixture
 async def engine(engine_target: ContractTarget) -> AsyncIterator[ContractTarget]:
     """The session's server for one adapter, clean before and after the test."""
-    await _reset(engine_target)
+    await engine_target.reset()
     yield engine_target
-    await _reset(engine_target)
+    await engine_target.reset()
 

@@ -48,6 +48,13 @@ class ContractTarget:
         response = await self.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
         return response.status
 
+    async def reset(self) -> None:
+        """Back to a clean state between tests: resumed, awake, nothing in flight."""
+        await self.control.Resume(engine_pb2.ResumeRequest(), timeout=30)
+        await self.control.WakeUp(engine_pb2.WakeUpRequest(), timeout=60)
+        await self.generate.Abort(generation_pb2.AbortRequest(all=True), timeout=10)
+        await self.wait_no_requests()
+
     async def wait_no_requests(self, timeout_s: float = 10.0) -> generation_pb2.GetLoadResponse:
         """Poll GetLoad until nothing runs or waits; return the last load (tests assert on it)."""
         deadline = time.monotonic() + timeout_s

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from agentloop_grpc.v1 import engine_pb2, generation_pb2
+from agentloop_grpc.v1 import engine_pb2
 
 from ..contract.target import ContractTarget
 from ..contract.test_bad_input import *  # noqa: F403 (the contract tests, collected here against SGLang)
@@ -38,16 +38,9 @@ async def sglang_target(ray_cluster) -> AsyncIterator[ContractTarget]:
             )
 
 
-async def _clean(target: ContractTarget) -> None:
-    await target.control.Resume(engine_pb2.ResumeRequest(), timeout=30)
-    await target.control.WakeUp(engine_pb2.WakeUpRequest(), timeout=30)
-    await target.generate.Abort(generation_pb2.AbortRequest(all=True), timeout=10)
-    await target.wait_no_requests()
-
-
 @pytest.fixture
 async def engine(sglang_target: ContractTarget) -> AsyncIterator[ContractTarget]:
     """What the contract tests ask for: the SGLang server, clean before and after each test."""
-    await _clean(sglang_target)
+    await sglang_target.reset()
     yield sglang_target
-    await _clean(sglang_target)
+    await sglang_target.reset()
