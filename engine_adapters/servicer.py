@@ -1,9 +1,10 @@
 """EngineServicer: serves any EngineAdapter as agentloop.v1 TokenGenerate and EngineControl.
 
-It owns what every engine shares: validation (before the adapter sees a request), request-id bookkeeping
-(duplicates in flight are refused), state checks (no Generate while loading, asleep or draining), aborting the
-engine request when the client goes away, and keeping the standard health service in step with the engine's
-state. Errors are raised as EngineError subclasses and mapped to status codes in ``status.py``.
+It owns what every engine shares: validation (before the adapter sees a request), grouping tokens into fewer
+messages when the caller's StreamOptions ask for it (``grouping.py``), request-id bookkeeping (duplicates in
+flight are refused), state checks (no Generate while loading, asleep or draining), aborting the engine request
+when the client goes away, and keeping the standard health service in step with the engine's state. Errors are
+raised as EngineError subclasses and mapped to status codes in ``status.py``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         info = self._adapter.info()
         self._check_serving(info.state)
         domain = convert.request_from_proto(request, info)
+        grouper = convert.grouper_from_proto(request)
         if domain.request_id in self._in_flight:
             raise DuplicateRequestError(f"request_id {domain.request_id!r} is already in flight on this server")
         self._in_flight.add(domain.request_id)
@@ -95,9 +97,13 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
                 async for event in events:
                     if isinstance(event, GenerateComplete):
                         finished = True
-                        await context.write(convert.complete_to_proto(event))
+                        await context.write(convert.complete_to_proto(event, grouper.tail() if grouper else None))
                         break
-                    await context.write(convert.chunk_to_proto(event))
+                    if grouper is None:
+                        await context.write(convert.chunk_to_proto(event))
+                        continue
+                    for ready in grouper.add(event):
+                        await context.write(convert.chunk_to_proto(ready))
         finally:
             self._in_flight.discard(domain.request_id)
             if not self._in_flight:

@@ -11,6 +11,8 @@ import math
 import re
 from collections.abc import Sequence
 
+import numpy as np
+
 from .errors import InvalidRequestError
 from .types import SamplingParams, ServerInfo, StructuredOutput
 
@@ -39,6 +41,7 @@ JSON_SCHEMA_INVALID = "structured_output.json_schema is not a JSON Schema: {reas
 REGEX_INVALID = "structured_output.regex does not compile: {reason}"
 GRAMMAR_EMPTY = "structured_output.ebnf_grammar is empty"
 GRAMMAR_NO_ROOT = "structured_output.ebnf_grammar has no `root ::= ...` rule"
+MIN_CHUNK_TOKENS_INVALID = "stream_options.min_chunk_tokens = {value} must be >= 0"
 STRUCTURED_EMPTY = "structured_output is set but names no constraint (json_schema, regex or ebnf_grammar)"
 
 _ROOT_RULE = re.compile(r"^\s*root\s*::=", re.MULTILINE)
@@ -53,14 +56,15 @@ def check_request_id(request_id: str) -> None:
         raise _fail(REQUEST_ID_REQUIRED)
 
 
-def check_prompt(prompt_ids: Sequence[int], info: ServerInfo) -> None:
-    if not prompt_ids:
+def check_prompt(prompt_ids: Sequence[int] | np.ndarray, info: ServerInfo) -> None:
+    ids = np.asarray(prompt_ids, dtype=np.int64)
+    if ids.size == 0:
         raise _fail(PROMPT_EMPTY)
-    if min(prompt_ids) < 0 or max(prompt_ids) >= info.vocab_size:
-        index, value = next((i, v) for i, v in enumerate(prompt_ids) if not 0 <= v < info.vocab_size)
-        raise _fail(PROMPT_ID_OUT_OF_RANGE, index=index, value=value, vocab_size=info.vocab_size)
-    if len(prompt_ids) >= info.max_model_len:
-        raise _fail(PROMPT_TOO_LONG, length=len(prompt_ids), max_model_len=info.max_model_len)
+    if ids.min() < 0 or ids.max() >= info.vocab_size:
+        index = int(np.flatnonzero((ids < 0) | (ids >= info.vocab_size))[0])
+        raise _fail(PROMPT_ID_OUT_OF_RANGE, index=index, value=int(ids[index]), vocab_size=info.vocab_size)
+    if ids.size >= info.max_model_len:
+        raise _fail(PROMPT_TOO_LONG, length=ids.size, max_model_len=info.max_model_len)
 
 
 def resolve_max_new_tokens(requested: int | None, prompt_len: int, info: ServerInfo) -> int:

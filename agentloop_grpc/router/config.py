@@ -48,6 +48,14 @@ class RouterConfig(BaseModel):
         512, ge=1, description="Generate streams open at once on one server's channel; more callers wait for a "
         "slot (gRPC cancels streams beyond ~1,000 on one channel)."
     )
+    generate_chunk_tokens: int = Field(
+        32,
+        ge=0,
+        description="generate() (the whole result at once) asks servers to send tokens in messages of at least "
+        "this many (StreamOptions.min_chunk_tokens): short generations then cost one message, not one per token. "
+        "A failover resumes from the last received message, so tokens pending on a dead server are generated "
+        "again. 0 or 1: every token as decoded. stream() sends every token unless told otherwise.",
+    )
     weight_chunk_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="UpdateWeights splits tensors into messages of at most this size."
     )

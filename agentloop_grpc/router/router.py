@@ -52,6 +52,11 @@ class Router:
         self._background: set[asyncio.Task] = set()
         # label lookups cost a lock and a validation each: every generate counts one decision
         self._decision_counters = {decision: self.metrics.decisions.labels(decision.value) for decision in Decision}
+        self._generate_stream_options = (
+            generation_pb2.StreamOptions(min_chunk_tokens=self.config.generate_chunk_tokens)
+            if self.config.generate_chunk_tokens > 1
+            else None
+        )
 
     @classmethod
     def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Router:
@@ -143,7 +148,11 @@ class Router:
         params: generation_pb2.SamplingParams | None = None,
         **options,
     ) -> GenerateResult:
-        """Generate to the end and return the whole result (see ``stream`` for the options)."""
+        """Generate to the end and return the whole result (see ``stream`` for the options).
+
+        Tokens arrive grouped (``RouterConfig.generate_chunk_tokens``) unless ``stream_options`` says otherwise.
+        """
+        options.setdefault("stream_options", self._generate_stream_options)
         async with contextlib.aclosing(self.stream(session_id, prompt_ids, params, **options)) as events:
             async for event in events:
                 if isinstance(event, GenerateResult):
@@ -160,8 +169,12 @@ class Router:
         priority: int = 0,
         timeout_s: float | None = None,
         request_id: str | None = None,
+        stream_options: generation_pb2.StreamOptions | None = None,
     ) -> AsyncIterator[TokenChunk | GenerateResult]:
         """Yield TokenChunks as they arrive, then one GenerateResult.
+
+        ``stream_options`` groups tokens into fewer messages (unset: every token as decoded); tokens the server
+        sent with its final message are yielded as one last chunk before the result.
 
         Raises RequestError for a request the engine refuses (never retried), InfrastructureError when no
         server could finish it (servers down, retries exhausted, deadline passed).
@@ -192,7 +205,7 @@ class Router:
             attempt_id = base_id if attempt == 1 else f"{base_id}.{attempt}"
             request = _attempt_request(
                 attempt_id, session_id, prompt + tokens if tokens else prompt, params, len(tokens), structured_output,
-                priority,
+                priority, stream_options,
             )
             servers.append(endpoint.address)
             await endpoint.stream_slots.acquire()  # bounded streams per channel: beyond, requests wait here
@@ -205,8 +218,12 @@ class Router:
                 while (message := await call.read()) is not grpc.aio.EOF:
                     if message.HasField("complete"):
                         complete = message.complete
-                        break
-                    chunk = convert.chunk_from_proto(message.chunk)
+                        if not complete.tokens.token_ids:
+                            break
+                        tail = complete.tokens  # tokens grouped into the final message (StreamOptions)
+                    else:
+                        tail = message.chunk
+                    chunk = convert.chunk_from_proto(tail)
                     tokens += chunk.token_ids
                     logprobs += chunk.logprobs
                     top += chunk.top_logprobs
@@ -215,6 +232,8 @@ class Router:
                         first_token_seen = True
                         self.metrics.first_token_seconds.observe(time.monotonic() - started)
                     yield chunk
+                    if complete is not None:
+                        break
                 if complete is None:
                     raise InfrastructureError(f"{endpoint.address} ended the stream of {attempt_id} without a result")
             except grpc.aio.AioRpcError as error:
@@ -375,6 +394,7 @@ def _attempt_request(
     received: int,
     structured_output: generation_pb2.StructuredOutput | None,
     priority: int,
+    stream_options: generation_pb2.StreamOptions | None,
 ) -> generation_pb2.GenerateRequest:
     """The request of one attempt: the prompt extended by what was received, with the budget that is left."""
     if received and params.HasField("max_new_tokens"):
@@ -389,6 +409,7 @@ def _attempt_request(
         sampling_params=params,  # copied into the request: the caller's message is never modified
         structured_output=structured_output,
         priority=priority,
+        stream_options=stream_options,
     )
 
 

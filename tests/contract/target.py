@@ -96,11 +96,12 @@ class Collected:
 
     @property
     def tokens(self) -> list[int]:
-        return [t for c in self.chunks for t in c.token_ids]
+        """Every generated token: the chunks', then those sent with the completion (StreamOptions)."""
+        return [t for c in self.chunks for t in c.token_ids] + list(self.complete.tokens.token_ids)
 
     @property
     def logprobs(self) -> list[float]:
-        return [lp for c in self.chunks for lp in c.logprobs]
+        return [lp for c in self.chunks for lp in c.logprobs] + list(self.complete.tokens.logprobs)
 
 
 async def collect(target: ContractTarget, req: generation_pb2.GenerateRequest, timeout: float = 120) -> Collected:

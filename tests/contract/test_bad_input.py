@@ -57,6 +57,10 @@ def _with(target: ContractTarget, info, case: str) -> tuple[generation_pb2.Gener
         "grammar_without_root": (generation_pb2.StructuredOutput(ebnf_grammar='item ::= "a"'), "root"),
         "structured_without_kind": (generation_pb2.StructuredOutput(), "structured_output"),
     }
+    if case == "min_chunk_tokens_negative":
+        req = request(target, max_new_tokens=4)
+        req.stream_options.min_chunk_tokens = -1
+        return req, "stream_options.min_chunk_tokens"
     spec, needle = structured[case]
     req = request(target, max_new_tokens=4)
     req.structured_output.CopyFrom(spec)
@@ -88,6 +92,7 @@ CASES = [
     "grammar_empty",
     "grammar_without_root",
     "structured_without_kind",
+    "min_chunk_tokens_negative",
 ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 
 from agentloop_grpc.engine_adapters.types import FinishReason
 from agentloop_grpc.router import GenerateResult, Router, RouterConfig
@@ -29,7 +30,8 @@ async def _direct(address: str, prompt: list[int], tokens: int) -> list[int]:
         return [t async for m in stub.Generate(request, timeout=60) for t in m.chunk.token_ids]
 
 
-async def test_sigkill_mid_stream_every_generation_completes_elsewhere(server_processes) -> None:
+@pytest.mark.parametrize("min_chunk_tokens", [0, 8])  # every token as decoded; grouped (pending ones are lost)
+async def test_sigkill_mid_stream_every_generation_completes_elsewhere(server_processes, min_chunk_tokens) -> None:
     server_processes.extend(ServerProcess(token_latency_ms=5) for _ in range(3))
     async with Router([p.address for p in server_processes], FAST) as router:
         await router.wait_ready(3)
@@ -37,7 +39,8 @@ async def test_sigkill_mid_stream_every_generation_completes_elsewhere(server_pr
         received: dict[str, int] = {}
 
         async def run(session: str):
-            async for event in router.stream(session, prompts[session], greedy(BUDGET)):
+            options = generation_pb2.StreamOptions(min_chunk_tokens=min_chunk_tokens)
+            async for event in router.stream(session, prompts[session], greedy(BUDGET), stream_options=options):
                 if isinstance(event, GenerateResult):
                     return event
                 received[session] = received.get(session, 0) + len(event.token_ids)

@@ -218,6 +218,32 @@ async def test_small_chunks_reassemble_on_every_server() -> None:
         assert updated.ok and {r.tensors_updated for r in updated.responses.values()} == {3}
 
 
+async def test_generate_groups_tokens_into_few_messages_and_loses_nothing() -> None:
+    sampling = params(100, temperature=0, top_logprobs=2)
+    async with fake_servers(1) as servers, Router([address(servers[0])], FAST) as router:
+        await router.wait_ready()
+        per_token = [e async for e in router.stream("a", [5, 6, 7], sampling)]
+        grouped = [
+            e async for e in router.stream("b", [5, 6, 7], sampling, stream_options=generation_pb2.StreamOptions(
+                min_chunk_tokens=32
+            ))
+        ]
+        final_only = [
+            e async for e in router.stream("c", [5, 6, 7], sampling, stream_options=generation_pb2.StreamOptions(
+                final_only=True
+            ))
+        ]
+        result = await router.generate("d", [5, 6, 7], sampling)  # RouterConfig.generate_chunk_tokens: 32
+    sizes = [len(e.token_ids) for e in grouped[:-1]]
+    assert sum(sizes) == 100 and all(size >= 32 for size in sizes[:-1]) and len(sizes) <= 4  # last: the rest
+    assert [len(e.token_ids) for e in final_only[:-1]] == [100]
+    reference = per_token[-1]
+    for outcome in (grouped[-1], final_only[-1], result):
+        assert outcome.token_ids == reference.token_ids and len(reference.token_ids) == 100
+        assert outcome.logprobs == reference.logprobs and outcome.top_logprobs == reference.top_logprobs
+        assert outcome.weight_versions == reference.weight_versions
+
+
 async def test_servers_added_and_removed_at_run_time() -> None:
     async with fake_servers(2) as servers, Router([address(servers[0])], FAST) as router:
         await router.wait_ready(1)

@@ -51,8 +51,9 @@ function unary(client, method, request, seconds = 30) {
 }
 
 /**
- * Run a Generate stream to its end. Resolves with { tokens, logprobs, complete, messages };
- * rejects with the gRPC error (error.code is a grpc.status value).
+ * Run a Generate stream to its end. Resolves with { tokens, logprobs, complete, messages }, where tokens and
+ * logprobs are every chunk's followed by those sent with the completion (request.stream_options groups tokens
+ * into fewer messages); rejects with the gRPC error (error.code is a grpc.status value).
  */
 function generate(client, request, seconds = 120) {
   return new Promise((resolve, reject) => {
@@ -63,6 +64,7 @@ function generate(client, request, seconds = 120) {
     call.on('end', () => {
       const chunks = messages.filter((m) => m.response === 'chunk').map((m) => m.chunk);
       const last = messages[messages.length - 1];
+      if (last && last.response === 'complete' && last.complete.tokens) chunks.push(last.complete.tokens);
       resolve({
         messages,
         tokens: chunks.flatMap((c) => c.token_ids),

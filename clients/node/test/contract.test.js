@@ -55,6 +55,23 @@ after(async () => {
   }
 });
 
+test('stream_options.final_only: one message carries every token', async () => {
+  const request = (id, options) => ({
+    request_id: id,
+    session_id: 'node',
+    prompt_ids: [5, 6, 7],
+    sampling_params: { max_new_tokens: 20, ignore_eos: true, logprobs: true, temperature: 0 },
+    stream_options: options,
+  });
+  const streamed = await generate(clients.generate, request('node-final-1', undefined));
+  const final = await generate(clients.generate, request('node-final-2', { final_only: true }));
+  assert.deepEqual(final.messages.map((m) => m.response), ['complete']);
+  assert.deepEqual(final.tokens, streamed.tokens);
+  assert.equal(final.tokens.length, 20);
+  assert.equal(final.logprobs.length, 20);
+  assert.equal(final.complete.completion_tokens, 20);
+});
+
 test('GetServerInfo describes the engine', async () => {
   const info = await unary(clients.control, 'GetServerInfo', {}, 10);
   assert.equal(info.engine_kind, 'fake');
