@@ -188,25 +188,41 @@ def engine_launch(
     host: str = typer.Option("127.0.0.1", help="Address the servers bind."),
     threads: int = typer.Option(None, min=1, help="embedded: torch threads per replica (default: cores / dp)."),
     discovery_file: Path = typer.Option(Path("discovery.json"), help="Where to write the servers' addresses."),
-    log_dir: Path = typer.Option(Path("logs"), help="One log file per server."),
+    log_dir: Path = typer.Option(Path("logs"), help="One log file per server (on the server's node)."),
+    use_ray: bool = typer.Option(
+        False, "--ray", help="Spread the servers over a Ray cluster: one placement group per DP group."
+    ),
+    ray_address: str = typer.Option(None, help="--ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)."),
+    cpus_per_server: float = typer.Option(1.0, min=0.01, help="--ray: CPUs each DP group reserves."),
+    gpus_per_server: float = typer.Option(0.0, min=0.0, help="--ray: GPUs each DP group reserves (all its TP ranks)."),
 ) -> None:
-    """Start one engine server per DP group on this node, wait until all serve, write the discovery file; stop
-    them all on Ctrl-C or SIGTERM."""
+    """Start one engine server per DP group (on this node, or over a Ray cluster with --ray), wait until all serve,
+    write the discovery file; stop them all on Ctrl-C or SIGTERM."""
     from agentloop_grpc.engine_adapters.launcher import EngineLaunch, EngineLauncher, LaunchError
 
     try:
         launch = EngineLaunch(adapter=adapter.value, dp=dp, tp=tp, model=model, host=host, threads=threads)
+        if use_ray:
+            from agentloop_grpc.engine_adapters.ray_launcher import RayEngineLauncher, RayResources
+
+            resources = RayResources(cpus_per_server=cpus_per_server, gpus_per_server=gpus_per_server)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
 
     async def run() -> None:
-        async with EngineLauncher(launch, log_dir) as launcher:
+        launcher = RayEngineLauncher(launch, log_dir, resources) if use_ray else EngineLauncher(launch, log_dir)
+        async with launcher:
             path = launcher.write_discovery(discovery_file)
-            print(f"agentloop engine launch: {dp} {adapter.value} server(s) serving: "
+            where = " over Ray placement groups" if use_ray else ""
+            print(f"agentloop engine launch: {dp} {adapter.value} server(s) serving{where}: "
                   f"{', '.join(launcher.addresses)}; discovery file {path}", flush=True)
             await stop_signal().wait()
 
+    if use_ray:
+        import ray
+
+        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
     try:
         asyncio.run(run())
     except LaunchError as exc:
@@ -214,6 +230,9 @@ def engine_launch(
         sys.exit(1)
     except KeyboardInterrupt:
         pass
+    finally:
+        if use_ray:
+            ray.shutdown()
 
 
 app.command("rollout")(rollout_command)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -30,8 +31,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 _LISTENING = re.compile(r"listening on (\S+)")
 
 
+_PR_SET_PDEATHSIG = 1
+
+
 class LaunchError(RuntimeError):
     """A server did not start (its log's tail is in the message)."""
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM this process when the process that started it dies, so a server
+    started by a Ray actor that is killed (node drained, ``ray.kill``) does not outlive it as an orphan."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def agentloop_command() -> list[str]:
@@ -46,6 +56,8 @@ class ServerProcess:
     args: Sequence[str]
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    #: Stop the server when its starter dies (Linux only): for starters that can be killed without notice.
+    terminate_with_parent: bool = False
     process: asyncio.subprocess.Process | None = None
     address: str | None = None
 
@@ -56,6 +68,7 @@ class ServerProcess:
             self.process = await asyncio.create_subprocess_exec(
                 *self.args, stdout=asyncio.subprocess.PIPE, stderr=log, env={**os.environ, **self.env},
                 start_new_session=True,  # Ctrl-C in the caller's terminal reaches the caller, which stops us
+                preexec_fn=_terminate_with_parent if self.terminate_with_parent else None,
             )
         finally:
             log.close()
@@ -183,9 +196,14 @@ class EngineLauncher:
 
     def write_discovery(self, path: str | Path) -> Path:
         """``{"servers": [{"address", "dp_rank", "adapter"}...]}``: what ``Router.from_discovery_file`` reads."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         servers = [{"address": s.address, "dp_rank": rank, "adapter": self.launch.adapter}
                    for rank, s in enumerate(self.servers)]
-        path.write_text(json.dumps({"servers": servers}, indent=2) + "\n")
-        return path
+        return write_discovery(path, servers)
+
+
+def write_discovery(path: str | Path, servers: list[dict[str, object]]) -> Path:
+    """Write ``{"servers": [...]}``; each entry has at least ``address`` (see ``router.discovery_addresses``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"servers": servers}, indent=2) + "\n")
+    return path

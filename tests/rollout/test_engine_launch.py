@@ -4,10 +4,12 @@ reads; stopping the launcher stops its servers."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -60,3 +62,38 @@ def test_tensor_parallel_needs_a_real_adapter(tmp_path):
     result = subprocess.run([*AGENTLOOP, "engine", "launch", "--adapter", "embedded", "--tp", "2"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "tensor parallelism (tp=2) needs the sglang adapter" in result.stderr
+
+
+_STARTER = """
+import asyncio, sys
+from pathlib import Path
+from agentloop_grpc.engine_adapters.launcher import EngineLaunch, ServerProcess
+
+async def main():
+    command = EngineLaunch(adapter="fake", extra_args=("--log-level", "WARNING")).command(0)
+    server = ServerProcess(command, Path(sys.argv[1]), terminate_with_parent=True)
+    await server.start(60)
+    print(server.process.pid, server.address, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def test_a_server_started_with_terminate_with_parent_dies_with_its_starter(tmp_path):
+    """What keeps a Ray host actor's server from outliving it (the server runs in its own session)."""
+    starter = subprocess.Popen([sys.executable, "-c", _STARTER, str(tmp_path / "server.log")],
+                               stdout=subprocess.PIPE, text=True)
+    pid, address = starter.stdout.readline().split()
+    starter.kill()
+    starter.wait()
+    for _ in range(300):
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(int(pid), signal.SIGKILL)
+        raise AssertionError("the server outlived its starter")
+    assert _closed(address)

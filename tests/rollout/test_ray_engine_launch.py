@@ -1,0 +1,117 @@
+"""`RayEngineLauncher`: one server per DP group, each in its own placement group on a real (local) Ray; a Router
+uses them from the discovery file; stopping removes servers and placement groups; a killed host takes its server
+with it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import ray
+from ray.util import placement_group_table
+
+from agentloop_grpc.engine_adapters.launcher import EngineLaunch
+from agentloop_grpc.engine_adapters.ray_launcher import RayEngineLauncher, RayResources
+from agentloop_grpc.router import Router
+from agentloop_grpc.v1 import generation_pb2
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def _closed(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as probe:
+        return probe.connect_ex((host, int(port))) != 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_one_placement_group_per_dp_group_serving_a_router(local_ray, tmp_path) -> None:
+    launch = EngineLaunch(adapter="fake", dp=2, extra_args=("--log-level", "WARNING"), startup_timeout_s=60)
+    launcher = RayEngineLauncher(launch, tmp_path / "logs", RayResources(cpus_per_server=0.5, ready_timeout_s=60))
+    async with launcher:
+        discovery = launcher.write_discovery(tmp_path / "discovery.json")
+        servers = json.loads(discovery.read_text())["servers"]
+        assert [s["dp_rank"] for s in servers] == [0, 1]
+        assert all(s["address"].startswith(s["node_ip"] + ":") for s in servers)  # bound to the node's address
+        groups = [placement_group_table(g) for g in launcher.placement_groups]
+        assert [g["state"] for g in groups] == ["CREATED", "CREATED"]
+        assert [g["bundles"] for g in groups] == [{0: {"CPU": 0.5}}, {0: {"CPU": 0.5}}]
+        assert sorted(s["placement_group"] for s in servers) == sorted(g["placement_group_id"] for g in groups)
+        async with Router.from_discovery_file(discovery) as router:
+            await router.wait_ready(min_servers=2, timeout_s=30)
+            info = await router.server_info()
+            assert sorted(r.dp_rank for r in info.responses.values()) == [0, 1]
+            used = set()
+            for i in range(8):
+                result = await router.generate(f"s{i}", [1, 2, 3], generation_pb2.SamplingParams(max_new_tokens=2))
+                used.update(result.servers)
+            assert used == {s["address"] for s in servers}
+        group_ids = [g["placement_group_id"] for g in groups]
+    assert all(_closed(s["address"]) for s in servers)
+    assert [placement_group_table().get(i, {}).get("state") for i in group_ids] == ["REMOVED", "REMOVED"]
+
+
+async def test_a_killed_host_actor_takes_its_server_with_it(local_ray, tmp_path) -> None:
+    launch = EngineLaunch(adapter="fake", dp=1, extra_args=("--log-level", "WARNING"), startup_timeout_s=60)
+    async with RayEngineLauncher(launch, tmp_path / "logs", RayResources(cpus_per_server=0.5)) as launcher:
+        pid = await launcher.hosts[0].server_pid.remote()
+        assert pid is not None and _alive(pid)
+        ray.kill(launcher.hosts[0])
+        async with asyncio.timeout(30):
+            while _alive(pid):
+                await asyncio.sleep(0.1)
+        assert _closed(launcher.addresses[0])
+
+
+async def test_no_room_in_the_cluster_is_a_clear_error(local_ray, tmp_path) -> None:
+    from agentloop_grpc.engine_adapters.launcher import LaunchError
+
+    launch = EngineLaunch(adapter="fake", dp=1)
+    launcher = RayEngineLauncher(launch, tmp_path, RayResources(cpus_per_server=64, ready_timeout_s=1))
+    with pytest.raises(LaunchError, match="no room for 1 placement groups"):
+        await launcher.start()
+    assert launcher.placement_groups == [] and launcher.hosts == []
+
+
+def test_cli_launch_with_ray_joins_the_cluster_and_stops_on_sigterm(local_ray, tmp_path) -> None:
+    discovery = tmp_path / "discovery.json"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "agentloop_grpc.cli", "engine", "launch", "--adapter", "fake", "--dp", "2", "--ray",
+         "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-server", "0.5",
+         "--discovery-file", str(discovery), "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = launcher.stdout.readline()
+        assert "2 fake server(s) serving over Ray placement groups" in line, (
+            line, launcher.stderr.read() if launcher.poll() is not None else ""
+        )
+        servers = json.loads(discovery.read_text())["servers"]
+        assert len({s["placement_group"] for s in servers}) == 2
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=60)
+    assert launcher.returncode == 0
+    assert all(_closed(s["address"]) for s in servers)
