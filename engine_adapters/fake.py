@@ -49,6 +49,26 @@ def _mix(value: int) -> int:
     return value ^ (value >> 31)
 
 
+class StepClock:
+    """Times the fake's decode steps so each takes its configured time on average, however late the event loop
+    wakes the scheduler: a step ends at the previous step's planned end plus its duration, so lateness is caught
+    up by the next steps (up to ``max_debt_s``; beyond, the debt is dropped rather than bursting steps)."""
+
+    def __init__(self, max_debt_s: float = 0.01) -> None:
+        self.max_debt_s = max_debt_s
+        self._end: float | None = None
+
+    def reset(self) -> None:
+        """The engine idled: the next step starts from now."""
+        self._end = None
+
+    def sleep_s(self, now: float, step_s: float) -> float:
+        """How long to sleep for a step of ``step_s`` that begins at ``now``."""
+        start = now if self._end is None else max(self._end, now - self.max_debt_s)
+        self._end = start + step_s
+        return max(0.0, self._end - now)
+
+
 @dataclass(frozen=True, slots=True)
 class FakeEngineConfig:
     """Shape and speed of the fake engine."""
@@ -244,19 +264,28 @@ class FakeEngine:
     # -- scheduler -------------------------------------------------------------------------------------------
 
     async def _schedule(self) -> None:
-        """One decode step per iteration: admit, prefill newcomers, decode one token for every running request."""
+        """One decode step per iteration: admit, prefill newcomers, decode one token for every running request.
+
+        Steps are timed on a clock anchored at the previous step's planned end, so a step takes the configured
+        time however late the event loop wakes us (as a real engine's device time does not stretch with the
+        host's scheduling slack); the anchor resets when the engine idles.
+        """
+        loop = asyncio.get_running_loop()
+        clock = StepClock()
         while True:
             if self._paused or not (self._running or self._waiting):
                 self._work.clear()
                 await self._work.wait()
+                clock.reset()
                 continue
             while self._waiting and len(self._running) < self.config.max_running:
                 _, _, entry = heapq.heappop(self._waiting)
                 self._running[entry.request_id] = entry
             newcomers = [e for e in self._running.values() if not e.prefilled]
             uncached = sum(self._prefill(e) for e in newcomers)
+            step_s = self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s
             # one sleep per step (also the step's yield to the event loop when latencies are zero)
-            await asyncio.sleep(self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s)
+            await asyncio.sleep(clock.sleep_s(loop.time(), step_s))
             if self._paused:  # PAUSE_MODE_KEEP arrived during the step: keep the requests, emit nothing
                 continue
             for entry in list(self._running.values()):

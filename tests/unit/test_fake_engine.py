@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from agentloop_grpc.engine_adapters.errors import EngineOverloadedError
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig, StepClock
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.engine_adapters.types import GenerateComplete, GenerateRequest, SamplingParams
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
@@ -95,3 +95,16 @@ async def test_no_queue_means_only_the_batch_runs() -> None:
             pass
     assert (await running).completion_tokens == 5
     await engine.shutdown()
+
+
+def test_step_clock_keeps_steps_at_their_configured_time_when_wake_ups_are_late() -> None:
+    clock = StepClock(max_debt_s=0.01)
+    assert clock.sleep_s(now=100.0, step_s=0.004) == pytest.approx(0.004)
+    # woken 1 ms late: the next step is 1 ms shorter, so two steps took 8 ms in all
+    assert clock.sleep_s(now=100.005, step_s=0.004) == pytest.approx(0.003)
+    # zero-latency steps still yield (sleep 0), and never sleep a negative time
+    assert clock.sleep_s(now=100.010, step_s=0.0) == 0.0
+    # far behind (50 ms): only max_debt_s (10 ms) is caught up, with steps that do not sleep, the rest is dropped
+    assert [clock.sleep_s(now=100.060, step_s=0.004) for _ in range(3)] == [0.0, 0.0, pytest.approx(0.002)]
+    clock.reset()  # idle: the next step starts from now
+    assert clock.sleep_s(now=200.0, step_s=0.004) == pytest.approx(0.004)
