@@ -8,6 +8,7 @@ with ``--port 0`` the chosen port is printed on the first line of standard outpu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
@@ -211,13 +212,28 @@ def engine_launch(
         sys.exit(2)
 
     async def run() -> None:
+        # handlers first: a SIGTERM at any point from here on (even while servers start) is a clean stop, never
+        # the default death or Ray's sys.exit(15), which would leave servers or placement groups behind
+        stop = stop_signal()
         launcher = RayEngineLauncher(launch, log_dir, resources) if use_ray else EngineLauncher(launch, log_dir)
-        async with launcher:
+        starting = asyncio.ensure_future(launcher.start())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # stopped while starting: start() stops what it began when cancelled
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            return
+        stopping.cancel()
+        starting.result()  # a LaunchError surfaces here (start() already stopped what it began)
+        try:
             path = launcher.write_discovery(discovery_file)
             where = " over Ray placement groups" if use_ray else ""
             print(f"agentloop engine launch: {dp} {adapter.value} server(s) serving{where}: "
                   f"{', '.join(launcher.addresses)}; discovery file {path}", flush=True)
-            await stop_signal().wait()
+            await stop.wait()
+        finally:
+            await launcher.stop()
 
     if use_ray:
         import ray

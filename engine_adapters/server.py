@@ -116,11 +116,12 @@ async def serve(
     on_listening: Callable[[int], None] | None = None,
 ) -> None:
     """Run an engine server until SIGTERM or SIGINT, then drain and return."""
+    stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on drains, never kills
     engine_server = await create_server(adapter, address)
     if on_listening is not None:
         on_listening(engine_server.port)
     loading = asyncio.create_task(start_adapter(engine_server))
-    stopping = asyncio.create_task(stop_signal().wait())
+    stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if loading.done() and loading.exception() is not None:
         stopping.cancel()

@@ -47,8 +47,9 @@ async def serve_tools(
     config: ToolServerConfig, address: str, on_listening: Callable[[int], None] | None = None
 ) -> None:
     """Run until SIGTERM or SIGINT, then stop (in-flight calls get a grace period) and release every instance."""
+    stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on is a clean stop
     tool_server = await create_tool_server(config, address)
     if on_listening is not None:
         on_listening(tool_server.port)
-    await stop_signal().wait()
+    await stop.wait()
     await tool_server.stop()

@@ -11,10 +11,13 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from agentloop_grpc.router import Router
 from agentloop_grpc.v1 import generation_pb2
+
+from .launching import sigterm_while_loading
 
 AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
 
@@ -97,3 +100,18 @@ def test_a_server_started_with_terminate_with_parent_dies_with_its_starter(tmp_p
         os.kill(int(pid), signal.SIGKILL)
         raise AssertionError("the server outlived its starter")
     assert _closed(address)
+
+
+@pytest.mark.slow
+def test_sigterm_while_servers_load_stops_them_cleanly(tmp_path):
+    """A launcher stopped before its servers serve (the embedded model takes seconds to load) exits 0 and takes
+    its servers with it, rather than dying of the signal and orphaning them."""
+    discovery = tmp_path / "discovery.json"
+    code, out, err, children = sigterm_while_loading(
+        [*AGENTLOOP, "engine", "launch", "--adapter", "embedded", "--dp", "1", "--log-dir", str(tmp_path / "logs"),
+         "--discovery-file", str(discovery)],
+        tmp_path / "logs",
+    )
+    assert code == 0, err
+    assert "serving" not in out and not discovery.exists()
+    assert len(children) == 1 and not psutil.pid_exists(children[0])

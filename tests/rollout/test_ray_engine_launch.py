@@ -22,6 +22,8 @@ from agentloop_grpc.engine_adapters.ray_launcher import RayEngineLauncher, RayRe
 from agentloop_grpc.router import Router
 from agentloop_grpc.v1 import generation_pb2
 
+from .launching import sigterm_while_loading
+
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
@@ -115,3 +117,19 @@ def test_cli_launch_with_ray_joins_the_cluster_and_stops_on_sigterm(local_ray, t
         launcher.wait(timeout=60)
     assert launcher.returncode == 0
     assert all(_closed(s["address"]) for s in servers)
+
+
+
+@pytest.mark.slow
+def test_cli_sigterm_while_servers_load_removes_the_placement_groups(local_ray, tmp_path) -> None:
+    """Stopped before its server serves, the launcher exits 0 and removes its group (Ray's own SIGTERM handler,
+    installed by ray.init, would have exited 15 and left them to Ray's job cleanup)."""
+    code, out, err, _ = sigterm_while_loading(
+        [sys.executable, "-m", "agentloop_grpc.cli", "engine", "launch", "--adapter", "embedded", "--dp", "1",
+         "--ray", "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-server", "0.5",
+         "--discovery-file", str(tmp_path / "discovery.json"), "--log-dir", str(tmp_path / "logs")],
+        tmp_path / "logs",
+    )
+    assert code == 0, err
+    assert "serving" not in out
+    assert [g for g in placement_group_table().values() if g["state"] != "REMOVED"] == []
