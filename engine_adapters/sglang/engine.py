@@ -74,7 +74,9 @@ class _InFlight:
     def abort(self) -> None:
         self.aborted.set()
         if self.stream is not None:
-            ray.cancel(self.stream)
+            # only the stream: Ray's default would also cancel every task the actor's generate had submitted, which
+            # are not ours to stop (found when the stand-in's fire-and-forget call records vanished under load)
+            ray.cancel(self.stream, recursive=False)
 
 
 class SglangEngine:
