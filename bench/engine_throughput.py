@@ -26,6 +26,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would fill bench/RESULTS.md
 
 import torch  # noqa: E402
 

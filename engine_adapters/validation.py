@@ -22,7 +22,9 @@ PENALTY_BOUND = 2.0
 # The catalogue. Keep one entry per rule; tests match on these texts.
 REQUEST_ID_REQUIRED = "request_id is required (a unique id per call; Abort uses it)"
 PROMPT_EMPTY = "prompt_ids must not be empty"
-PROMPT_ID_OUT_OF_RANGE = "prompt_ids[{index}] = {value} is outside the vocabulary [0, {vocab_size})"
+PROMPT_BOTH_FORMS = "set prompt_ids or prompt_ids_raw, not both"
+PROMPT_RAW_LENGTH = "prompt_ids_raw has {length} bytes; it holds little-endian int32 ids, so a multiple of 4"
+PROMPT_ID_OUT_OF_RANGE = "{field}[{index}] = {value} is outside the vocabulary [0, {vocab_size})"
 PROMPT_TOO_LONG = "prompt_ids has {length} tokens; max_model_len is {max_model_len}, leaving no room to generate"
 TEMPERATURE_INVALID = "sampling_params.temperature = {value} must be finite and >= 0"
 TOP_P_INVALID = "sampling_params.top_p = {value} must be in (0, 1]"
@@ -56,15 +58,30 @@ def check_request_id(request_id: str) -> None:
         raise _fail(REQUEST_ID_REQUIRED)
 
 
-def check_prompt(prompt_ids: Sequence[int] | np.ndarray, info: ServerInfo) -> None:
+def check_prompt(prompt_ids: Sequence[int] | np.ndarray, info: ServerInfo, field: str = "prompt_ids") -> None:
     ids = np.asarray(prompt_ids, dtype=np.int64)
     if ids.size == 0:
         raise _fail(PROMPT_EMPTY)
     if ids.min() < 0 or ids.max() >= info.vocab_size:
         index = int(np.flatnonzero((ids < 0) | (ids >= info.vocab_size))[0])
-        raise _fail(PROMPT_ID_OUT_OF_RANGE, index=index, value=int(ids[index]), vocab_size=info.vocab_size)
+        raise _fail(
+            PROMPT_ID_OUT_OF_RANGE, field=field, index=index, value=int(ids[index]), vocab_size=info.vocab_size
+        )
     if ids.size >= info.max_model_len:
         raise _fail(PROMPT_TOO_LONG, length=ids.size, max_model_len=info.max_model_len)
+
+
+def prompt_array(prompt_ids: Sequence[int], prompt_ids_raw: bytes) -> tuple[np.ndarray, str]:
+    """The prompt of a request that carries it in one of two forms, as an array, with the field it came from."""
+    if not prompt_ids_raw:
+        # numpy copies the repeated field out in one call (2,000 ids: ~25 us, where Python's min/max over the
+        # container took ~150 us)
+        return np.asarray(prompt_ids), "prompt_ids"
+    if len(prompt_ids):
+        raise _fail(PROMPT_BOTH_FORMS)
+    if len(prompt_ids_raw) % 4:
+        raise _fail(PROMPT_RAW_LENGTH, length=len(prompt_ids_raw))
+    return np.frombuffer(prompt_ids_raw, dtype="<i4"), "prompt_ids_raw"
 
 
 def resolve_max_new_tokens(requested: int | None, prompt_len: int, info: ServerInfo) -> int:

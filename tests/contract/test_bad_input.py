@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import struct
 
 import grpc
 import pytest
@@ -57,6 +58,17 @@ def _with(target: ContractTarget, info, case: str) -> tuple[generation_pb2.Gener
         "grammar_without_root": (generation_pb2.StructuredOutput(ebnf_grammar='item ::= "a"'), "root"),
         "structured_without_kind": (generation_pb2.StructuredOutput(), "structured_output"),
     }
+    raw = {
+        "raw_and_repeated_prompt": (bytes(4), "prompt_ids or prompt_ids_raw, not both"),
+        "raw_prompt_not_whole_ids": (bytes(6), "prompt_ids_raw has 6 bytes"),
+        "raw_negative_id": (struct.pack("<3i", 1, -1, 2), "prompt_ids_raw[1]"),
+        "raw_id_equal_to_vocab": (struct.pack("<2i", 1, vocab), "prompt_ids_raw[1]"),
+    }
+    if case in raw:
+        data, needle = raw[case]
+        req = request(target, prompt=target.prompt if case == "raw_and_repeated_prompt" else [], max_new_tokens=1)
+        req.prompt_ids_raw = data
+        return req, needle
     if case == "min_chunk_tokens_negative":
         req = request(target, max_new_tokens=4)
         req.stream_options.min_chunk_tokens = -1
@@ -72,6 +84,10 @@ CASES = [
     "negative_id",
     "id_equal_to_vocab",
     "prompt_fills_context",
+    "raw_and_repeated_prompt",
+    "raw_prompt_not_whole_ids",
+    "raw_negative_id",
+    "raw_id_equal_to_vocab",
     "temperature_negative",
     "temperature_nan",
     "temperature_inf",

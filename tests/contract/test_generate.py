@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 
 import grpc
 import pytest
@@ -78,6 +79,17 @@ async def test_greedy_is_deterministic(engine: ContractTarget) -> None:
     b = await collect(engine, request(engine, max_new_tokens=16, ignore_eos=True, temperature=0, logprobs=True))
     assert a.tokens == b.tokens
     assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+async def test_raw_prompt_is_the_same_prompt(engine: ContractTarget) -> None:
+    """prompt_ids_raw (little-endian int32) is the repeated prompt_ids in another form: same tokens, logprobs."""
+    repeated = request(engine, max_new_tokens=8, ignore_eos=True, temperature=0, logprobs=True)
+    raw = request(engine, prompt=[], max_new_tokens=8, ignore_eos=True, temperature=0, logprobs=True)
+    raw.prompt_ids_raw = struct.pack(f"<{len(engine.prompt)}i", *engine.prompt)
+    a, b = await collect(engine, repeated), await collect(engine, raw)
+    assert b.tokens == a.tokens and len(b.tokens) == 8
+    assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    assert b.complete.prompt_tokens == len(engine.prompt)
 
 
 async def test_seed_reproduces_regardless_of_batch(engine: ContractTarget) -> None:

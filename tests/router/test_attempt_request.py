@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import struct
+
+import pytest
+
 from agentloop_grpc.router.router import _attempt_request
 from agentloop_grpc.v1 import generation_pb2
+
+
+def _prompt(request: generation_pb2.GenerateRequest) -> list[int]:
+    raw = request.prompt_ids_raw
+    return list(struct.unpack(f"<{len(raw) // 4}i", raw))
 
 
 def test_first_attempt_carries_the_params_as_given() -> None:
     params = generation_pb2.SamplingParams(temperature=0.5, stop_token_ids=[7])
     request = _attempt_request("r", "s", [1, 2, 3], params, 0, None, 2, None)
-    assert list(request.prompt_ids) == [1, 2, 3]
+    assert _prompt(request) == [1, 2, 3] and not request.prompt_ids  # the raw form only: cheaper both ends
     assert request.sampling_params == params
     assert not request.sampling_params.HasField("max_new_tokens")  # unset stays unset: the engine's default
     assert not request.HasField("structured_output")
@@ -23,6 +32,7 @@ def test_resumed_attempt_asks_only_for_the_remaining_budget_and_leaves_the_calle
     grouped = generation_pb2.StreamOptions(min_chunk_tokens=16)
     request = _attempt_request("r.2", "s", [1, 2, 3, 40, 41], params, 2, structured, 0, grouped)
     assert request.sampling_params.max_new_tokens == 8
+    assert _prompt(request) == [1, 2, 3, 40, 41]
     assert request.sampling_params.HasField("temperature")
     assert request.structured_output.regex == "[a-z]+"
     assert request.stream_options.min_chunk_tokens == 16
@@ -35,3 +45,11 @@ def test_the_request_owns_its_params() -> None:
     request = _attempt_request("r", "s", [1], params, 0, None, 0, None)
     params.max_new_tokens = 99
     assert request.sampling_params.max_new_tokens == 4
+
+
+def test_ids_outside_int32_go_as_the_repeated_field_which_refuses_them() -> None:
+    params = generation_pb2.SamplingParams()
+    with pytest.raises(ValueError):
+        _attempt_request("r", "s", [1, 2**31], params, 0, None, 0, None)
+    negative = _attempt_request("r", "s", [1, -1], params, 0, None, 0, None)  # int32: the server names it
+    assert _prompt(negative) == [1, -1]
