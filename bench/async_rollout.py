@@ -2,9 +2,9 @@
 
 Workload (seeded): 256 trajectories of the tool loop, each of 1-6 assistant turns; every turn but the last calls a
 tool, the last answers. Turn lengths are log-normal (median 40 tokens), tool latency log-normal with a heavy tail
-(median 0.15 s, sigma 1.0, capped at 5 s). The engine is the fake engine on loopback with 4 ms per decode step for
-a batch of up to 64 requests (continuous batching) and 20 us of prefill per uncached prompt token; its replies are
-scripted per session. Everything else is the real stack: Router, gRPC, the tool loop, template deltas, the
+(median 0.15 s, sigma 1.0, capped at 5 s). The engine is the fake engine, served on loopback from its own process
+(as a real engine runs on its own device), with 4 ms per decode step for a batch of up to 64 requests (continuous
+batching) and 20 us of prefill per uncached prompt token; its replies are scripted per session. Everything else is the real stack: Router, gRPC, the tool loop, template deltas, the
 in-process tool client.
   async:    one AgentLoopWorker runs every trajectory as its own coroutine (ours),
   lockstep: the same loops, but turn t of any trajectory starts only when every live trajectory finished turn t-1
@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import math
+import multiprocessing
 import os
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -148,14 +150,41 @@ def _samples(plan: Plan) -> list[Sample]:
             for s in plan.turns]
 
 
-async def _run(codec, plan: Plan, mode: str, engine_config: FakeEngineConfig, concurrency: int) -> tuple[float, list]:
-    script = ScriptedModel(codec, plan)
-    engine = FakeEngine(dataclasses.replace(engine_config, script=script))
-    async with AsyncExitStack() as stack:
+def _serve_engine(plan: Plan, engine_config: FakeEngineConfig, ports: multiprocessing.Queue, stop) -> None:
+    """The engine's process: the fake engine scripted by ``plan``, served on loopback until ``stop`` is set."""
+
+    async def serve() -> None:
+        engine = FakeEngine(dataclasses.replace(engine_config, script=ScriptedModel(load_codec(None), plan)))
         server = await create_server(engine, "127.0.0.1:0")
         await start_adapter(server)
-        stack.push_async_callback(server.stop, 1)
-        router = await stack.enter_async_context(Router([f"127.0.0.1:{server.port}"], RouterConfig()))
+        ports.put(server.port)
+        await asyncio.to_thread(stop.wait)
+        await server.stop(1)
+
+    asyncio.run(serve())
+
+
+@contextlib.contextmanager
+def _engine_process(plan: Plan, engine_config: FakeEngineConfig) -> Iterator[str]:
+    """Run the engine in its own process, as a real engine runs on its own device: in the rollout's process its
+    decode steps would wait for the agent loops' CPU work (the step clock then drops the debt beyond 10 ms)."""
+    context = multiprocessing.get_context("spawn")
+    ports, stop = context.Queue(), context.Event()
+    process = context.Process(target=_serve_engine, args=(plan, engine_config, ports, stop), daemon=True)
+    process.start()
+    try:
+        yield f"127.0.0.1:{ports.get(timeout=120)}"
+    finally:
+        stop.set()
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+
+
+async def _run(codec, plan: Plan, mode: str, engine_config: FakeEngineConfig, concurrency: int) -> tuple[float, list]:
+    async with AsyncExitStack() as stack:
+        address = stack.enter_context(_engine_process(plan, engine_config))
+        router = await stack.enter_async_context(Router([address], RouterConfig()))
         await router.wait_ready()
         limits = ToolLimits(max_instances=len(plan.turns) + 10, max_concurrent_executions=len(plan.turns) + 10)
         tools = InProcessToolClient(InstanceManager({"work": work_tool(plan)}, limits))
