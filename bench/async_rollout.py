@@ -4,8 +4,8 @@ Workload (seeded): 256 trajectories of the tool loop, each of 1-6 assistant turn
 tool, the last answers. Turn lengths are log-normal (median 40 tokens), tool latency log-normal with a heavy tail
 (median 0.15 s, sigma 1.0, capped at 5 s). The engine is the fake engine, served on loopback from its own process
 (as a real engine runs on its own device), with 4 ms per decode step for a batch of up to 64 requests (continuous
-batching) and 20 us of prefill per uncached prompt token; its replies are scripted per session. Everything else is the real stack: Router, gRPC, the tool loop, template deltas, the
-in-process tool client.
+batching) and 20 us of prefill per uncached prompt token; its replies are scripted per session. Everything else
+is the real stack: Router, gRPC, the tool loop, template deltas, the in-process tool client.
   async:    one AgentLoopWorker runs every trajectory as its own coroutine (ours),
   lockstep: the same loops, but turn t of any trajectory starts only when every live trajectory finished turn t-1
             (generation and tools): the batch-synchronous rollout,
