@@ -88,5 +88,9 @@ async def test_restarted_server_is_used_again(server_processes) -> None:
         assert during == {server_processes[1].address}
         server_processes.append(ServerProcess(port=port, token_latency_ms=1))
         await router.wait_ready(2, timeout_s=20)
-        after = {(await router.generate(f"b{i}", [1, 2, 3], greedy(2))).servers[0] for i in range(16)}
+        after = set()
+        for i in range(64):  # equal loads: a hash of the session breaks the tie, so it is used again soon
+            after.add((await router.generate(f"b{i}", [1, 2, 3], greedy(2))).servers[0])
+            if restarted_address in after:
+                break
         assert restarted_address in after
