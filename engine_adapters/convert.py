@@ -7,6 +7,9 @@ within the engine's limits, with every default resolved.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+
+import numpy as np
 
 from agentloop_grpc.v1 import engine_pb2, generation_pb2
 
@@ -89,14 +92,34 @@ def structured_from_proto(request: generation_pb2.GenerateRequest) -> Structured
     return spec
 
 
+def prompt_to_raw(prompt_ids: Sequence[int]) -> bytes | None:
+    """The prompt as GenerateRequest.prompt_ids_raw (little-endian int32), cheaper for Python's protobuf at both
+    ends than the repeated field; None for ids outside int32 (the repeated field then refuses them)."""
+    try:
+        return struct.pack(f"<{len(prompt_ids)}i", *prompt_ids)
+    except struct.error:
+        return None
+
+
+def prompt_from_proto(request: generation_pb2.GenerateRequest, info: ServerInfo) -> tuple[int, ...]:
+    """The request's prompt, from whichever of its two forms it came in, bounds-checked (vectorised)."""
+    raw = request.prompt_ids_raw
+    if not raw:
+        # numpy copies the repeated field out in one call (2,000 ids: ~25 us, where Python's min/max over the
+        # container took ~150 us)
+        prompt = np.asarray(request.prompt_ids)
+        validation.check_prompt(prompt, info)
+        return tuple(prompt.tolist())
+    validation.check_raw_prompt(raw, has_repeated=len(request.prompt_ids) > 0)
+    validation.check_prompt(np.frombuffer(raw, dtype="<i4"), info, "prompt_ids_raw")
+    # the engines take Python ints: struct makes the tuple from the bytes in half the time numpy's tolist takes
+    return struct.unpack(f"<{len(raw) // 4}i", raw)
+
+
 def request_from_proto(request: generation_pb2.GenerateRequest, info: ServerInfo) -> GenerateRequest:
     """Validate a GenerateRequest against the engine's limits and convert it."""
     validation.check_request_id(request.request_id)
-    raw = request.prompt_ids_raw
-    prompt, field = validation.prompt_array(request.prompt_ids, raw)
-    validation.check_prompt(prompt, info, field)  # vectorised bounds check
-    # the engines take Python ints: struct makes the tuple from the bytes in half the time numpy's tolist takes
-    prompt_ids = struct.unpack(f"<{prompt.size}i", raw) if raw else tuple(prompt.tolist())
+    prompt_ids = prompt_from_proto(request, info)
     return GenerateRequest(
         request_id=request.request_id,
         session_id=request.session_id,

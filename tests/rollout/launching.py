@@ -7,13 +7,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 
 def sigterm_while_loading(args: list[str], logs: Path, timeout_s: float = 120) -> tuple[int, str, str, list[int]]:
     """Run ``agentloop engine launch`` (``args``), SIGTERM it once its first server was spawned (its log file
     exists; the server is then importing or loading, far from SERVING) and return (exit code, stdout, stderr,
     pids of the launcher's children at the signal)."""
-    import psutil
-
     launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + timeout_s

@@ -121,7 +121,6 @@ def test_cli_launch_with_ray_joins_the_cluster_and_stops_on_sigterm(local_ray, t
     assert all(_closed(s["address"]) for s in servers)
 
 
-
 @pytest.mark.slow
 def test_cli_sigterm_while_servers_load_removes_the_placement_groups(local_ray, tmp_path) -> None:
     """Stopped before its server serves, the launcher exits 0 and removes its group (Ray's own SIGTERM handler,
