@@ -21,7 +21,8 @@ from . import convert
 from .errors import DuplicateRequestError, EngineUnavailableError, FailedPreconditionError, InvalidRequestError
 from .protocol import EngineAdapter
 from .status import map_errors
-from .types import ALL_RESOURCES, EngineState, GenerateComplete
+from .grouping import TokenGrouper
+from .types import ALL_RESOURCES, EngineState, GenerateComplete, GenerateRequest
 from .weights import read_weight_stream
 
 log = logging.getLogger(__name__)
@@ -79,18 +80,30 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
 
     # -- TokenGenerate ---------------------------------------------------------------------------------------
 
-    @map_errors
-    async def Generate(self, request, context):
-        # A coroutine writing with ``context.write`` rather than an async generator: each message then passes
-        # through no generator layers of ours (grpc.aio serves both forms; this one is the cheaper per message).
+    def _admit(self, request: generation_pb2.GenerateRequest) -> GenerateRequest:
+        """Check the state and the request, and register its id; every admitted request is ``_release``d."""
         info = self._adapter.info()
         self._check_serving(info.state)
         domain = convert.request_from_proto(request, info)
-        grouper = convert.grouper_from_proto(request)
         if domain.request_id in self._in_flight:
             raise DuplicateRequestError(f"request_id {domain.request_id!r} is already in flight on this server")
         self._in_flight.add(domain.request_id)
         self._idle.clear()
+        return domain
+
+    async def _release(self, request_id: str, finished: bool) -> None:
+        self._in_flight.discard(request_id)
+        if not self._in_flight:
+            self._idle.set()
+        if not finished:  # client cancelled, deadline passed, or the adapter failed: free the engine
+            await self._adapter.abort([request_id])
+
+    @map_errors
+    async def Generate(self, request, context):
+        # A coroutine writing with ``context.write`` rather than an async generator: each message then passes
+        # through no generator layers of ours (grpc.aio serves both forms; this one is the cheaper per message).
+        grouper = convert.grouper_from_proto(request)
+        domain = self._admit(request)
         finished = False
         try:
             async with contextlib.aclosing(self._adapter.generate(domain)) as events:
@@ -105,13 +118,35 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
                     for ready in grouper.add(event):
                         await context.write(convert.chunk_to_proto(ready))
         finally:
-            self._in_flight.discard(domain.request_id)
-            if not self._in_flight:
-                self._idle.set()
-            if not finished:  # client cancelled, deadline passed, or the adapter failed: free the engine
-                await self._adapter.abort([domain.request_id])
+            await self._release(domain.request_id, finished)
         if not finished:
-            raise RuntimeError(f"the adapter ended request {domain.request_id!r} without a completion")
+            raise _no_completion(domain.request_id)
+
+    @map_errors
+    async def GenerateUnary(self, request, context):
+        if not request.HasField("request"):
+            raise InvalidRequestError("GenerateUnaryRequest.request is required")
+        if request.request.HasField("stream_options"):
+            raise InvalidRequestError(
+                "request.stream_options shapes a Generate stream; GenerateUnary answers in one message: leave it unset"
+            )
+        domain = self._admit(request.request)
+        grouper = TokenGrouper(0, final_only=True)  # holds every token; splits only where the weight version changes
+        response = generation_pb2.GenerateUnaryResponse()
+        finished = False
+        try:
+            async with contextlib.aclosing(self._adapter.generate(domain)) as events:
+                async for event in events:
+                    if isinstance(event, GenerateComplete):
+                        finished = True
+                        response.complete.CopyFrom(convert.complete_message(event, grouper.tail()))
+                        break
+                    response.chunks.extend(convert.token_chunk_to_proto(ready) for ready in grouper.add(event))
+        finally:
+            await self._release(domain.request_id, finished)
+        if not finished:
+            raise _no_completion(domain.request_id)
+        return response
 
     @map_errors
     async def Abort(self, request, context):
@@ -187,3 +222,8 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
     async def FlushCache(self, request, context):
         await self._adapter.flush_cache()
         return engine_pb2.FlushCacheResponse()
+
+
+def _no_completion(request_id: str) -> RuntimeError:
+    """An adapter's generate ended without a GenerateComplete: an engine bug (reported as INTERNAL)."""
+    return RuntimeError(f"the adapter ended request {request_id!r} without a completion")

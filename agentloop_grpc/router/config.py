@@ -45,8 +45,8 @@ class RouterConfig(BaseModel):
         10.0, ge=0, description="How long a generate waits for some server to become healthy before failing."
     )
     max_streams_per_server: int = Field(
-        512, ge=1, description="Generate streams open at once on one server's channel; more callers wait for a "
-        "slot (gRPC cancels streams beyond ~1,000 on one channel)."
+        512, ge=1, description="Generate calls (streams or unary) open at once on one server's channel; more "
+        "callers wait for a slot (gRPC cancels streams beyond ~1,000 on one channel)."
     )
     generate_chunk_tokens: int = Field(
         32,
@@ -55,6 +55,13 @@ class RouterConfig(BaseModel):
         "this many (StreamOptions.min_chunk_tokens): short generations then cost one message, not one per token. "
         "A failover resumes from the last received message, so tokens pending on a dead server are generated "
         "again. 0 or 1: every token as decoded. stream() sends every token unless told otherwise.",
+    )
+    unary_generate: bool = Field(
+        True,
+        description="generate() sends a request whose max_new_tokens is at most generate_chunk_tokens as one "
+        "unary GenerateUnary call instead of a stream: its grouped stream would carry every token in the final "
+        "message anyway, and a unary call costs both ends less CPU. False: always stream (e.g. for a server that "
+        "implements only Generate).",
     )
     weight_chunk_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="UpdateWeights splits tensors into messages of at most this size."

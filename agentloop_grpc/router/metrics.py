@@ -34,6 +34,13 @@ class RouterMetrics:
             "agentloop_router_failovers", "Generate calls resumed on another server after tokens", registry=r
         )
         self.retries = Counter("agentloop_router_retries", "Generate attempts retried, by status code", ["code"], registry=r)
+        self.attempts = Counter(
+            "agentloop_router_generate_attempts",
+            "Generate attempts sent, by RPC: stream (Generate) or unary (GenerateUnary, generate() calls whose "
+            "budget fits one message)",
+            ["rpc"],
+            registry=r,
+        )
         self.generate_seconds = Histogram(
             "agentloop_router_generate_seconds", "Whole generate calls", buckets=_LATENCY_BUCKETS, registry=r
         )

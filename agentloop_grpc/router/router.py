@@ -5,7 +5,8 @@ Every generate has a deadline. Cancelling the caller's task cancels the stream, 
 the engine, and an explicit Abort follows in case the cancellation could not reach it. A stream that fails with
 UNAVAILABLE (server killed, draining, asleep) or RESOURCE_EXHAUSTED resumes on another server from the tokens
 already received, so the caller sees one uninterrupted generation; other errors are the request's and are never
-retried.
+retried. A generate() whose whole budget fits one grouped message is a unary GenerateUnary call instead: its
+stream could not have delivered anything earlier, and a unary call costs both ends less CPU.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class Router:
         self._background: set[asyncio.Task] = set()
         # label lookups cost a lock and a validation each: every generate counts one decision
         self._decision_counters = {decision: self.metrics.decisions.labels(decision.value) for decision in Decision}
+        self._attempt_counters = {
+            unary: self.metrics.attempts.labels("unary" if unary else "stream") for unary in (False, True)
+        }
         self._generate_stream_options = (
             generation_pb2.StreamOptions(min_chunk_tokens=self.config.generate_chunk_tokens)
             if self.config.generate_chunk_tokens > 1
@@ -151,15 +155,29 @@ class Router:
         """Generate to the end and return the whole result (see ``stream`` for the options).
 
         Tokens arrive grouped (``RouterConfig.generate_chunk_tokens``) unless ``stream_options`` says otherwise.
+        A request whose whole budget fits in one such group takes the unary GenerateUnary RPC instead of a
+        stream (``RouterConfig.unary_generate``): the stream would deliver nothing before its end either, so a
+        failover loses nothing more, and a unary call costs both ends less CPU.
         """
-        options.setdefault("stream_options", self._generate_stream_options)
-        async with contextlib.aclosing(self.stream(session_id, prompt_ids, params, **options)) as events:
+        unary = "stream_options" not in options and self._fits_one_message(params)
+        if not unary:
+            options.setdefault("stream_options", self._generate_stream_options)
+        async with contextlib.aclosing(self._generate(session_id, prompt_ids, params, unary=unary, **options)) as events:
             async for event in events:
                 if isinstance(event, GenerateResult):
                     return event
         raise InfrastructureError("the stream ended without a result")
 
-    async def stream(
+    def _fits_one_message(self, params: generation_pb2.SamplingParams | None) -> bool:
+        """Whether generate()'s grouped stream would carry this request's every token in its final message."""
+        return (
+            self.config.unary_generate
+            and params is not None
+            and params.HasField("max_new_tokens")
+            and params.max_new_tokens <= self.config.generate_chunk_tokens
+        )
+
+    def stream(
         self,
         session_id: str,
         prompt_ids: Sequence[int],
@@ -179,6 +197,26 @@ class Router:
         Raises RequestError for a request the engine refuses (never retried), InfrastructureError when no
         server could finish it (servers down, retries exhausted, deadline passed).
         """
+        return self._generate(
+            session_id, prompt_ids, params, unary=False, structured_output=structured_output, priority=priority,
+            timeout_s=timeout_s, request_id=request_id, stream_options=stream_options,
+        )
+
+    async def _generate(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        params: generation_pb2.SamplingParams | None,
+        *,
+        unary: bool,
+        structured_output: generation_pb2.StructuredOutput | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+        stream_options: generation_pb2.StreamOptions | None = None,
+    ) -> AsyncIterator[TokenChunk | GenerateResult]:
+        """``stream``'s generator; ``unary``: each attempt is one GenerateUnary call (its chunks are yielded
+        when it returns)."""
         started = time.monotonic()
         deadline = started + (timeout_s or self.config.generate_timeout_s)
         base_id = request_id or uuid.uuid4().hex
@@ -193,6 +231,20 @@ class Router:
         failovers = 0
         first_token_seen = False
         failed: set[str] = set()
+
+        def absorb(received: generation_pb2.TokenChunk) -> TokenChunk:
+            """Add a received chunk to the result (every attempt's tokens, in order)."""
+            nonlocal first_token_seen
+            chunk = convert.chunk_from_proto(received)
+            tokens.extend(chunk.token_ids)
+            logprobs.extend(chunk.logprobs)
+            top.extend(chunk.top_logprobs)
+            versions.extend([chunk.weight_version] * len(chunk.token_ids))
+            if not first_token_seen:
+                first_token_seen = True
+                self.metrics.first_token_seconds.observe(time.monotonic() - started)
+            return chunk
+
         for attempt in range(1, self.config.max_attempts + 1):
             endpoint = await self._pick(session_id, deadline, avoid=failed)
             ended = _ended_before_resume(tokens, params, endpoint) if attempt > 1 else None
@@ -211,29 +263,33 @@ class Router:
             await endpoint.stream_slots.acquire()  # bounded streams per channel: beyond, requests wait here
             endpoint.begin_request()
             self._active.setdefault(session_id, {})[attempt_id] = endpoint
-            call = endpoint.generate.Generate(request, timeout=max(0.001, deadline - time.monotonic()))
+            timeout = max(0.001, deadline - time.monotonic())
+            self._attempt_counters[unary].inc()
+            if unary:
+                call = endpoint.generate.GenerateUnary(
+                    generation_pb2.GenerateUnaryRequest(request=request), timeout=timeout
+                )
+            else:
+                call = endpoint.generate.Generate(request, timeout=timeout)
             complete = None
+
             try:
-                # read() rather than ``async for``: one async-generator layer less per message
-                while (message := await call.read()) is not grpc.aio.EOF:
-                    if message.HasField("complete"):
-                        complete = message.complete
-                        if not complete.tokens.token_ids:
+                if unary:
+                    response = await call
+                    complete = response.complete
+                    for received in response.chunks:
+                        yield absorb(received)
+                    if complete.tokens.token_ids:
+                        yield absorb(complete.tokens)
+                else:
+                    # read() rather than ``async for``: one async-generator layer less per message
+                    while (message := await call.read()) is not grpc.aio.EOF:
+                        if message.HasField("complete"):
+                            complete = message.complete
+                            if complete.tokens.token_ids:  # tokens grouped into the final message
+                                yield absorb(complete.tokens)
                             break
-                        tail = complete.tokens  # tokens grouped into the final message (StreamOptions)
-                    else:
-                        tail = message.chunk
-                    chunk = convert.chunk_from_proto(tail)
-                    tokens += chunk.token_ids
-                    logprobs += chunk.logprobs
-                    top += chunk.top_logprobs
-                    versions += [chunk.weight_version] * len(chunk.token_ids)
-                    if not first_token_seen:
-                        first_token_seen = True
-                        self.metrics.first_token_seconds.observe(time.monotonic() - started)
-                    yield chunk
-                    if complete is not None:
-                        break
+                        yield absorb(message.chunk)
                 if complete is None:
                     raise InfrastructureError(f"{endpoint.address} ended the stream of {attempt_id} without a result")
             except grpc.aio.AioRpcError as error:

@@ -55,6 +55,25 @@ class ContractTarget:
         await self.generate.Abort(generation_pb2.AbortRequest(all=True), timeout=10)
         await self.wait_no_requests()
 
+    async def wait_running(self, timeout_s: float = 60) -> None:
+        """Wait until the engine runs at least one request."""
+        async with asyncio.timeout(timeout_s):
+            while not (await self.load()).running_requests:
+                await asyncio.sleep(0.01)
+
+    async def reload_same_weights(self) -> None:
+        """Pause(KEEP) -> UpdateWeights with ``sample_tensor`` at its current value -> Resume: the weight version
+        goes up by one and no output changes (in-flight requests keep their place)."""
+        await self.control.Pause(engine_pb2.PauseRequest(mode=engine_pb2.PAUSE_MODE_KEEP), timeout=30)
+        commit = engine_pb2.UpdateWeightsRequest(commit=engine_pb2.UpdateWeightsCommit(flush_cache=False))
+
+        async def update():
+            for message in (engine_pb2.UpdateWeightsRequest(tensor=self.sample_tensor), commit):
+                yield message
+
+        await self.control.UpdateWeights(update(), timeout=120)
+        await self.control.Resume(engine_pb2.ResumeRequest(), timeout=30)
+
     async def wait_no_requests(self, timeout_s: float = 10.0) -> generation_pb2.GetLoadResponse:
         """Poll GetLoad until nothing runs or waits; return the last load (tests assert on it)."""
         deadline = time.monotonic() + timeout_s

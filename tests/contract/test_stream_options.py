@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agentloop_grpc.v1 import engine_pb2, generation_pb2
+from agentloop_grpc.v1 import generation_pb2
 
 from .target import ContractTarget, StreamWatcher, collect, request
 
@@ -49,7 +49,7 @@ async def test_min_chunk_tokens_of_one_streams_every_token(engine: ContractTarge
 
 async def test_abort_returns_the_pending_tokens_with_the_completion(engine: ContractTarget) -> None:
     watcher = StreamWatcher(engine, _grouped(engine, final_only=True, max_new_tokens=engine.long_tokens, ignore_eos=True))
-    await _wait_running(engine)
+    await engine.wait_running()
     await asyncio.sleep(0.5)  # let it decode some tokens: they are all pending (final_only)
     await engine.generate.Abort(generation_pb2.AbortRequest(all=True), timeout=10)
     result = await watcher.result()
@@ -64,25 +64,11 @@ async def test_tokens_of_two_weight_versions_are_never_merged(engine: ContractTa
     sampling = {"max_new_tokens": engine.long_tokens // 2, "ignore_eos": True, "seed": 77}
     reference = await collect(engine, request(engine, **sampling))
     watcher = StreamWatcher(engine, _grouped(engine, final_only=True, **sampling))
-    await _wait_running(engine)
+    await engine.wait_running()
     await asyncio.sleep(0.5)  # long_tokens // 2 last about half a second or more: some are decoded, not all
-    await engine.control.Pause(engine_pb2.PauseRequest(mode=engine_pb2.PAUSE_MODE_KEEP), timeout=30)
-    commit = engine_pb2.UpdateWeightsRequest(commit=engine_pb2.UpdateWeightsCommit(flush_cache=False))
-
-    async def update():
-        for message in (engine_pb2.UpdateWeightsRequest(tensor=engine.sample_tensor), commit):
-            yield message
-
-    await engine.control.UpdateWeights(update(), timeout=120)  # the same values: the tokens must not change
-    await engine.control.Resume(engine_pb2.ResumeRequest(), timeout=30)
+    await engine.reload_same_weights()  # the tokens must not change
     result = await watcher.result()
     assert [m.WhichOneof("response") for m in result.messages] == ["chunk", "complete"]
     assert result.chunks[0].weight_version == before and result.chunks[0].token_ids
     assert result.complete.tokens.weight_version == result.complete.weight_version == before + 1
     assert result.tokens == reference.tokens
-
-
-async def _wait_running(engine: ContractTarget, timeout_s: float = 60) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not (await engine.load()).running_requests:
-            await asyncio.sleep(0.01)

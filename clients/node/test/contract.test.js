@@ -72,6 +72,25 @@ test('stream_options.final_only: one message carries every token', async () => {
   assert.equal(final.complete.completion_tokens, 20);
 });
 
+test('GenerateUnary answers in one message what Generate streams', async () => {
+  const request = (id) => ({
+    request_id: id,
+    session_id: 'node',
+    prompt_ids: [5, 6, 7],
+    sampling_params: { max_new_tokens: 12, ignore_eos: true, logprobs: true, temperature: 0 },
+  });
+  const streamed = await generate(clients.generate, request('node-unary-1'));
+  const response = await unary(clients.generate, 'GenerateUnary', { request: request('node-unary-2') });
+  assert.deepEqual(response.chunks, []);
+  assert.deepEqual(response.complete.tokens.token_ids, streamed.tokens);
+  assert.equal(response.complete.tokens.logprobs.length, 12);
+  assert.equal(response.complete.finish_reason, 'FINISH_REASON_LENGTH');
+  await assert.rejects(
+    unary(clients.generate, 'GenerateUnary', { request: { ...request('node-unary-3'), stream_options: { final_only: true } } }),
+    (error) => error.code === grpc.status.INVALID_ARGUMENT && error.details.includes('stream_options'),
+  );
+});
+
 test('GetServerInfo describes the engine', async () => {
   const info = await unary(clients.control, 'GetServerInfo', {}, 10);
   assert.equal(info.engine_kind, 'fake');
