@@ -162,7 +162,8 @@ class Router:
         unary = "stream_options" not in options and self._fits_one_message(params)
         if not unary:
             options.setdefault("stream_options", self._generate_stream_options)
-        async with contextlib.aclosing(self._generate(session_id, prompt_ids, params, unary=unary, **options)) as events:
+        events = self._generate(session_id, prompt_ids, params, unary=unary, **options)
+        async with contextlib.aclosing(events):
             async for event in events:
                 if isinstance(event, GenerateResult):
                     return event
@@ -272,7 +273,6 @@ class Router:
             else:
                 call = endpoint.generate.Generate(request, timeout=timeout)
             complete = None
-
             try:
                 if unary:
                     response = await call
