@@ -2,6 +2,11 @@
 
 One coroutine per sample. A sample whose loop raises (a bug, a broken tool, a bad row) becomes a flagged
 trajectory (termination ERROR) and the batch goes on: one broken trajectory never fails the batch.
+
+Loops start one at a time, each followed by one pass of the event loop, so a loop's first request is on its way
+to the engine while the next loops still render and encode their prompts. Started all at once (one gather), every
+loop's first step ran before the first request left, and the engines idled while the whole batch prepared: about
+0.3 s for 256 trajectories, seconds for thousands (bench/async_rollout: wall 0.3-0.5 s shorter per run).
 """
 
 from __future__ import annotations
@@ -68,4 +73,14 @@ class AgentLoopWorker:
                 on_done(trajectory)
             return trajectory
 
-        return list(await asyncio.gather(*(one(s) for s in samples)))
+        tasks: list[asyncio.Task[Trajectory]] = []
+        try:
+            for sample in samples:
+                tasks.append(asyncio.ensure_future(one(sample)))
+                await asyncio.sleep(0)  # the loop just started reaches its engine before the next one starts
+            return list(await asyncio.gather(*tasks))
+        except BaseException:  # cancelled (or failed) while starting: stop every loop already started
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise

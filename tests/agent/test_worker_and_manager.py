@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AsyncExitStack
 
 import pytest
@@ -126,3 +127,49 @@ async def test_batch_with_duplicate_ids_is_refused(codec):
     manager = AgentLoopManager(spec)
     with pytest.raises(ValueError, match="unique"):
         await manager.generate([Sample(sample_id="a", messages=QUESTION)] * 2)
+
+
+class _StartWatch:
+    """A loop that notes how many requests had reached the engine when each sample's loop started."""
+
+    def __init__(self, loop, script: TextScript) -> None:
+        self.loop = loop
+        self.script = script
+        self.seen_at_start: dict[str, int] = {}
+
+    async def run(self, sample: Sample):
+        self.seen_at_start[sample.sample_id] = len(self.script.requests)
+        return await self.loop.run(sample)
+
+
+async def test_first_requests_reach_the_engine_while_later_loops_still_start(codec):
+    """Loops start one at a time: started all at once, no request left before every loop had done its first step
+    (template render, tokenization), and the engine idled while the whole batch prepared."""
+    async with loop_context(codec, ["5"]) as (_, loops, script):
+        watch = _StartWatch(loops.get("tool"), script)
+        samples = [Sample(sample_id=f"s{i}", messages=QUESTION, loop="watched") for i in range(32)]
+        result = await AgentLoopWorker(loops.with_loop("watched", watch), max_concurrency=32).run(samples)
+    assert not any(t.failed for t in result) and len(script.requests) == 32
+    assert watch.seen_at_start["s0"] == 0
+    assert watch.seen_at_start["s31"] > 0  # before the fix: 0, the first request had not left yet
+
+
+async def test_cancelling_a_run_while_loops_start_cancels_every_started_loop(codec):
+    async with loop_context(codec, ["5"]) as (_, loops, _s):
+        started: list[str] = []
+
+        class Slow:
+            async def run(self, sample: Sample):
+                started.append(sample.sample_id)
+                await asyncio.sleep(60)
+
+        run = asyncio.ensure_future(AgentLoopWorker(loops.with_loop("slow", Slow())).run(
+            [Sample(sample_id=f"s{i}", messages=QUESTION, loop="slow") for i in range(1000)]
+        ))
+        while len(started) < 10:
+            await asyncio.sleep(0)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        pending = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__.endswith("run.<locals>.one")]
+        assert pending == [] and 10 <= len(started) < 1000
