@@ -5,7 +5,9 @@ It is named a fake everywhere it appears. Its tokens are a deterministic functio
 behaves like a real engine where the contract cares: a scheduler with a bounded batch (continuous batching: a
 request joins between decode steps and leaves when done), a bounded waiting queue, configurable prefill and
 per-token latency, a block-hashed prefix cache whose hits shorten prefill, abort, the three pause modes,
-sleep/wake bookkeeping and weight versions.
+sleep/wake bookkeeping and weight versions. As in vLLM and SGLang, a prompt's blocks are reusable from the step
+after its prefill (not only once the request finishes), so requests that share a system prompt and arrive while
+the first one still decodes hit it; requests prefilled in the same step do not share.
 """
 
 from __future__ import annotations
@@ -114,6 +116,8 @@ class _Request:
     generated: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     cached_key: int = 0  # the prefix-cache chain key at cached_tokens
+    stored_tokens: int = 0  # tokens whose blocks this request put in the prefix cache (full blocks), ...
+    stored_key: int = 0  # ... and the chain key there
     scripted: tuple[int, ...] | None = None  # FakeEngineConfig.script's reply
     prefilled: bool = False
     done: bool = False
@@ -283,6 +287,8 @@ class FakeEngine:
                 self._running[entry.request_id] = entry
             newcomers = [e for e in self._running.values() if not e.prefilled]
             uncached = sum(self._prefill(e) for e in newcomers)
+            for entry in newcomers:  # after every lookup: newcomers of one step do not share their prefill
+                self._store(entry, entry.request.prompt_ids)
             step_s = self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s
             # one sleep per step (also the step's yield to the event loop when latencies are zero)
             await asyncio.sleep(clock.sleep_s(loop.time(), step_s))
@@ -302,7 +308,8 @@ class FakeEngine:
             self._cache.move_to_end(key)
             cached_blocks += 1
             entry.cached_key = key
-        entry.cached_tokens = cached_blocks * self.config.block_size
+        entry.cached_tokens = entry.stored_tokens = cached_blocks * self.config.block_size
+        entry.stored_key = entry.cached_key
         entry.prefilled = True
         self._prompt_tokens_seen += len(prompt)
         self._prompt_tokens_cached += entry.cached_tokens
@@ -316,12 +323,14 @@ class FakeEngine:
             key = hash((key, tuple(tokens[begin : begin + size])))
             yield key
 
-    def _remember(self, entry: _Request) -> None:
-        """Cache the blocks this request computed (those after its prefix-cache hit)."""
-        tokens = entry.request.prompt_ids + tuple(entry.generated)
-        for key in self._block_keys(tokens, len(tokens), start=entry.cached_tokens, key=entry.cached_key):
+    def _store(self, entry: _Request, tokens: Sequence[int]) -> None:
+        """Cache the full blocks of ``tokens`` (the request's prompt, then prompt + output) it has not stored yet."""
+        size = self.config.block_size
+        for key in self._block_keys(tokens, len(tokens), start=entry.stored_tokens, key=entry.stored_key):
             self._cache[key] = None
             self._cache.move_to_end(key)
+            entry.stored_tokens += size
+            entry.stored_key = key
         while len(self._cache) > self.config.cache_blocks:
             self._cache.popitem(last=False)
 
@@ -360,8 +369,8 @@ class FakeEngine:
             else:
                 self._waiting = [item for item in self._waiting if item[2] is not entry]
                 heapq.heapify(self._waiting)
-        if entry.prefilled:
-            self._remember(entry)
+        if entry.prefilled:  # what it generated is reusable too (the next turn's prompt starts with it)
+            self._store(entry, entry.request.prompt_ids + tuple(entry.generated))
         entry.events.put_nowait(
             GenerateComplete(
                 finish_reason=reason,

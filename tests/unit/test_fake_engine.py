@@ -108,3 +108,30 @@ def test_step_clock_keeps_steps_at_their_configured_time_when_wake_ups_are_late(
     assert [clock.sleep_s(now=100.060, step_s=0.004) for _ in range(3)] == [0.0, 0.0, pytest.approx(0.002)]
     clock.reset()  # idle: the next step starts from now
     assert clock.sleep_s(now=200.0, step_s=0.004) == pytest.approx(0.004)
+
+
+def _shared_prompt_request(request_id: str, suffix: int) -> GenerateRequest:
+    """A 64-token shared prefix (4 blocks of 16) and a one-token suffix of its own."""
+    return GenerateRequest(
+        request_id=request_id,
+        prompt_ids=tuple(range(100, 164)) + (suffix,),
+        sampling=SamplingParams(max_new_tokens=200, ignore_eos=True),
+    )
+
+
+async def test_prompt_blocks_are_reusable_from_the_step_after_their_prefill() -> None:
+    """As in vLLM and SGLang: a request arriving while another one with the same prefix still decodes hits it;
+    requests prefilled in the same step each compute it."""
+    engine = FakeEngine(FakeEngineConfig(token_latency_s=0.002))
+    await engine.start()
+    finished: list[str] = []
+    together = [asyncio.create_task(_run(engine, _shared_prompt_request(f"t{i}", i), finished)) for i in range(2)]
+    while engine.load().running_requests < 2:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.02)  # a few decode steps: both still run (200 tokens)
+    later = await _run(engine, GenerateRequest("later", _shared_prompt_request("x", 9).prompt_ids,
+                                               SamplingParams(max_new_tokens=2, ignore_eos=True)), finished)
+    assert later.cached_prompt_tokens == 64  # before: 0, the prefix was cached only when a request finished
+    first, second = await asyncio.gather(*together)
+    assert (first.cached_prompt_tokens, second.cached_prompt_tokens) == (0, 0)
+    await engine.shutdown()
