@@ -142,7 +142,7 @@ def grouper_from_proto(request: generation_pb2.GenerateRequest) -> TokenGrouper 
     return TokenGrouper(options.min_chunk_tokens, options.final_only)
 
 
-def token_chunk_to_proto(chunk: TokenChunk) -> generation_pb2.TokenChunk:
+def _token_chunk(chunk: TokenChunk) -> generation_pb2.TokenChunk:
     return generation_pb2.TokenChunk(
         token_ids=chunk.token_ids,
         logprobs=chunk.logprobs,
@@ -155,27 +155,22 @@ def token_chunk_to_proto(chunk: TokenChunk) -> generation_pb2.TokenChunk:
 
 
 def chunk_to_proto(chunk: TokenChunk) -> generation_pb2.GenerateResponse:
-    return generation_pb2.GenerateResponse(chunk=token_chunk_to_proto(chunk))
+    return generation_pb2.GenerateResponse(chunk=_token_chunk(chunk))
 
 
-def complete_message(complete: GenerateComplete, tail: TokenChunk | None = None) -> generation_pb2.GenerateComplete:
-    """The completion; ``tail`` holds the tokens not sent in a chunk (StreamOptions grouping, GenerateUnary)."""
+def complete_to_proto(complete: GenerateComplete, tail: TokenChunk | None = None) -> generation_pb2.GenerateResponse:
+    """The last message; ``tail`` holds the tokens not sent in a chunk (StreamOptions grouping)."""
     message = generation_pb2.GenerateComplete(
         finish_reason=FINISH_REASONS[complete.finish_reason],
         prompt_tokens=complete.prompt_tokens,
         cached_prompt_tokens=complete.cached_prompt_tokens,
         completion_tokens=complete.completion_tokens,
         weight_version=complete.weight_version,
-        tokens=token_chunk_to_proto(tail) if tail is not None else None,
+        tokens=_token_chunk(tail) if tail is not None else None,
     )
     if complete.matched_stop_token_id is not None:
         message.matched_stop_token_id = complete.matched_stop_token_id
-    return message
-
-
-def complete_to_proto(complete: GenerateComplete, tail: TokenChunk | None = None) -> generation_pb2.GenerateResponse:
-    """The last message of a Generate stream."""
-    return generation_pb2.GenerateResponse(complete=complete_message(complete, tail))
+    return generation_pb2.GenerateResponse(complete=message)
 
 
 def info_to_proto(info: ServerInfo) -> engine_pb2.GetServerInfoResponse:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from grpc_health.v1 import health_pb2
 
@@ -81,7 +82,7 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
     # -- TokenGenerate ---------------------------------------------------------------------------------------
 
     def _admit(self, request: generation_pb2.GenerateRequest) -> GenerateRequest:
-        """Check the state and the request, and register its id; every admitted request is ``_release``d."""
+        """Check the state and the request, and register its id (``_run`` releases it)."""
         info = self._adapter.info()
         self._check_serving(info.state)
         domain = convert.request_from_proto(request, info)
@@ -91,36 +92,43 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         self._idle.clear()
         return domain
 
-    async def _release(self, request_id: str, finished: bool) -> None:
-        self._in_flight.discard(request_id)
-        if not self._in_flight:
-            self._idle.set()
-        if not finished:  # client cancelled, deadline passed, or the adapter failed: free the engine
-            await self._adapter.abort([request_id])
+    async def _run(
+        self,
+        domain: GenerateRequest,
+        grouper: TokenGrouper | None,
+        write: Callable[[generation_pb2.GenerateResponse], Awaitable[None]],
+    ) -> None:
+        """Run an admitted request, handing ``write`` the messages of its Generate stream (chunks as ``grouper``
+        groups them, then the completion); release it however it ends.
 
-    @map_errors
-    async def Generate(self, request, context):
-        # A coroutine writing with ``context.write`` rather than an async generator: each message then passes
-        # through no generator layers of ours (grpc.aio serves both forms; this one is the cheaper per message).
-        grouper = convert.grouper_from_proto(request)
-        domain = self._admit(request)
+        ``write`` is a coroutine function, not an async generator: each message then passes through no generator
+        layers of ours (grpc.aio's ``context.write`` for Generate, a list for GenerateUnary)."""
         finished = False
         try:
             async with contextlib.aclosing(self._adapter.generate(domain)) as events:
                 async for event in events:
                     if isinstance(event, GenerateComplete):
                         finished = True
-                        await context.write(convert.complete_to_proto(event, grouper.tail() if grouper else None))
+                        await write(convert.complete_to_proto(event, grouper.tail() if grouper else None))
                         break
                     if grouper is None:
-                        await context.write(convert.chunk_to_proto(event))
+                        await write(convert.chunk_to_proto(event))
                         continue
                     for ready in grouper.add(event):
-                        await context.write(convert.chunk_to_proto(ready))
+                        await write(convert.chunk_to_proto(ready))
         finally:
-            await self._release(domain.request_id, finished)
+            self._in_flight.discard(domain.request_id)
+            if not self._in_flight:
+                self._idle.set()
+            if not finished:  # client cancelled, deadline passed, or the adapter failed: free the engine
+                await self._adapter.abort([domain.request_id])
         if not finished:
-            raise _no_completion(domain.request_id)
+            raise RuntimeError(f"the adapter ended request {domain.request_id!r} without a completion")
+
+    @map_errors
+    async def Generate(self, request, context):
+        grouper = convert.grouper_from_proto(request)
+        await self._run(self._admit(request), grouper, context.write)
 
     @map_errors
     async def GenerateUnary(self, request, context):
@@ -130,23 +138,15 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
             raise InvalidRequestError(
                 "request.stream_options shapes a Generate stream; GenerateUnary answers in one message: leave it unset"
             )
-        domain = self._admit(request.request)
-        grouper = TokenGrouper(0, final_only=True)  # holds every token; splits only where the weight version changes
-        response = generation_pb2.GenerateUnaryResponse()
-        finished = False
-        try:
-            async with contextlib.aclosing(self._adapter.generate(domain)) as events:
-                async for event in events:
-                    if isinstance(event, GenerateComplete):
-                        finished = True
-                        response.complete.CopyFrom(convert.complete_message(event, grouper.tail()))
-                        break
-                    response.chunks.extend(convert.token_chunk_to_proto(ready) for ready in grouper.add(event))
-        finally:
-            await self._release(domain.request_id, finished)
-        if not finished:
-            raise _no_completion(domain.request_id)
-        return response
+        messages: list[generation_pb2.GenerateResponse] = []
+
+        async def keep(message: generation_pb2.GenerateResponse) -> None:
+            messages.append(message)
+
+        # final_only holds every token; a chunk is cut only where the weight version changes
+        await self._run(self._admit(request.request), TokenGrouper(0, final_only=True), keep)
+        *chunks, last = messages
+        return generation_pb2.GenerateUnaryResponse(chunks=[m.chunk for m in chunks], complete=last.complete)
 
     @map_errors
     async def Abort(self, request, context):
@@ -223,7 +223,3 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         await self._adapter.flush_cache()
         return engine_pb2.FlushCacheResponse()
 
-
-def _no_completion(request_id: str) -> RuntimeError:
-    """An adapter's generate ended without a GenerateComplete: an engine bug (reported as INTERNAL)."""
-    return RuntimeError(f"the adapter ended request {request_id!r} without a completion")
