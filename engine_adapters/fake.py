@@ -13,16 +13,19 @@ the first one still decodes hit it; requests prefilled in the same step do not s
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 import itertools
 import random
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from agentloop_grpc import __version__
 
+from .block_keys import BlockKeys
 from .errors import EngineOverloadedError, EngineUnavailableError, FailedPreconditionError, UnsupportedError
 from .types import (
     EngineState,
@@ -115,9 +118,8 @@ class _Request:
     events: asyncio.Queue[GenerateEvent] = field(default_factory=asyncio.Queue)
     generated: list[int] = field(default_factory=list)
     cached_tokens: int = 0
-    cached_key: int = 0  # the prefix-cache chain key at cached_tokens
-    stored_tokens: int = 0  # tokens whose blocks this request put in the prefix cache (full blocks), ...
-    stored_key: int = 0  # ... and the chain key there
+    sums: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))  # the prompt's prefix sums
+    stored_tokens: int = 0  # tokens whose blocks this request put in the prefix cache (full blocks)
     scripted: tuple[int, ...] | None = None  # FakeEngineConfig.script's reply
     prefilled: bool = False
     done: bool = False
@@ -144,7 +146,8 @@ class FakeEngine:
         self._work = asyncio.Event()
         self._idle = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
-        self._cache: OrderedDict[int, None] = OrderedDict()
+        self._cache: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._block_keys = BlockKeys(self.config.block_size, self.config.max_model_len)
         self._prompt_tokens_seen = 0
         self._prompt_tokens_cached = 0
 
@@ -210,7 +213,10 @@ class FakeEngine:
             )
         sampling = request.sampling
         seed = 0 if sampling.greedy else (sampling.seed if sampling.seed is not None else random.getrandbits(63))
-        entry = _Request(request=request, base=_mix(hash((seed, request.prompt_ids)) & _MASK64))
+        prompt = request.prompt_ids
+        sums = self._block_keys.prefix_sums(prompt.numpy())
+        whole = int(sums[-1]) if sums.size else 0  # the whole prompt's hash
+        entry = _Request(request=request, base=_mix(whole ^ _mix((seed & _MASK64) ^ len(prompt))), sums=sums)
         if self.config.script is not None:
             entry.scripted = tuple(self.config.script(request))
         if self._hold_new or self._paused:
@@ -288,7 +294,7 @@ class FakeEngine:
             newcomers = [e for e in self._running.values() if not e.prefilled]
             uncached = sum(self._prefill(e) for e in newcomers)
             for entry in newcomers:  # after every lookup: newcomers of one step do not share their prefill
-                self._store(entry, entry.request.prompt_ids)
+                self._store(entry, entry.sums)
             step_s = self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s
             # one sleep per step (also the step's yield to the event loop when latencies are zero)
             await asyncio.sleep(clock.sleep_s(loop.time(), step_s))
@@ -300,37 +306,23 @@ class FakeEngine:
 
     def _prefill(self, entry: _Request) -> int:
         """Look the prompt up in the prefix cache; return the number of tokens to compute."""
-        prompt = entry.request.prompt_ids
-        cached_blocks = 0
-        for key in self._block_keys(prompt, limit=len(prompt) - 1):
-            if key not in self._cache:
-                break
-            self._cache.move_to_end(key)
-            cached_blocks += 1
-            entry.cached_key = key
-        entry.cached_tokens = entry.stored_tokens = cached_blocks * self.config.block_size
-        entry.stored_key = entry.cached_key
+        prompt_len = len(entry.request.prompt_ids)
+        keys = self._block_keys.keys(entry.sums, 0, prompt_len - 1)
+        hits = list(itertools.takewhile(self._cache.__contains__, keys))
+        collections.deque(map(self._cache.move_to_end, hits), maxlen=0)  # refresh their LRU position, in C
+        entry.cached_tokens = entry.stored_tokens = len(hits) * self.config.block_size
         entry.prefilled = True
-        self._prompt_tokens_seen += len(prompt)
+        self._prompt_tokens_seen += prompt_len
         self._prompt_tokens_cached += entry.cached_tokens
-        return len(prompt) - entry.cached_tokens
+        return prompt_len - entry.cached_tokens
 
-    def _block_keys(self, tokens: Sequence[int], limit: int, start: int = 0, key: int = 0) -> Iterator[int]:
-        """Chained hashes of the full blocks within tokens[start:limit], lazily (a block's key depends on every
-        block before it; ``key`` is the chain's value at ``start``)."""
-        size = self.config.block_size
-        for begin in range(start, limit - size + 1, size):
-            key = hash((key, tuple(tokens[begin : begin + size])))
-            yield key
-
-    def _store(self, entry: _Request, tokens: Sequence[int]) -> None:
-        """Cache the full blocks of ``tokens`` (the request's prompt, then prompt + output) it has not stored yet."""
-        size = self.config.block_size
-        for key in self._block_keys(tokens, len(tokens), start=entry.stored_tokens, key=entry.stored_key):
-            self._cache[key] = None
-            self._cache.move_to_end(key)
-            entry.stored_tokens += size
-            entry.stored_key = key
+    def _store(self, entry: _Request, sums: np.ndarray) -> None:
+        """Cache the full blocks of the sequence whose prefix sums are ``sums`` (the request's prompt, then
+        prompt + output) that the request has not stored yet."""
+        keys = self._block_keys.keys(sums, entry.stored_tokens, sums.size)
+        self._cache.update(dict.fromkeys(keys))
+        collections.deque(map(self._cache.move_to_end, keys), maxlen=0)
+        entry.stored_tokens += len(keys) * self.config.block_size
         while len(self._cache) > self.config.cache_blocks:
             self._cache.popitem(last=False)
 
@@ -370,7 +362,11 @@ class FakeEngine:
                 self._waiting = [item for item in self._waiting if item[2] is not entry]
                 heapq.heapify(self._waiting)
         if entry.prefilled:  # what it generated is reusable too (the next turn's prompt starts with it)
-            self._store(entry, entry.request.prompt_ids + tuple(entry.generated))
+            sums = entry.sums
+            size = self.config.block_size
+            if sums.size and (sums.size + len(entry.generated)) // size * size > entry.stored_tokens:  # new block
+                output = self._block_keys.prefix_sums(np.array(entry.generated), sums.size, int(sums[-1]))
+                self._store(entry, np.concatenate((sums, output)))
         entry.events.put_nowait(
             GenerateComplete(
                 finish_reason=reason,

@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .prompt import PromptIds
+
 
 class FinishReason(enum.Enum):
     """Why a generation ended."""
@@ -82,14 +84,19 @@ class StructuredOutput:
 
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
-    """One validated generation request."""
+    """One validated generation request. ``prompt_ids`` may be given as any sequence of ints; it is kept as
+    PromptIds (the int32 ids as they came off the wire, see ``prompt.py``)."""
 
     request_id: str
-    prompt_ids: tuple[int, ...]
+    prompt_ids: PromptIds
     sampling: SamplingParams
     session_id: str = ""
     structured_output: StructuredOutput | None = None
     priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt_ids, PromptIds):
+            object.__setattr__(self, "prompt_ids", PromptIds(self.prompt_ids))
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ def check_request_id(request_id: str) -> None:
 
 
 def check_prompt(prompt_ids: Sequence[int] | np.ndarray, info: ServerInfo, field: str = "prompt_ids") -> None:
-    ids = np.asarray(prompt_ids, dtype=np.int64)
+    ids = np.asarray(prompt_ids)  # int32 from the wire (PromptIds, prompt_ids_raw) or int64 from a list
     if ids.size == 0:
         raise _fail(PROMPT_EMPTY)
     if ids.min() < 0 or ids.max() >= info.vocab_size:

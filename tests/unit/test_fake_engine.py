@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -135,3 +138,50 @@ async def test_prompt_blocks_are_reusable_from_the_step_after_their_prefill() ->
     first, second = await asyncio.gather(*together)
     assert (first.cached_prompt_tokens, second.cached_prompt_tokens) == (0, 0)
     await engine.shutdown()
+
+
+async def _tokens(engine: FakeEngine, request: GenerateRequest) -> tuple[list[int], GenerateComplete]:
+    tokens: list[int] = []
+    async for event in engine.generate(request):
+        if isinstance(event, GenerateComplete):
+            return tokens, event
+        tokens.extend(event.token_ids)
+    raise AssertionError("no completion")
+
+
+async def test_a_finished_requests_output_blocks_are_reusable_by_the_next_turn() -> None:
+    engine = FakeEngine()
+    await engine.start()
+    prompt = tuple(range(500, 560))  # 60 tokens: 3 full blocks; with 20 output tokens, 5
+    output, _ = await _tokens(engine, GenerateRequest("turn1", prompt, SamplingParams(max_new_tokens=20, ignore_eos=True)))
+    next_turn = GenerateRequest("turn2", prompt + tuple(output) + (7, 8), SamplingParams(max_new_tokens=1))
+    _, complete = await _tokens(engine, next_turn)
+    assert complete.cached_prompt_tokens == 80
+    other = GenerateRequest("other", prompt + (1,) * 22, SamplingParams(max_new_tokens=1))  # same prompt, other output
+    _, complete = await _tokens(engine, other)
+    assert complete.cached_prompt_tokens == 48  # the prompt's blocks only
+    await engine.shutdown()
+
+
+def test_the_token_stream_is_the_same_in_every_process() -> None:
+    """Tests compare streams across server processes (failover resumes elsewhere): no per-process hash seed."""
+    script = (
+        "import asyncio\n"
+        "from agentloop_grpc.engine_adapters.fake import FakeEngine\n"
+        "from agentloop_grpc.engine_adapters.types import GenerateRequest, SamplingParams\n"
+        "async def main():\n"
+        "    engine = FakeEngine(); await engine.start(); tokens = []\n"
+        "    sampling = SamplingParams(max_new_tokens=8, temperature=0.0)\n"
+        "    async for event in engine.generate(GenerateRequest('r', tuple(range(40)), sampling)):\n"
+        "        tokens.extend(getattr(event, 'token_ids', ()))\n"
+        "    print(tokens)\n"
+        "asyncio.run(main())\n"
+    )
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert len(runs) == 1 and len(runs.pop().split(",")) == 8
