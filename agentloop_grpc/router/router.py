@@ -163,11 +163,16 @@ class Router:
         if not unary:
             options.setdefault("stream_options", self._generate_stream_options)
         events = self._generate(session_id, prompt_ids, params, unary=unary, **options)
+        result = None
         async with contextlib.aclosing(events):
+            # run the generator to its end rather than leaving at the result: closing a generator suspended at
+            # a yield throws GeneratorExit through it (~3% of the client's instructions per call, callgrind)
             async for event in events:
                 if isinstance(event, GenerateResult):
-                    return event
-        raise InfrastructureError("the stream ended without a result")
+                    result = event
+        if result is None:
+            raise InfrastructureError("the stream ended without a result")
+        return result
 
     def _fits_one_message(self, params: generation_pb2.SamplingParams | None) -> bool:
         """Whether generate()'s grouped stream would carry this request's every token in its final message."""
