@@ -185,3 +185,21 @@ def test_the_token_stream_is_the_same_in_every_process() -> None:
         for seed in ("1", "2")
     }
     assert len(runs) == 1 and len(runs.pop().split(",")) == 8
+
+
+async def test_the_prefix_cache_evicts_the_least_recently_used_blocks() -> None:
+    engine = FakeEngine(FakeEngineConfig(cache_blocks=12))
+    await engine.start()
+    greedy = SamplingParams(max_new_tokens=1, temperature=0.0)
+    old, recent, new = (tuple(range(base, base + 81)) for base in (1000, 2000, 3000))  # 5 full blocks each
+
+    async def cached(name: str, prompt: tuple[int, ...]) -> int:
+        _, complete = await _tokens(engine, GenerateRequest(name, prompt, greedy))
+        return complete.cached_prompt_tokens
+
+    assert (await cached("old", old), await cached("recent", recent)) == (0, 0)
+    assert await cached("recent-again", recent) == 80  # a hit makes its blocks the most recently used
+    assert await cached("new", new) == 0  # 15 blocks stored, 3 too many: the least recently used go, old's
+    assert await cached("recent-3", recent) == 80
+    assert await cached("old-again", old) == 0
+    await engine.shutdown()
