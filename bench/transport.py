@@ -11,7 +11,11 @@ latency, so what is measured is transport and our own overhead, not an engine:
   (c) a bare grpc.aio unary echo of the same bytes in another process: the floor for any gRPC design,
   (d) a bare grpc.aio server stream answering the same GenerateRequest with two fixed messages (one chunk, one
       completion) and no engine: the floor for a streaming Generate in grpc.aio.
-Each is run at 1 and 64 calls in flight, REPEATS times; medians are reported. Ends with RATIO lines.
+Each is run at 1 and 64 calls in flight, REPEATS times (the cases one after another within a repeat, every
+other repeat in reverse order); the table reports medians. Each RATIO compares two cases within each repeat and
+reports the median of those paired ratios (the per-repeat ratios are printed above them): the shared host's
+speed drifts by 20-50% between repeats, and pairing cancels the part of that drift slower than a repeat (faster
+swings remain: the per-repeat ratios show them).
 
 Then the same comparison with a real engine doing real work, vLLM's CPU build (the project's vllm adapter, same
 settings on both sides: eager, fp32, max_model_len 2048, 1 GiB of KV cache, OpenMP bound to this process's cores):
@@ -26,7 +30,7 @@ spawned, before the other starts. vLLM takes ~40 s to start each time. The RATIO
 throughput. These cases run only when vLLM is importable; --no-vllm skips them. Nothing is downloaded
 (HF_HUB_OFFLINE=1 for every process).
 
-Usage: python bench/transport.py [--calls 2000] [--repeats 3] [--vllm-calls 40] [--no-vllm]
+Usage: python bench/transport.py [--calls 1500] [--repeats 5] [--vllm-calls 40] [--no-vllm]
 """
 
 from __future__ import annotations
@@ -465,13 +469,16 @@ def _transport_cases(calls: int, repeats: int) -> dict:
         results: dict[tuple[str, int], list[dict[str, float]]] = {}
         for repeat in range(repeats):
             for in_flight in (1, 64):
-                for name, run in (
+                cases = [
                     ("router", lambda: _bench_router(engine_address, calls, in_flight)),
                     ("router_stream", lambda: _bench_router(engine_address, calls, in_flight, unary=False)),
                     ("ray", lambda: _bench_ray(actor, calls, in_flight)),
                     ("bare_grpc", lambda: _bench_echo(echo_address, calls, in_flight)),
                     ("bare_stream", lambda: _bench_stream(echo_address, calls, in_flight)),
-                ):
+                ]
+                # every other repeat backwards: a host slowing down or speeding up within a repeat then favours
+                # no case (the paired ratios below compare cases of one repeat)
+                for name, run in cases if repeat % 2 == 0 else cases[::-1]:
                     outcome = asyncio.run(run())
                     results.setdefault((name, in_flight), []).append(outcome)
                     _print_run(repeat, name, in_flight, outcome)
@@ -494,21 +501,33 @@ def _print_transport(results: dict, calls: int, repeats: int) -> None:
         )
 
 
+def _paired_ratio(results: dict, name: str, baseline: str, in_flight: int, key: str) -> tuple[float, list[float]]:
+    """The median over repeats of ``name``'s ``key`` over ``baseline``'s in the same repeat, and the per-repeat
+    ratios. Pairing within a repeat (the two ran seconds apart) cancels the shared host's slower swings, which move
+    every case by 20-50% between repeats; a ratio of medians taken over different repeats does not."""
+    ratios = [
+        run[key] / base[key]
+        for run, base in zip(results[(name, in_flight)], results[(baseline, in_flight)], strict=True)
+    ]
+    return statistics.median(ratios), ratios
+
+
 def _print_transport_ratios(results: dict) -> None:
+    figures = (  # name, compared case, baseline, key, target
+        ("router_calls_vs_ray", "router", "ray", "calls_per_s", 1.5),
+        ("router_p50_over_bare_grpc", "router", "bare_grpc", "p50_ms", 2.0),
+        # informative: the streamed path (longer generations) against Ray, and against a bare stream (the cost of
+        # a streaming RPC itself; lower is better)
+        ("router_stream_calls_vs_ray", "router_stream", "ray", "calls_per_s", 1.5),
+        ("router_stream_p50_over_bare_stream", "router_stream", "bare_stream", "p50_ms", 1.2),
+    )
+    lines = []
     for in_flight in (1, 64):
-        router, streamed, ray_runs, bare, stream = (
-            results[(n, in_flight)] for n in ("router", "router_stream", "ray", "bare_grpc", "bare_stream")
-        )
-        calls_ratio = _median(router, "calls_per_s") / _median(ray_runs, "calls_per_s")
-        p50_ratio = _median(router, "p50_ms") / _median(bare, "p50_ms")
-        print(f"RATIO router_calls_vs_ray_{in_flight} {calls_ratio:.2f} target 1.5")
-        print(f"RATIO router_p50_over_bare_grpc_{in_flight} {p50_ratio:.2f} target 2.0")
-        # informative: the streamed path (longer generations) against Ray, and against a bare stream (the cost
-        # of a streaming RPC itself; lower is better)
-        stream_calls = _median(streamed, "calls_per_s") / _median(ray_runs, "calls_per_s")
-        print(f"RATIO router_stream_calls_vs_ray_{in_flight} {stream_calls:.2f} target 1.5")
-        stream_ratio = _median(streamed, "p50_ms") / _median(stream, "p50_ms")
-        print(f"RATIO router_stream_p50_over_bare_stream_{in_flight} {stream_ratio:.2f} target 1.2")
+        for figure, name, baseline, key, target in figures:
+            ratio, per_repeat = _paired_ratio(results, name, baseline, in_flight, key)
+            print(f"{figure}_{in_flight} per repeat: {' '.join(f'{r:.2f}' for r in per_repeat)}")
+            lines.append(f"RATIO {figure}_{in_flight} {ratio:.2f} target {target}")
+    print("\n".join(lines))
 
 
 def _print_vllm(results: dict, calls: int, repeats: int) -> None:
@@ -536,8 +555,8 @@ def _print_vllm_ratios(results: dict) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=1500)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--vllm-calls", type=int, default=40, help="vLLM cases: calls per run at 1 in flight (twice as many at 8)"
     )
