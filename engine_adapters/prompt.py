@@ -100,8 +100,3 @@ class PromptIds(Sequence[int]):
 
     def __reduce__(self):
         return PromptIds.from_raw, (self._raw,)
-
-
-def as_prompt_ids(ids: Sequence[int]) -> PromptIds:
-    """``ids`` as PromptIds (itself when it is one already)."""
-    return ids if isinstance(ids, PromptIds) else PromptIds(ids)
