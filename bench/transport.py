@@ -23,9 +23,10 @@ settings on both sides: eager, fp32, max_model_len 2048, 1 GiB of KV cache, Open
       process,
   (f) ray_vllm: a Ray async actor holding a VllmEngine (started inside the actor), called as verl does.
 Each call is a short prompt of real token ids of the default model, greedy, 8 new tokens (ignore_eos), at 1 and 8
-calls in flight (VLLM_CALLS calls at 1, twice as many at 8), REPEATS times each. The two engines never run at the
-same time (each takes ~4 GB and all the cores): one is started, measured and stopped, with every process it
-spawned, before the other starts. vLLM takes ~40 s to start each time. The RATIO lines
+calls in flight (VLLM_CALLS calls at 1, twice as many at 8), in REPEATS turns each, alternating (every other repeat
+Ray first). The two engines never run at the same time (each takes ~4 GB and all the cores): for each turn one is
+started, measured and stopped, with every process it spawned, before the other starts; vLLM takes ~40 s to start
+each time. As for the fake cases, each ratio is the median of the ratios paired within a repeat. The RATIO lines
 `router_vllm_calls_vs_ray_vllm_<n>` target 1.0: once an engine does real work, the transport must not cost
 throughput. These cases run only when vLLM is importable; --no-vllm skips them. Nothing is downloaded
 (HF_HUB_OFFLINE=1 for every process).
@@ -293,22 +294,22 @@ async def _warm_up(call) -> None:
     await asyncio.gather(*(call(f"warm{i}") for i in range(max(VLLM_IN_FLIGHT))))
 
 
-async def _measure_vllm(name: str, call, plan: list[tuple[int, int]], repeats: int) -> dict:
-    """Warm up, then ``repeats`` rounds of the plan, one run line each; results keyed by (name, in flight).
+async def _measure_vllm(name: str, call, plan: list[tuple[int, int]], repeat: int) -> dict:
+    """Warm up, then one round of the plan (repeat number ``repeat``), one run line each; results keyed by
+    (name, in flight).
 
     ``call(tag)`` makes one generate; every tag is unique (a request id for Ray, a session id for the Router).
     """
     await _warm_up(call)
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
-    for repeat in range(repeats):
-        for in_flight, calls in plan:
-            outcome = await _drive(lambda i: call(f"{name}-{repeat}-{in_flight}-{i}"), calls, in_flight)
-            results.setdefault((name, in_flight), []).append(outcome)
-            _print_run(repeat, name, in_flight, outcome, decimals=2)
+    for in_flight, calls in plan:
+        outcome = await _drive(lambda i: call(f"{name}-{repeat}-{in_flight}-{i}"), calls, in_flight)
+        results.setdefault((name, in_flight), []).append(outcome)
+        _print_run(repeat, name, in_flight, outcome, decimals=2)
     return results
 
 
-async def _router_vllm_runs(address: str, plan: list[tuple[int, int]], repeats: int) -> dict:
+async def _router_vllm_runs(address: str, plan: list[tuple[int, int]], repeat: int) -> dict:
     from agentloop_grpc.router import Router
     from agentloop_grpc.v1 import generation_pb2
 
@@ -322,7 +323,7 @@ async def _router_vllm_runs(address: str, plan: list[tuple[int, int]], repeats: 
         started = time.perf_counter()
         await router.wait_ready(timeout_s=VLLM_START_TIMEOUT_S)
         print(f"router_vllm: server ready {time.perf_counter() - started:.1f} s after listening", flush=True)
-        return await _measure_vllm("router_vllm", call, plan, repeats)
+        return await _measure_vllm("router_vllm", call, plan, repeat)
 
 
 def _process_tree(pid: int) -> list:
@@ -361,14 +362,14 @@ def _stop_server(server: subprocess.Popen) -> None:
     _reap(tree, "router_vllm")
 
 
-def _run_router_vllm(setup: VllmSetup, plan: list[tuple[int, int]], repeats: int) -> dict:
+def _run_router_vllm(setup: VllmSetup, plan: list[tuple[int, int]], repeat: int) -> dict:
     """Serve vLLM in its own process, measure through the Router, then stop the server and all it spawned."""
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
     started = time.perf_counter()
     server, address = _start(setup.serve_args(), env)
     print(f"router_vllm: server listening on {address} after {time.perf_counter() - started:.1f} s", flush=True)
     try:
-        return asyncio.run(_router_vllm_runs(address, plan, repeats))
+        return asyncio.run(_router_vllm_runs(address, plan, repeat))
     finally:
         _stop_server(server)
 
@@ -401,14 +402,14 @@ def _vllm_actor_class():
     return VllmEngineActor
 
 
-async def _ray_vllm_runs(actor, plan: list[tuple[int, int]], repeats: int) -> dict:
+async def _ray_vllm_runs(actor, plan: list[tuple[int, int]], repeat: int) -> dict:
     sampling = _vllm_sampling()
 
     async def call(request_id: str) -> None:
         result = await actor.generate.remote(VLLM_PROMPT, sampling, request_id)
         _check_tokens(result["token_ids"], "ray_vllm")
 
-    return await _measure_vllm("ray_vllm", call, plan, repeats)
+    return await _measure_vllm("ray_vllm", call, plan, repeat)
 
 
 def _stop_actor(actor, actor_pid: int) -> None:
@@ -424,7 +425,7 @@ def _stop_actor(actor, actor_pid: int) -> None:
     _reap(tree, "ray_vllm")
 
 
-def _run_ray_vllm(setup: VllmSetup, plan: list[tuple[int, int]], repeats: int) -> dict:
+def _run_ray_vllm(setup: VllmSetup, plan: list[tuple[int, int]], repeat: int) -> dict:
     """Start vLLM inside a Ray actor, measure, then shut vLLM down, kill the actor and wait for all it spawned."""
     import ray
 
@@ -434,16 +435,25 @@ def _run_ray_vllm(setup: VllmSetup, plan: list[tuple[int, int]], repeats: int) -
         started = time.perf_counter()
         ray.get(actor.start.remote())
         print(f"ray_vllm: actor ready in {time.perf_counter() - started:.1f} s", flush=True)
-        return asyncio.run(_ray_vllm_runs(actor, plan, repeats))
+        return asyncio.run(_ray_vllm_runs(actor, plan, repeat))
     finally:
         _stop_actor(actor, actor_pid)
 
 
 def _vllm_cases(calls: int, repeats: int) -> dict:
-    """(e) then (f), never both at once: each vLLM takes ~4 GB and all the cores."""
+    """(e) and (f) in turns, one repeat each (every other repeat Ray first), each engine started afresh for its
+    turn and stopped after it, never both at once: each vLLM takes ~4 GB and all the cores. In turns, a repeat's
+    two runs are a minute or two apart and their ratio pairs them; all of (e) then all of (f) put minutes of host
+    drift between the two (three such runs on 2026-11-23 gave router / Ray 0.75 to 1.36)."""
     setup = VllmSetup.for_this_process()
     plan = _vllm_plan(calls)
-    return {**_run_router_vllm(setup, plan, repeats), **_run_ray_vllm(setup, plan, repeats)}
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for repeat in range(repeats):
+        turns = (_run_router_vllm, _run_ray_vllm) if repeat % 2 == 0 else (_run_ray_vllm, _run_router_vllm)
+        for run in turns:
+            for key, runs in run(setup, plan, repeat).items():
+                results.setdefault(key, []).extend(runs)
+    return results
 
 
 # -- main ----------------------------------------------------------------------------------------------------
@@ -548,9 +558,9 @@ def _print_vllm(results: dict, calls: int, repeats: int) -> None:
 def _print_vllm_ratios(results: dict) -> None:
     # with a real engine the transport should not cost throughput: target 1.0
     for in_flight in VLLM_IN_FLIGHT:
-        router, ray_runs = (results[(n, in_flight)] for n in ("router_vllm", "ray_vllm"))
-        calls_ratio = _median(router, "calls_per_s") / _median(ray_runs, "calls_per_s")
-        print(f"RATIO router_vllm_calls_vs_ray_vllm_{in_flight} {calls_ratio:.2f} target 1.0")
+        ratio, per_repeat = _paired_ratio(results, "router_vllm", "ray_vllm", in_flight, "calls_per_s")
+        print(f"router_vllm_calls_vs_ray_vllm_{in_flight} per repeat: {' '.join(f'{r:.2f}' for r in per_repeat)}")
+        print(f"RATIO router_vllm_calls_vs_ray_vllm_{in_flight} {ratio:.2f} target 1.0")
 
 
 def main() -> int:
