@@ -53,7 +53,8 @@ def test_keys_are_the_same_in_every_process() -> None:
     )
     runs = {
         subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": seed}
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
         ).stdout.strip()
         for seed in ("1", "2")
     }

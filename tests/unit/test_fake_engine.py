@@ -153,7 +153,8 @@ async def test_a_finished_requests_output_blocks_are_reusable_by_the_next_turn()
     engine = FakeEngine()
     await engine.start()
     prompt = tuple(range(500, 560))  # 60 tokens: 3 full blocks; with 20 output tokens, 5
-    output, _ = await _tokens(engine, GenerateRequest("turn1", prompt, SamplingParams(max_new_tokens=20, ignore_eos=True)))
+    first_turn = GenerateRequest("turn1", prompt, SamplingParams(max_new_tokens=20, ignore_eos=True))
+    output, _ = await _tokens(engine, first_turn)
     next_turn = GenerateRequest("turn2", prompt + tuple(output) + (7, 8), SamplingParams(max_new_tokens=1))
     _, complete = await _tokens(engine, next_turn)
     assert complete.cached_prompt_tokens == 80
