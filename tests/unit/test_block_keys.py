@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 
 from agentloop_grpc.engine_adapters.block_keys import BlockKeys
+
+from .hash_seeds import outputs_under_hash_seeds
 
 TOKENS = np.arange(1000, 1100)  # 100 tokens: 6 full blocks of 16
 
@@ -51,11 +49,5 @@ def test_keys_are_the_same_in_every_process() -> None:
         "import numpy as np; from agentloop_grpc.engine_adapters.block_keys import BlockKeys; "
         "h = BlockKeys(16); print(h.keys(h.prefix_sums(np.arange(1000, 1100)), 0, 100))"
     )
-    runs = {
-        subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, check=True,
-            env={**os.environ, "PYTHONHASHSEED": seed},
-        ).stdout.strip()
-        for seed in ("1", "2")
-    }
+    runs = outputs_under_hash_seeds(script)
     assert runs == {str(_keys(TOKENS))}

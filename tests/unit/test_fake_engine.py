@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 
 import grpc
 import pytest
@@ -15,6 +12,8 @@ from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig, St
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.engine_adapters.types import GenerateComplete, GenerateRequest, SamplingParams
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
+
+from .hash_seeds import outputs_under_hash_seeds
 
 
 def _request(request_id: str, tokens: int, priority: int = 0) -> GenerateRequest:
@@ -178,13 +177,7 @@ def test_the_token_stream_is_the_same_in_every_process() -> None:
         "    print(tokens)\n"
         "asyncio.run(main())\n"
     )
-    runs = {
-        subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, check=True,
-            env={**os.environ, "PYTHONHASHSEED": seed},
-        ).stdout.strip()
-        for seed in ("1", "2")
-    }
+    runs = outputs_under_hash_seeds(script)
     assert len(runs) == 1 and len(runs.pop().split(",")) == 8
 
 
