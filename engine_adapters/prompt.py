@@ -62,7 +62,9 @@ class PromptIds(Sequence[int]):
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         view = self.numpy()
-        return view if dtype is None else view.astype(dtype)
+        if dtype is not None:
+            return view.astype(dtype)  # a new array
+        return view.copy() if copy else view  # np.array asks for a copy (copy=True); np.asarray may share
 
     def tolist(self) -> list[int]:
         return self._ids.tolist()

@@ -51,3 +51,10 @@ def test_a_generate_request_keeps_any_sequence_as_prompt_ids() -> None:
     same = PromptIds((1, 2, 3))
     assert GenerateRequest("r", same, SamplingParams(max_new_tokens=1)).prompt_ids is same
     assert request == GenerateRequest("r", (1, 2, 3), SamplingParams(max_new_tokens=1))
+
+
+def test_np_array_copies_as_numpy_promises() -> None:
+    prompt = PromptIds(IDS)
+    copied = np.array(prompt)
+    assert copied.flags.writeable and not np.shares_memory(copied, prompt.numpy())
+    assert np.shares_memory(np.asarray(prompt), prompt.numpy())  # asarray may share: the zero-copy path
