@@ -4,8 +4,9 @@ It is named a fake everywhere it appears. Its tokens are a deterministic functio
 (greedy requests ignore the seed; unseeded sampled requests draw one), so tests can check exact streams. It
 behaves like a real engine where the contract cares: a scheduler with a bounded batch (continuous batching: a
 request joins between decode steps and leaves when done), a bounded waiting queue, configurable prefill and
-per-token latency, a block-hashed prefix cache whose hits shorten prefill, abort, the three pause modes,
-sleep/wake bookkeeping and weight versions. As in vLLM and SGLang, a prompt's blocks are reusable from the step
+per-token latency, a block-hashed prefix cache whose hits shorten prefill (least recently used blocks leave
+first, a sequence's tail before its head, as in vLLM), abort, the three pause modes, sleep/wake bookkeeping and
+weight versions. As in vLLM and SGLang, a prompt's blocks are reusable from the step
 after its prefill (not only once the request finishes), so requests that share a system prompt and arrive while
 the first one still decodes hit it; requests prefilled in the same step do not share.
 """
@@ -24,8 +25,10 @@ import numpy as np
 
 from agentloop_grpc import __version__
 
+from .block_cache import BlockCache
 from .block_keys import BlockKeys
 from .errors import EngineOverloadedError, EngineUnavailableError, FailedPreconditionError, UnsupportedError
+from .grouping import merge_chunks
 from .types import (
     EngineState,
     FinishReason,
@@ -51,6 +54,19 @@ def _mix(value: int) -> int:
     value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
     return value ^ (value >> 31)
+
+
+def _coalesce(events: list[GenerateEvent]) -> list[GenerateEvent]:
+    """Merge consecutive chunks of one weight version (never across versions, so every token keeps the version
+    that produced it); the completion, when there, is last and stays as it is."""
+    complete = events[-1] if isinstance(events[-1], GenerateComplete) else None
+    chunks = events[:-1] if complete is not None else events
+    merged: list[GenerateEvent] = [
+        merge_chunks(list(run)) for _, run in itertools.groupby(chunks, key=lambda chunk: chunk.weight_version)
+    ]
+    if complete is not None:
+        merged.append(complete)
+    return merged
 
 
 class StepClock:
@@ -114,7 +130,8 @@ class _Request:
 
     request: GenerateRequest
     base: int
-    events: asyncio.Queue[GenerateEvent] = field(default_factory=asyncio.Queue)
+    pending: list[GenerateEvent] = field(default_factory=list)  # emitted, not yet taken by ``generate``
+    waiter: asyncio.Future[None] | None = None  # set while ``generate`` waits for an event
     generated: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     sums: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))  # the prompt's prefix sums
@@ -126,6 +143,13 @@ class _Request:
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    def emit(self, event: GenerateEvent) -> None:
+        """Hand an event to the request's reader (a list and one future: an asyncio.Queue per request cost a
+        getter deque, a putter deque and a future per get)."""
+        self.pending.append(event)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
 
 class FakeEngine:
@@ -145,10 +169,7 @@ class FakeEngine:
         self._work = asyncio.Event()
         self._idle = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
-        # block key -> when it was last used (a counter): LRU order kept by one C-level dict.update per lookup,
-        # where an OrderedDict's move_to_end per block cost ~1,200 instructions a block (a 2,000-token prompt: 125)
-        self._cache: dict[int, int] = {}
-        self._uses = itertools.count()
+        self._cache = BlockCache(self.config.cache_blocks)
         self._block_keys = BlockKeys(self.config.block_size, self.config.max_model_len)
         self._prompt_tokens_seen = 0
         self._prompt_tokens_cached = 0
@@ -227,41 +248,21 @@ class FakeEngine:
             heapq.heappush(self._waiting, (-request.priority, next(self._arrivals), entry))
         self._idle.clear()
         self._work.set()
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                event = await entry.events.get()
-                if isinstance(event, TokenChunk):
-                    event = self._coalesce(event, entry.events)
-                    if isinstance(event, tuple):  # a chunk followed by the completion
-                        yield event[0]
-                        event = event[1]
-                yield event
-                if isinstance(event, GenerateComplete):
-                    return
+                if not entry.pending:
+                    entry.waiter = loop.create_future()
+                    await entry.waiter
+                events, entry.pending = entry.pending, []
+                # a slow reader takes what piled up at once: fewer, larger chunks (one per weight version)
+                for event in _coalesce(events):
+                    yield event
+                    if isinstance(event, GenerateComplete):
+                        return
         finally:
             if not entry.done:
                 self._finish(entry, FinishReason.ABORT)
-
-    @staticmethod
-    def _coalesce(first: TokenChunk, events: asyncio.Queue[GenerateEvent]):
-        """Merge chunks already queued behind ``first`` (a slow reader gets fewer, larger messages)."""
-        chunks = [first]
-        complete = None
-        while not events.empty() and complete is None:
-            event = events.get_nowait()
-            if isinstance(event, GenerateComplete):
-                complete = event
-            else:
-                chunks.append(event)
-        merged = first
-        if len(chunks) > 1:
-            merged = TokenChunk(
-                token_ids=tuple(t for c in chunks for t in c.token_ids),
-                weight_version=chunks[-1].weight_version,
-                logprobs=tuple(lp for c in chunks for lp in c.logprobs),
-                top_logprobs=tuple(alt for c in chunks for alt in c.top_logprobs),
-            )
-        return (merged, complete) if complete is not None else merged
 
     async def abort(self, request_ids: Sequence[str] | None) -> list[str]:
         entries = [e for _, _, e in self._waiting] + self._held + list(self._running.values())
@@ -298,21 +299,24 @@ class FakeEngine:
             for entry in newcomers:  # after every lookup: newcomers of one step do not share their prefill
                 self._store(entry, entry.sums)
             step_s = self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s
-            # one sleep per step (also the step's yield to the event loop when latencies are zero)
-            await asyncio.sleep(clock.sleep_s(loop.time(), step_s))
-            if self._paused:  # PAUSE_MODE_KEEP arrived during the step: keep the requests, emit nothing
-                continue
+            if step_s:
+                await asyncio.sleep(clock.sleep_s(loop.time(), step_s))
+                if self._paused:  # PAUSE_MODE_KEEP arrived during the step: keep the requests, emit nothing
+                    continue
             for entry in list(self._running.values()):
                 if entry.prefilled:
                     self._decode_one(entry)
+            if not step_s and (self._running or self._waiting):
+                # a step of no time still yields once, after its tokens: readers take them and new requests
+                # arrive before the next step (a yield between prefill and decode cost every request a pass of
+                # the event loop more)
+                await asyncio.sleep(0)
 
     def _prefill(self, entry: _Request) -> int:
         """Look the prompt up in the prefix cache; return the number of tokens to compute."""
         prompt_len = len(entry.request.prompt_ids)
-        keys = self._block_keys.keys(entry.sums, 0, prompt_len - 1)
-        hits = list(itertools.takewhile(self._cache.__contains__, keys))
-        self._cache.update(zip(hits, itertools.repeat(next(self._uses))))
-        entry.cached_tokens = entry.stored_tokens = len(hits) * self.config.block_size
+        hits = self._cache.longest_prefix(self._block_keys.key_array(entry.sums, 0, prompt_len - 1))
+        entry.cached_tokens = entry.stored_tokens = hits * self.config.block_size
         entry.prefilled = True
         self._prompt_tokens_seen += prompt_len
         self._prompt_tokens_cached += entry.cached_tokens
@@ -321,18 +325,17 @@ class FakeEngine:
     def _store(self, entry: _Request, sums: np.ndarray) -> None:
         """Cache the full blocks of the sequence whose prefix sums are ``sums`` (the request's prompt, then
         prompt + output) that the request has not stored yet."""
-        keys = self._block_keys.keys(sums, entry.stored_tokens, sums.size)
-        self._cache.update(zip(keys, itertools.repeat(next(self._uses))))
-        entry.stored_tokens += len(keys) * self.config.block_size
-        if len(self._cache) > self.config.cache_blocks:
-            self._evict()
-
-    def _evict(self) -> None:
-        """Drop the least recently used blocks: down to 15/16 of the capacity, so the sort is paid once per
-        capacity/16 new blocks (ties, blocks stored or hit together, go in the order they were first stored)."""
-        keep = self.config.cache_blocks - self.config.cache_blocks // 16
-        for key in sorted(self._cache, key=self._cache.__getitem__)[: len(self._cache) - keep]:
-            del self._cache[key]
+        size = self.config.block_size
+        stored = entry.stored_tokens
+        keys = self._block_keys.keys(sums, max(0, stored - size), sums.size)
+        parent = None
+        if stored:  # the first key is that of the last block already stored, the new blocks' parent
+            parent, keys = keys[0], keys[1:]
+            if parent not in self._cache:  # evicted since: store the whole sequence again, from its start
+                parent, keys = None, self._block_keys.keys(sums, 0, sums.size)
+        if keys:
+            self._cache.store(keys, parent)
+        entry.stored_tokens = sums.size // size * size
 
     def _decode_one(self, entry: _Request) -> None:
         sampling = entry.request.sampling
@@ -353,7 +356,7 @@ class FakeEngine:
                         ((token + j) % self.config.vocab_size, logprob - 0.5 * j) for j in range(sampling.top_logprobs)
                     ),
                 )
-        entry.events.put_nowait(TokenChunk((token,), self._weight_version, logprobs, top))
+        entry.emit(TokenChunk((token,), self._weight_version, logprobs, top))
         if token in sampling.stop_token_ids or (token == self.config.eos_token_id and not sampling.ignore_eos):
             self._finish(entry, FinishReason.STOP, matched=token)
         elif len(entry.generated) >= sampling.max_new_tokens:
@@ -375,7 +378,7 @@ class FakeEngine:
             if sums.size and (sums.size + len(entry.generated)) // size * size > entry.stored_tokens:  # new block
                 output = self._block_keys.prefix_sums(np.array(entry.generated), sums.size, int(sums[-1]))
                 self._store(entry, np.concatenate((sums, output)))
-        entry.events.put_nowait(
+        entry.emit(
             GenerateComplete(
                 finish_reason=reason,
                 prompt_tokens=len(entry.request.prompt_ids),
