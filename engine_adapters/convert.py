@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from .types import (
     StructuredOutput,
     TokenChunk,
 )
+
+if TYPE_CHECKING:  # sampling_cache imports this module
+    from .sampling_cache import SamplingCache
 
 FINISH_REASONS = {
     FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
@@ -118,15 +122,19 @@ def prompt_from_proto(request: generation_pb2.GenerateRequest, info: ServerInfo)
     return PromptIds.from_raw(raw)
 
 
-def request_from_proto(request: generation_pb2.GenerateRequest, info: ServerInfo) -> GenerateRequest:
-    """Validate a GenerateRequest against the engine's limits and convert it."""
+def request_from_proto(
+    request: generation_pb2.GenerateRequest, info: ServerInfo, sampling_cache: SamplingCache | None = None
+) -> GenerateRequest:
+    """Validate a GenerateRequest against the engine's limits and convert it (its sampling params through
+    ``sampling_cache`` when given)."""
     validation.check_request_id(request.request_id)
     prompt_ids = prompt_from_proto(request, info)
+    resolve = sampling_from_proto if sampling_cache is None else sampling_cache.resolve
     return GenerateRequest(
         request_id=request.request_id,
         session_id=request.session_id,
         prompt_ids=prompt_ids,
-        sampling=sampling_from_proto(request.sampling_params, len(prompt_ids), info),
+        sampling=resolve(request.sampling_params, len(prompt_ids), info),
         structured_output=structured_from_proto(request),
         priority=request.priority,
     )

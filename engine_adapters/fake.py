@@ -170,6 +170,7 @@ class FakeEngine:
         self._idle = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._cache = BlockCache(self.config.cache_blocks)
+        self._info: ServerInfo | None = None
         self._block_keys = BlockKeys(self.config.block_size, self.config.max_model_len)
         self._prompt_tokens_seen = 0
         self._prompt_tokens_cached = 0
@@ -195,6 +196,14 @@ class FakeEngine:
         return EngineState.PAUSED if self._paused or self._hold_new else EngineState.RUNNING
 
     def info(self) -> ServerInfo:
+        """Built again only when the state or the weight version changed (the servicer asks once per request,
+        and building the frozen dataclass cost ~30 k instructions)."""
+        state = self._state()
+        if self._info is None or self._info.state is not state or self._info.weight_version != self._weight_version:
+            self._info = self._build_info(state)
+        return self._info
+
+    def _build_info(self, state: EngineState) -> ServerInfo:
         return ServerInfo(
             engine_kind="fake",
             engine_version=__version__,
@@ -204,7 +213,7 @@ class FakeEngine:
             max_model_len=self.config.max_model_len,
             eos_token_ids=(self.config.eos_token_id,),
             weight_version=self._weight_version,
-            state=self._state(),
+            state=state,
             dp_rank=self.config.dp_rank,
             dp_size=self.config.dp_size,
             tp_size=1,

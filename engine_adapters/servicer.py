@@ -21,6 +21,7 @@ from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, gener
 from . import convert
 from .errors import DuplicateRequestError, EngineUnavailableError, FailedPreconditionError, InvalidRequestError
 from .protocol import EngineAdapter
+from .sampling_cache import SamplingCache
 from .status import map_errors
 from .grouping import TokenGrouper
 from .types import ALL_RESOURCES, EngineState, GenerateComplete, GenerateRequest
@@ -42,6 +43,7 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         self._adapter = adapter
         self._health = health
         self._in_flight: set[str] = set()
+        self._sampling = SamplingCache()
         self._idle = asyncio.Event()
         self._idle.set()
         self._draining = False
@@ -85,7 +87,7 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         """Check the state and the request, and register its id (``_run`` releases it)."""
         info = self._adapter.info()
         self._check_serving(info.state)
-        domain = convert.request_from_proto(request, info)
+        domain = convert.request_from_proto(request, info, self._sampling)
         if domain.request_id in self._in_flight:
             raise DuplicateRequestError(f"request_id {domain.request_id!r} is already in flight on this server")
         self._in_flight.add(domain.request_id)

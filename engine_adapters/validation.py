@@ -62,7 +62,11 @@ def check_prompt(prompt_ids: Sequence[int] | np.ndarray, info: ServerInfo, field
     ids = np.asarray(prompt_ids)  # int32 from the wire (PromptIds, prompt_ids_raw) or int64 from a list
     if ids.size == 0:
         raise _fail(PROMPT_EMPTY)
-    if ids.min() < 0 or ids.max() >= info.vocab_size:
+    if ids.dtype == np.int32:  # one reduction: as uint32, a negative id is >= 2**31, beyond any vocabulary
+        out_of_range = ids.view(np.uint32).max() >= info.vocab_size
+    else:
+        out_of_range = ids.min() < 0 or ids.max() >= info.vocab_size
+    if out_of_range:
         index = int(np.flatnonzero((ids < 0) | (ids >= info.vocab_size))[0])
         raise _fail(
             PROMPT_ID_OUT_OF_RANGE, field=field, index=index, value=int(ids[index]), vocab_size=info.vocab_size
