@@ -24,7 +24,7 @@ from .protocol import EngineAdapter
 from .sampling_cache import SamplingCache
 from .status import map_errors
 from .grouping import TokenGrouper
-from .types import ALL_RESOURCES, EngineState, GenerateComplete, GenerateRequest
+from .types import ALL_RESOURCES, EngineState, GenerateComplete, GenerateRequest, TokenChunk
 from .weights import read_weight_stream
 
 log = logging.getLogger(__name__)
@@ -98,26 +98,26 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         self,
         domain: GenerateRequest,
         grouper: TokenGrouper | None,
-        write: Callable[[generation_pb2.GenerateResponse], Awaitable[None]],
+        on_chunk: Callable[[TokenChunk], Awaitable[None]],
+        on_complete: Callable[[GenerateComplete, TokenChunk | None], Awaitable[None]],
     ) -> None:
-        """Run an admitted request, handing ``write`` the messages of its Generate stream (chunks as ``grouper``
-        groups them, then the completion); release it however it ends.
+        """Run an admitted request, handing its chunks to ``on_chunk`` as ``grouper`` groups them, then its
+        completion and the tokens still held (``grouper.tail()``) to ``on_complete``; release it however it ends.
 
-        ``write`` is a coroutine function, not an async generator: each message then passes through no generator
-        layers of ours (grpc.aio's ``context.write`` for Generate, a list for GenerateUnary)."""
+        Generate writes each as a message of its stream; GenerateUnary fills its one answer in place."""
         finished = False
         try:
             async with contextlib.aclosing(self._adapter.generate(domain)) as events:
                 async for event in events:
                     if isinstance(event, GenerateComplete):
                         finished = True
-                        await write(convert.complete_to_proto(event, grouper.tail() if grouper else None))
+                        await on_complete(event, grouper.tail() if grouper else None)
                         break
                     if grouper is None:
-                        await write(convert.chunk_to_proto(event))
+                        await on_chunk(event)
                         continue
                     for ready in grouper.add(event):
-                        await write(convert.chunk_to_proto(ready))
+                        await on_chunk(ready)
         finally:
             self._in_flight.discard(domain.request_id)
             if not self._in_flight:
@@ -130,7 +130,14 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
     @map_errors
     async def Generate(self, request, context):
         grouper = convert.grouper_from_proto(request)
-        await self._run(self._admit(request), grouper, context.write)
+
+        async def send_chunk(chunk: TokenChunk) -> None:
+            await context.write(convert.chunk_to_proto(chunk))
+
+        async def send_complete(complete: GenerateComplete, tail: TokenChunk | None) -> None:
+            await context.write(convert.complete_to_proto(complete, tail))
+
+        await self._run(self._admit(request), grouper, send_chunk, send_complete)
 
     @map_errors
     async def GenerateUnary(self, request, context):
@@ -140,15 +147,17 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
             raise InvalidRequestError(
                 "request.stream_options shapes a Generate stream; GenerateUnary answers in one message: leave it unset"
             )
-        messages: list[generation_pb2.GenerateResponse] = []
+        response = generation_pb2.GenerateUnaryResponse()
 
-        async def keep(message: generation_pb2.GenerateResponse) -> None:
-            messages.append(message)
+        async def add_chunk(chunk: TokenChunk) -> None:
+            convert.fill_token_chunk(response.chunks.add(), chunk)
+
+        async def set_complete(complete: GenerateComplete, tail: TokenChunk | None) -> None:
+            convert.fill_complete(response.complete, complete, tail)
 
         # final_only holds every token; a chunk is cut only where the weight version changes
-        await self._run(self._admit(request.request), TokenGrouper(0, final_only=True), keep)
-        *chunks, last = messages
-        return generation_pb2.GenerateUnaryResponse(chunks=[m.chunk for m in chunks], complete=last.complete)
+        await self._run(self._admit(request.request), TokenGrouper(0, final_only=True), add_chunk, set_complete)
+        return response
 
     @map_errors
     async def Abort(self, request, context):
