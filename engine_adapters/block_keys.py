@@ -50,13 +50,9 @@ class BlockKeys:
             sums += np.uint64(start)
         return sums
 
-    def key_array(self, sums: np.ndarray, start: int, limit: int) -> np.ndarray:
+    def keys(self, sums: np.ndarray, start: int, limit: int) -> np.ndarray:
         """Keys of the full blocks that end in (``start``, ``limit``] (``start`` a block boundary), as uint64."""
         size = self.block_size
         mixed = sums[start + size - 1 : limit : size] * _MIX_SUM
         mixed ^= self._end_mix[start + size : limit + 1 : size]
         return mixed
-
-    def keys(self, sums: np.ndarray, start: int, limit: int) -> list[int]:
-        """``key_array`` as Python ints."""
-        return self.key_array(sums, start, limit).tolist()

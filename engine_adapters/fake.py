@@ -59,6 +59,8 @@ def _mix(value: int) -> int:
 def _coalesce(events: list[GenerateEvent]) -> list[GenerateEvent]:
     """Merge consecutive chunks of one weight version (never across versions, so every token keeps the version
     that produced it); the completion, when there, is last and stays as it is."""
+    if len(events) == 1 or (len(events) == 2 and isinstance(events[1], GenerateComplete)):
+        return events  # nothing to merge: what a reader that keeps up gets
     complete = events[-1] if isinstance(events[-1], GenerateComplete) else None
     chunks = events[:-1] if complete is not None else events
     merged: list[GenerateEvent] = [
@@ -135,6 +137,7 @@ class _Request:
     generated: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     sums: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))  # the prompt's prefix sums
+    prompt_keys: np.ndarray | None = None  # the keys of the prompt's full blocks (from its prefill on)
     stored_tokens: int = 0  # tokens whose blocks this request put in the prefix cache (full blocks)
     scripted: tuple[int, ...] | None = None  # FakeEngineConfig.script's reply
     prefilled: bool = False
@@ -306,7 +309,7 @@ class FakeEngine:
             newcomers = [e for e in self._running.values() if not e.prefilled]
             uncached = sum(self._prefill(e) for e in newcomers)
             for entry in newcomers:  # after every lookup: newcomers of one step do not share their prefill
-                self._store(entry, entry.sums)
+                self._store(entry, entry.prompt_keys)
             step_s = self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s
             if step_s:
                 await asyncio.sleep(clock.sleep_s(loop.time(), step_s))
@@ -324,27 +327,26 @@ class FakeEngine:
     def _prefill(self, entry: _Request) -> int:
         """Look the prompt up in the prefix cache; return the number of tokens to compute."""
         prompt_len = len(entry.request.prompt_ids)
-        hits = self._cache.longest_prefix(self._block_keys.key_array(entry.sums, 0, prompt_len - 1))
-        entry.cached_tokens = entry.stored_tokens = hits * self.config.block_size
+        size = self.config.block_size
+        entry.prompt_keys = self._block_keys.keys(entry.sums, 0, entry.sums.size)  # also what _store needs
+        # only blocks that end before the last prompt token: a request always computes at least one token
+        hits = self._cache.longest_prefix(entry.prompt_keys[: (prompt_len - 1) // size])
+        entry.cached_tokens = entry.stored_tokens = hits * size
         entry.prefilled = True
         self._prompt_tokens_seen += prompt_len
         self._prompt_tokens_cached += entry.cached_tokens
         return prompt_len - entry.cached_tokens
 
-    def _store(self, entry: _Request, sums: np.ndarray) -> None:
-        """Cache the full blocks of the sequence whose prefix sums are ``sums`` (the request's prompt, then
-        prompt + output) that the request has not stored yet."""
-        size = self.config.block_size
-        stored = entry.stored_tokens
-        keys = self._block_keys.keys(sums, max(0, stored - size), sums.size)
-        parent = None
-        if stored:  # the first key is that of the last block already stored, the new blocks' parent
-            parent, keys = keys[0], keys[1:]
-            if parent not in self._cache:  # evicted since: store the whole sequence again, from its start
-                parent, keys = None, self._block_keys.keys(sums, 0, sums.size)
-        if keys:
-            self._cache.store(keys, parent)
-        entry.stored_tokens = sums.size // size * size
+    def _store(self, entry: _Request, keys: np.ndarray) -> None:
+        """Cache the blocks among ``keys`` (the keys of every full block of the request's sequence: its prompt,
+        then prompt + output) that the request has not stored yet."""
+        done = entry.stored_tokens // self.config.block_size
+        parent = int(keys[done - 1]) if done else None  # the last block stored: the new blocks' parent
+        if parent is not None and parent not in self._cache:  # evicted since: store the sequence again, whole
+            done, parent = 0, None
+        if len(keys) > done:
+            self._cache.store(keys[done:].tolist(), parent)
+        entry.stored_tokens = len(keys) * self.config.block_size
 
     def _decode_one(self, entry: _Request) -> None:
         sampling = entry.request.sampling
@@ -386,7 +388,8 @@ class FakeEngine:
             size = self.config.block_size
             if sums.size and (sums.size + len(entry.generated)) // size * size > entry.stored_tokens:  # new block
                 output = self._block_keys.prefix_sums(np.array(entry.generated), sums.size, int(sums[-1]))
-                self._store(entry, np.concatenate((sums, output)))
+                sequence = np.concatenate((sums, output))
+                self._store(entry, self._block_keys.keys(sequence, 0, sequence.size))
         entry.emit(
             GenerateComplete(
                 finish_reason=reason,
