@@ -63,6 +63,13 @@ class RouterConfig(BaseModel):
         "message anyway, and a unary call costs both ends less CPU. False: always stream (e.g. for a server that "
         "implements only Generate).",
     )
+    prompt_memo_ids: int = Field(
+        1 << 21,
+        ge=0,
+        description="Token ids of recent sessions' last prompts kept (a copy, and their int32 bytes: ~12 bytes per "
+        "id), so that a session's next prompt, which extends its last one, packs only its new ids (packing 2,000 "
+        "ids costs ~4x comparing them). Least recently used sessions are forgotten first; 0: never remember.",
+    )
     weight_chunk_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="UpdateWeights splits tensors into messages of at most this size."
     )

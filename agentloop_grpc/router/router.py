@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import itertools
 import time
 import uuid
 from collections import OrderedDict
@@ -24,15 +25,17 @@ from pathlib import Path
 import grpc
 
 from agentloop_grpc.engine_adapters import convert
-from agentloop_grpc.engine_adapters.types import FinishReason, NamedTensor, TokenChunk
+from agentloop_grpc.engine_adapters.types import NamedTensor, TokenChunk
 from agentloop_grpc.v1 import engine_pb2, generation_pb2
 
+from .attempts import Received, attempt_request, ended_before_resume
 from .config import RouterConfig
 from .endpoint import Endpoint
 from .errors import InfrastructureError, NoHealthyServerError, RequestError
 from .fanout import FanOutResult, weight_update_messages
 from .metrics import RouterMetrics
 from .policy import Decision, choose_server
+from .prompts import PromptPacker, extended, prompt_length
 from .result import GenerateResult
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,9 @@ class Router:
         self._attempt_counters = {
             unary: self.metrics.attempts.labels("unary" if unary else "stream") for unary in (False, True)
         }
+        self._prompts = PromptPacker(self.config.prompt_memo_ids)
+        self._request_id_prefix = uuid.uuid4().hex
+        self._request_counter = itertools.count()
         self._generate_stream_options = (
             generation_pb2.StreamOptions(min_chunk_tokens=self.config.generate_chunk_tokens)
             if self.config.generate_chunk_tokens > 1
@@ -114,8 +120,9 @@ class Router:
         return self._sessions.get(session_id)
 
     def close_session(self, session_id: str) -> None:
-        """Forget a finished trajectory's placement."""
+        """Forget a finished trajectory's placement (and its remembered prompt)."""
         self._sessions.pop(session_id, None)
+        self._prompts.forget(session_id)
 
     def _remember(self, session_id: str, address: str) -> None:
         self._sessions[session_id] = address
@@ -159,10 +166,10 @@ class Router:
         stream (``RouterConfig.unary_generate``): the stream would deliver nothing before its end either, so a
         failover loses nothing more, and a unary call costs both ends less CPU.
         """
-        unary = "stream_options" not in options and self._fits_one_message(params)
-        if not unary:
-            options.setdefault("stream_options", self._generate_stream_options)
-        events = self._generate(session_id, prompt_ids, params, unary=unary, **options)
+        if "stream_options" not in options and self._fits_one_message(params):
+            return await self._generate_unary(session_id, prompt_ids, params, **options)
+        options.setdefault("stream_options", self._generate_stream_options)
+        events = self._generate(session_id, prompt_ids, params, **options)
         result = None
         async with contextlib.aclosing(events):
             # run the generator to its end rather than leaving at the result: closing a generator suspended at
@@ -204,8 +211,67 @@ class Router:
         server could finish it (servers down, retries exhausted, deadline passed).
         """
         return self._generate(
-            session_id, prompt_ids, params, unary=False, structured_output=structured_output, priority=priority,
+            session_id, prompt_ids, params, structured_output=structured_output, priority=priority,
             timeout_s=timeout_s, request_id=request_id, stream_options=stream_options,
+        )
+
+    async def _generate_unary(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        params: generation_pb2.SamplingParams,
+        *,
+        structured_output: generation_pb2.StructuredOutput | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+    ) -> GenerateResult:
+        """generate() of a request whose every token comes in one message: each attempt is one GenerateUnary call.
+
+        A coroutine rather than ``_generate``'s generator, which cost ~10% of such a call's client instructions.
+        A failed attempt delivered nothing, so every attempt sends the same request under its own id, and nothing
+        is ever resumed.
+        """
+        started = time.monotonic()
+        deadline = started + (timeout_s or self.config.generate_timeout_s)
+        base_id = request_id or self._new_request_id()
+        prompt = self._prompts.pack(session_id, prompt_ids)
+        unary_request = generation_pb2.GenerateUnaryRequest()
+        request = unary_request.request
+        attempt_request(base_id, session_id, prompt, params, 0, structured_output, priority, None, into=request)
+        servers: list[str] = []
+        failed: set[str] = set()
+        for attempt in range(1, self.config.max_attempts + 1):
+            endpoint = await self._pick(session_id, deadline, avoid=failed)
+            attempt_id = base_id if attempt == 1 else f"{base_id}.{attempt}"
+            request.request_id = attempt_id
+            servers.append(endpoint.address)
+            await endpoint.stream_slots.acquire()  # bounded calls per channel: beyond, requests wait here
+            self._begin_attempt(endpoint, session_id, attempt_id, unary=True)
+            call = endpoint.generate.GenerateUnary(unary_request, timeout=max(0.001, deadline - time.monotonic()))
+            response = None
+            try:
+                response = await call
+            except grpc.aio.AioRpcError as error:
+                self._attempt_failed(error, endpoint, base_id, attempt, deadline, failed, resumed=False)
+            finally:
+                self._end_attempt(endpoint, session_id, attempt_id, call, finished=response is not None)
+            if response is not None:
+                break
+            await self._backoff(attempt)
+        else:
+            raise InfrastructureError(f"generate {base_id} exhausted its attempts")
+        complete = response.complete
+        received = Received()
+        for chunk in response.chunks:
+            received.add_proto(chunk)
+        if complete.tokens.token_ids:
+            received.add_proto(complete.tokens)
+        if response.chunks or complete.tokens.token_ids:
+            self.metrics.first_token_seconds.observe(time.monotonic() - started)
+        return self._result(
+            base_id, session_id, received, complete, prompt_length(prompt), complete.cached_prompt_tokens, servers,
+            0, started,
         )
 
     async def _generate(
@@ -214,38 +280,31 @@ class Router:
         prompt_ids: Sequence[int],
         params: generation_pb2.SamplingParams | None,
         *,
-        unary: bool,
         structured_output: generation_pb2.StructuredOutput | None = None,
         priority: int = 0,
         timeout_s: float | None = None,
         request_id: str | None = None,
         stream_options: generation_pb2.StreamOptions | None = None,
     ) -> AsyncIterator[TokenChunk | GenerateResult]:
-        """``stream``'s generator; ``unary``: each attempt is one GenerateUnary call (its chunks are yielded
-        when it returns)."""
+        """``stream``'s generator (and generate()'s for a budget beyond one message)."""
         started = time.monotonic()
         deadline = started + (timeout_s or self.config.generate_timeout_s)
-        base_id = request_id or uuid.uuid4().hex
+        base_id = request_id or self._new_request_id()
         params = params or generation_pb2.SamplingParams()
-        prompt = list(prompt_ids)
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        top: list[tuple[tuple[int, float], ...]] = []
-        versions: list[int] = []
+        prompt = self._prompts.pack(session_id, prompt_ids)
+        received = Received()
+        tokens = received.token_ids
         servers: list[str] = []
         cached = 0
         failovers = 0
-        first_token_seen = False
         failed: set[str] = set()
+        first_token_seen = False
 
-        def absorb(received: generation_pb2.TokenChunk) -> TokenChunk:
+        def absorb(message: generation_pb2.TokenChunk) -> TokenChunk:
             """Add a received chunk to the result (every attempt's tokens, in order)."""
             nonlocal first_token_seen
-            chunk = convert.chunk_from_proto(received)
-            tokens.extend(chunk.token_ids)
-            logprobs.extend(chunk.logprobs)
-            top.extend(chunk.top_logprobs)
-            versions.extend([chunk.weight_version] * len(chunk.token_ids))
+            chunk = convert.chunk_from_proto(message)
+            received.add(chunk)
             if not first_token_seen:
                 first_token_seen = True
                 self.metrics.first_token_seconds.observe(time.monotonic() - started)
@@ -253,7 +312,7 @@ class Router:
 
         for attempt in range(1, self.config.max_attempts + 1):
             endpoint = await self._pick(session_id, deadline, avoid=failed)
-            ended = _ended_before_resume(tokens, params, endpoint) if attempt > 1 else None
+            ended = ended_before_resume(tokens, params, endpoint) if attempt > 1 else None
             if ended is not None:  # the lost stream had in fact finished: only its final message was missing
                 reason, matched = ended
                 complete = generation_pb2.GenerateComplete(finish_reason=convert.FINISH_REASONS[reason])
@@ -261,88 +320,125 @@ class Router:
                     complete.matched_stop_token_id = matched
                 break
             attempt_id = base_id if attempt == 1 else f"{base_id}.{attempt}"
-            request = _attempt_request(
-                attempt_id, session_id, prompt + tokens if tokens else prompt, params, len(tokens), structured_output,
-                priority, stream_options,
+            request = attempt_request(
+                attempt_id, session_id, extended(prompt, tokens), params, len(tokens), structured_output, priority,
+                stream_options,
             )
             servers.append(endpoint.address)
-            await endpoint.stream_slots.acquire()  # bounded streams per channel: beyond, requests wait here
-            endpoint.begin_request()
-            self._active.setdefault(session_id, {})[attempt_id] = endpoint
-            timeout = max(0.001, deadline - time.monotonic())
-            self._attempt_counters[unary].inc()
-            if unary:
-                call = endpoint.generate.GenerateUnary(
-                    generation_pb2.GenerateUnaryRequest(request=request), timeout=timeout
-                )
-            else:
-                call = endpoint.generate.Generate(request, timeout=timeout)
+            await endpoint.stream_slots.acquire()  # bounded calls per channel: beyond, requests wait here
+            self._begin_attempt(endpoint, session_id, attempt_id, unary=False)
+            call = endpoint.generate.Generate(request, timeout=max(0.001, deadline - time.monotonic()))
             complete = None
             try:
-                if unary:
-                    response = await call
-                    complete = response.complete
-                    for received in response.chunks:
-                        yield absorb(received)
-                    if complete.tokens.token_ids:
-                        yield absorb(complete.tokens)
-                else:
-                    # read() rather than ``async for``: one async-generator layer less per message
-                    while (message := await call.read()) is not grpc.aio.EOF:
-                        if message.HasField("complete"):
-                            complete = message.complete
-                            if complete.tokens.token_ids:  # tokens grouped into the final message
-                                yield absorb(complete.tokens)
-                            break
-                        yield absorb(message.chunk)
+                # read() rather than ``async for``: one async-generator layer less per message
+                while (message := await call.read()) is not grpc.aio.EOF:
+                    if message.HasField("complete"):
+                        complete = message.complete
+                        if complete.tokens.token_ids:  # tokens grouped into the final message
+                            yield absorb(complete.tokens)
+                        break
+                    yield absorb(message.chunk)
                 if complete is None:
                     raise InfrastructureError(f"{endpoint.address} ended the stream of {attempt_id} without a result")
             except grpc.aio.AioRpcError as error:
-                code = error.code()
-                if code not in _RETRYABLE:
-                    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                        raise InfrastructureError(f"generate {base_id} exceeded its deadline") from error
-                    raise RequestError(code, error.details() or "", endpoint.address) from error
-                self.metrics.retries.labels(code.name).inc()
-                failed.add(endpoint.address)
-                if code == grpc.StatusCode.UNAVAILABLE:
-                    endpoint.mark_unavailable()
-                if tokens:
-                    failovers += 1
-                    self.metrics.failovers.inc()
-                log.warning("generate %s: %s from %s (attempt %d)", base_id, code.name, endpoint.address, attempt)
-                if attempt == self.config.max_attempts or time.monotonic() >= deadline:
-                    raise InfrastructureError(
-                        f"generate {base_id} failed on {attempt} attempts; last: {code.name} from {endpoint.address}"
-                    ) from error
+                failovers += self._attempt_failed(error, endpoint, base_id, attempt, deadline, failed, bool(tokens))
             finally:
-                endpoint.stream_slots.release()
-                endpoint.end_request()
-                active = self._active.get(session_id, {})
-                active.pop(attempt_id, None)
-                if not active:
-                    self._active.pop(session_id, None)
-                if complete is None and not call.done():  # cancelled, closed early or failed: free the engine
-                    call.cancel()
-                    self._spawn(self._abort_on(endpoint, [attempt_id]))
+                self._end_attempt(endpoint, session_id, attempt_id, call, finished=complete is not None)
             if complete is not None:
                 cached += complete.cached_prompt_tokens
                 break
-            await asyncio.sleep(min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (attempt - 1)))
+            await self._backoff(attempt)
         else:
             raise InfrastructureError(f"generate {base_id} exhausted its attempts")
+        yield self._result(
+            base_id, session_id, received, complete, prompt_length(prompt), cached, servers, failovers, started
+        )
+
+    def _new_request_id(self) -> str:
+        """This Router's random prefix and a counter: unique across Routers and processes as a uuid4 per call
+        would be, for a fraction of its cost."""
+        return f"{self._request_id_prefix}-{next(self._request_counter)}"
+
+    def _begin_attempt(self, endpoint: Endpoint, session_id: str, attempt_id: str, unary: bool) -> None:
+        """An attempt holding one of the endpoint's call slots is about to start."""
+        endpoint.begin_request()
+        self._active.setdefault(session_id, {})[attempt_id] = endpoint
+        self._attempt_counters[unary].inc()
+
+    def _end_attempt(
+        self, endpoint: Endpoint, session_id: str, attempt_id: str, call: grpc.aio.Call, finished: bool
+    ) -> None:
+        """An attempt is over (finished, failed, cancelled or closed early): free its slot, and free the engine of
+        it unless it finished."""
+        endpoint.stream_slots.release()
+        endpoint.end_request()
+        active = self._active.get(session_id, {})
+        active.pop(attempt_id, None)
+        if not active:
+            self._active.pop(session_id, None)
+        if not finished and not call.done():
+            call.cancel()
+            self._spawn(self._abort_on(endpoint, [attempt_id]))
+
+    def _attempt_failed(
+        self,
+        error: grpc.aio.AioRpcError,
+        endpoint: Endpoint,
+        base_id: str,
+        attempt: int,
+        deadline: float,
+        failed: set[str],
+        resumed: bool,
+    ) -> int:
+        """Raise unless the failure is worth another attempt; the failovers it counts (1 when tokens had been
+        received: the next attempt resumes from them)."""
+        code = error.code()
+        if code not in _RETRYABLE:
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise InfrastructureError(f"generate {base_id} exceeded its deadline") from error
+            raise RequestError(code, error.details() or "", endpoint.address) from error
+        self.metrics.retries.labels(code.name).inc()
+        failed.add(endpoint.address)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            endpoint.mark_unavailable()
+        if resumed:
+            self.metrics.failovers.inc()
+        log.warning("generate %s: %s from %s (attempt %d)", base_id, code.name, endpoint.address, attempt)
+        if attempt == self.config.max_attempts or time.monotonic() >= deadline:
+            raise InfrastructureError(
+                f"generate {base_id} failed on {attempt} attempts; last: {code.name} from {endpoint.address}"
+            ) from error
+        return int(resumed)
+
+    async def _backoff(self, attempt: int) -> None:
+        await asyncio.sleep(min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (attempt - 1)))
+
+    def _result(
+        self,
+        base_id: str,
+        session_id: str,
+        received: Received,
+        complete: generation_pb2.GenerateComplete,
+        prompt_tokens: int,
+        cached: int,
+        servers: list[str],
+        failovers: int,
+        started: float,
+    ) -> GenerateResult:
         elapsed = time.monotonic() - started
         self.metrics.generate_seconds.observe(elapsed)
-        yield GenerateResult(
+        return GenerateResult(
             request_id=base_id,
             session_id=session_id,
-            token_ids=tuple(tokens),
-            logprobs=tuple(logprobs),
-            top_logprobs=tuple(top),
-            weight_versions=tuple(versions),
+            token_ids=tuple(received.token_ids),
+            logprobs=tuple(received.logprobs),
+            top_logprobs=tuple(received.top_logprobs),
+            weight_versions=tuple(received.weight_versions),
             finish_reason=convert.FINISH_REASONS_FROM_PROTO[complete.finish_reason],
-            matched_stop_token_id=complete.matched_stop_token_id if complete.HasField("matched_stop_token_id") else None,
-            prompt_tokens=len(prompt),
+            matched_stop_token_id=(
+                complete.matched_stop_token_id if complete.HasField("matched_stop_token_id") else None
+            ),
+            prompt_tokens=prompt_tokens,
             cached_prompt_tokens=cached,
             servers=tuple(servers),
             failovers=failovers,
@@ -446,47 +542,3 @@ def discovery_addresses(path: str | Path) -> list[str]:
     document = json.loads(Path(path).read_text())
     return [entry["address"] for entry in document["servers"]]
 
-
-def _attempt_request(
-    request_id: str,
-    session_id: str,
-    prompt_ids: list[int],
-    params: generation_pb2.SamplingParams,
-    received: int,
-    structured_output: generation_pb2.StructuredOutput | None,
-    priority: int,
-    stream_options: generation_pb2.StreamOptions | None,
-) -> generation_pb2.GenerateRequest:
-    """The request of one attempt: the prompt extended by what was received, with the budget that is left."""
-    if received and params.HasField("max_new_tokens"):
-        remaining = generation_pb2.SamplingParams()
-        remaining.CopyFrom(params)
-        remaining.max_new_tokens = params.max_new_tokens - received
-        params = remaining
-    raw = convert.prompt_to_raw(prompt_ids)
-    return generation_pb2.GenerateRequest(
-        request_id=request_id,
-        session_id=session_id,
-        prompt_ids=prompt_ids if raw is None else None,
-        prompt_ids_raw=raw,
-        sampling_params=params,  # copied into the request: the caller's message is never modified
-        structured_output=structured_output,
-        priority=priority,
-        stream_options=stream_options,
-    )
-
-
-def _ended_before_resume(
-    tokens: list[int], params: generation_pb2.SamplingParams, endpoint: Endpoint
-) -> tuple[FinishReason, int | None] | None:
-    """Whether the tokens received before a failure already end the generation (budget spent, stop token)."""
-    if not tokens:
-        return None
-    if tokens[-1] in params.stop_token_ids:
-        return FinishReason.STOP, tokens[-1]
-    eos = endpoint.info.eos_token_ids if endpoint.info is not None else ()
-    if not params.ignore_eos and tokens[-1] in eos:
-        return FinishReason.STOP, tokens[-1]
-    if params.HasField("max_new_tokens") and len(tokens) >= params.max_new_tokens:
-        return FinishReason.LENGTH, None
-    return None

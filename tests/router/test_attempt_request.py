@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from agentloop_grpc.router.router import _attempt_request
+from agentloop_grpc.router.attempts import attempt_request as _attempt_request
 from agentloop_grpc.v1 import generation_pb2
 
 
