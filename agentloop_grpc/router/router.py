@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
-import itertools
 import time
 import uuid
 from collections import OrderedDict
