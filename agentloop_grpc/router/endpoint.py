@@ -70,6 +70,9 @@ class Endpoint:
                     await task
         self._set_healthy(False)
         await self.channel.close()
+        # the gauge keeps its last reading, not a reference to this closed endpoint (and its channel)
+        last = self.in_flight
+        self._metrics.in_flight.labels(self.address).set_function(lambda: last)
 
     def begin_request(self) -> None:
         self.in_flight += 1

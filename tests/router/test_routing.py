@@ -4,7 +4,9 @@ abort, fan-out control, servers added and removed, metrics."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import grpc
@@ -253,9 +255,15 @@ async def test_servers_added_and_removed_at_run_time() -> None:
         await router.wait_ready(1)
         await router.add_server(address(servers[1]))
         await router.wait_ready(2)
+        removed = weakref.ref(router.servers[address(servers[0])])
         await router.remove_server(address(servers[0]))
         result = await router.generate("after", [1, 2], params(3))
         assert result.servers == (address(servers[1]),)
+        gc.collect()
+        assert removed() is None  # nothing keeps a removed server's endpoint (its in-flight gauge once did)
+        assert router.metrics.registry.get_sample_value(
+            "agentloop_router_in_flight", {"server": address(servers[0])}
+        ) == 0
 
 
 async def test_no_healthy_server_is_an_infrastructure_error() -> None:
