@@ -31,7 +31,7 @@ each time. As for the fake cases, each ratio is the median of the ratios paired 
 throughput. These cases run only when vLLM is importable; --no-vllm skips them. Nothing is downloaded
 (HF_HUB_OFFLINE=1 for every process).
 
-Usage: python bench/transport.py [--calls 1500] [--repeats 5] [--vllm-calls 40] [--no-vllm]
+Usage: python bench/transport.py [--calls 1500] [--repeats 5] [--vllm-calls 40] [--no-vllm] [--prompt-memo-ids N]
 """
 
 from __future__ import annotations
@@ -181,12 +181,17 @@ async def _bench_stream(address: str, calls: int, in_flight: int) -> dict[str, f
 # -- (a) Router + engine server ------------------------------------------------------------------------------
 
 
-async def _bench_router(address: str, calls: int, in_flight: int, unary: bool = True) -> dict[str, float]:
+async def _bench_router(
+    address: str, calls: int, in_flight: int, unary: bool = True, prompt_memo_ids: int | None = None
+) -> dict[str, float]:
+    """``prompt_memo_ids``: RouterConfig's (None: its default). Every session sends the same prompt, so with the
+    memo on, each call after a session's first packs nothing (an agent loop's next turn packs its new ids)."""
     from agentloop_grpc.router import Router, RouterConfig
     from agentloop_grpc.v1 import generation_pb2
 
     params = generation_pb2.SamplingParams(max_new_tokens=1, ignore_eos=True)
-    async with Router([address], RouterConfig(unary_generate=unary)) as router:
+    memo = {} if prompt_memo_ids is None else {"prompt_memo_ids": prompt_memo_ids}
+    async with Router([address], RouterConfig(unary_generate=unary, **memo)) as router:
         await router.wait_ready()
         await router.generate("warm", PROMPT, params)
         return await _drive(lambda i: router.generate(f"s{i % 64}", PROMPT, params), calls, in_flight)
@@ -463,7 +468,7 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def _transport_cases(calls: int, repeats: int) -> dict:
+def _transport_cases(calls: int, repeats: int, prompt_memo_ids: int | None = None) -> dict:
     """(a) to (d) on the fake engine; Ray must be initialised. Stops its servers and actor before returning."""
     import ray
 
@@ -480,8 +485,8 @@ def _transport_cases(calls: int, repeats: int) -> dict:
         for repeat in range(repeats):
             for in_flight in (1, 64):
                 cases = [
-                    ("router", lambda: _bench_router(engine_address, calls, in_flight)),
-                    ("router_stream", lambda: _bench_router(engine_address, calls, in_flight, unary=False)),
+                    ("router", lambda: _bench_router(engine_address, calls, in_flight, True, prompt_memo_ids)),
+                    ("router_stream", lambda: _bench_router(engine_address, calls, in_flight, False, prompt_memo_ids)),
                     ("ray", lambda: _bench_ray(actor, calls, in_flight)),
                     ("bare_grpc", lambda: _bench_echo(echo_address, calls, in_flight)),
                     ("bare_stream", lambda: _bench_stream(echo_address, calls, in_flight)),
@@ -571,6 +576,10 @@ def main() -> int:
         "--vllm-calls", type=int, default=40, help="vLLM cases: calls per run at 1 in flight (twice as many at 8)"
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM cases (e) and (f)")
+    parser.add_argument(
+        "--prompt-memo-ids", type=int, default=None,
+        help="the Routers' RouterConfig.prompt_memo_ids (default: RouterConfig's); 0 packs every prompt whole",
+    )
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by the servers, Ray's workers and vLLM's processes
@@ -583,7 +592,7 @@ def main() -> int:
     skip_vllm = _vllm_skip_reason(args.no_vllm)
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
-        results = _transport_cases(args.calls, args.repeats)
+        results = _transport_cases(args.calls, args.repeats, args.prompt_memo_ids)
         vllm_results = _vllm_cases(args.vllm_calls, args.repeats) if skip_vllm is None else {}
     finally:
         ray.shutdown()

@@ -6,9 +6,9 @@ behaves like a real engine where the contract cares: a scheduler with a bounded 
 request joins between decode steps and leaves when done), a bounded waiting queue, configurable prefill and
 per-token latency, a block-hashed prefix cache whose hits shorten prefill (least recently used blocks leave
 first, a sequence's tail before its head, as in vLLM), abort, the three pause modes, sleep/wake bookkeeping and
-weight versions. As in vLLM and SGLang, a prompt's blocks are reusable from the step
-after its prefill (not only once the request finishes), so requests that share a system prompt and arrive while
-the first one still decodes hit it; requests prefilled in the same step do not share.
+weight versions. As in vLLM and SGLang, a prompt's blocks are reusable from the step after its prefill (not only
+once the request finishes), so requests that share a system prompt and arrive while the first one still decodes
+hit it; requests prefilled in the same step do not share.
 """
 
 from __future__ import annotations
