@@ -21,7 +21,8 @@ from agentloop_grpc.v1 import engine_pb2
 
 from .metrics import RolloutMetrics
 from .sample import Sample
-from .spec import WorkerSpec, build_worker
+from .spec import WorkerSpec, build_worker, load_codec
+from .tokenizer_check import check_engine_tokenizers
 from .trajectory import Trajectory
 
 
@@ -54,6 +55,7 @@ class AgentLoopManager:
         self._local: list = []
         self._actors: list = []
         self.control: Router | None = None
+        self._tokenizer_checked = False
 
     async def __aenter__(self) -> AgentLoopManager:
         await self.start()
@@ -104,6 +106,7 @@ class AgentLoopManager:
         started = time.monotonic()
         if self.hybrid:
             (await self.control.wake_up()).raise_for_errors()
+        await self.check_tokenizer()
         try:
             chunks = split(samples, self.num_workers)
             if self._actors:
@@ -119,6 +122,15 @@ class AgentLoopManager:
             if self.hybrid:
                 (await self.control.sleep()).raise_for_errors()
         return RolloutBatch(tuple(trajectories), RolloutMetrics.of(trajectories, time.monotonic() - started))
+
+    async def check_tokenizer(self) -> None:
+        """Refuse engines whose tokenizer is not the loops' (TokenizerMismatchError); done once, before the first
+        rollout, on every server that answers and has loaded its model."""
+        if self._tokenizer_checked:
+            return
+        infos = (await self.control.server_info()).responses
+        tokenizer = (await asyncio.to_thread(load_codec, self.spec.model_dir)).tokenizer
+        self._tokenizer_checked = check_engine_tokenizers(tokenizer, infos, self.spec.model_dir) > 0
 
     async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int) -> None:
         """Update every engine's weights, also while ``generate`` runs (see ``update_weights_mid_rollout``)."""

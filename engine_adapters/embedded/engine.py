@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import itertools
-import json
 import logging
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
@@ -29,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from agentloop_grpc import __version__
+from agentloop_grpc.tokenizer_fingerprint import tokenizer_fingerprint
 
 from ..errors import DuplicateRequestError, EngineOverloadedError, EngineUnavailableError, FailedPreconditionError
 from ..types import (
@@ -73,14 +72,6 @@ class _Loaded:
     vocab_size: int
     max_model_len: int
     eos_token_ids: tuple[int, ...]
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A digest of the vocabulary and special tokens: equal fingerprints tokenize alike."""
-    digest = hashlib.sha256()
-    digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-    digest.update(json.dumps(sorted(map(str, tokenizer.all_special_tokens))).encode())
-    return "sha256:" + digest.hexdigest()[:16]
 
 
 def eos_token_ids(tokenizer_eos: int | None, generation_eos: int | list[int] | None) -> frozenset[int]:

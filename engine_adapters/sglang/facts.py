@@ -37,7 +37,7 @@ class EngineLoad:
 
 def read_facts(engine: Any, version: str, model_path: str) -> EngineFacts:
     """Facts from the engine's TokenizerManager (attributes cited in ``api.py``)."""
-    from ..embedded.engine import tokenizer_fingerprint  # the same digest every adapter reports
+    from agentloop_grpc.tokenizer_fingerprint import tokenizer_fingerprint  # the digest every adapter reports
 
     manager = engine.tokenizer_manager
     eos = manager.model_config.hf_eos_token_id or set()

@@ -39,8 +39,10 @@ from vllm.platforms import current_platform
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from agentloop_grpc.tokenizer_fingerprint import tokenizer_fingerprint
+
 from ..embedded import model_store
-from ..embedded.engine import eos_token_ids, tokenizer_fingerprint
+from ..embedded.engine import eos_token_ids
 from ..errors import (
     DuplicateRequestError,
     EngineOverloadedError,

@@ -75,7 +75,7 @@ def local_tools() -> InProcessToolClient:
 
 @asynccontextmanager
 async def scripted_engine(script: Callable[[GenerateRequest], Sequence[int]], **config) -> AsyncIterator[str]:
-    engine = FakeEngine(FakeEngineConfig(vocab_size=VOCAB, eos_token_id=EOS, script=script, **config))
+    engine = FakeEngine(FakeEngineConfig(**{"vocab_size": VOCAB, "eos_token_id": EOS, "script": script, **config}))
     server = await create_server(engine, "127.0.0.1:0")
     await start_adapter(server)
     try:
