@@ -9,7 +9,7 @@ BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
-.PHONY: setup sandbox protos protos-python protos-lint protos-breaking demo test test-python test-node bench clean
+.PHONY: setup sandbox protos protos-python protos-lint protos-breaking demo train test test-python test-node bench clean
 
 setup: $(VENV)/.installed $(VENV)/.vllm-installed $(NODE_DIR)/node_modules/.installed sandbox
 
@@ -59,6 +59,13 @@ protos-python: $(VENV)/.installed
 ## demo: the main job on the embedded default: two replicas, tools, agent loops, trajectories, report
 demo: $(VENV)/.installed sandbox protos-python
 	HF_HUB_OFFLINE=1 $(PY) -m agentloop_grpc.cli rollout --config examples/demo.yaml
+
+## train: the second main job: GRPO with TRL on SmolLM2-135M-Instruct, rollouts from two embedded replicas and the
+## tool server, weights pushed to the engines every step -> runs/train (metrics, report, final weights)
+# GOMP_SPINCOUNT: the trainer and the engine replicas take turns on the same cores; spinning OpenMP threads of an
+# idle process would slow the busy one.
+train: $(VENV)/.installed sandbox protos-python
+	HF_HUB_OFFLINE=1 GOMP_SPINCOUNT=10000 $(PY) -m agentloop_grpc.cli train --config examples/train.yaml
 
 ## protos-lint: buf lint (STANDARD) on protos/
 protos-lint: setup

@@ -26,6 +26,7 @@ from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
 from agentloop_grpc.engine_adapters.protocol import EngineAdapter
 from agentloop_grpc.engine_adapters.server import PortInUseError, serve, stop_signal
 from agentloop_grpc.rollout.command import rollout as rollout_command
+from agentloop_grpc.train.command import train as train_command
 
 app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_args_is_help=True)
 engine_app = typer.Typer(help="Engine servers (one per data-parallel group).", no_args_is_help=True)
@@ -252,6 +253,7 @@ def engine_launch(
 
 
 app.command("rollout")(rollout_command)
+app.command("train")(train_command)
 
 
 def main() -> None:

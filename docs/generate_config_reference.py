@@ -1,5 +1,5 @@
-"""Write docs/rollout-config.md from the pydantic models, so the reference can never drift from the code
-(tests/test_docs.py checks the committed file equals what this prints)."""
+"""Write docs/rollout-config.md and docs/train-config.md from the pydantic models, so the references can never
+drift from the code (tests/test_docs.py checks the committed files equal what this prints)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from agentloop_grpc.agent.config import AgentLoopConfig, SamplingConfig
 from agentloop_grpc.agent.spec import ComponentSpec
 from agentloop_grpc.rollout.config import ArithmeticDataset, Dataset, Engines, LaunchEngines, RolloutConfig, Tools
 from agentloop_grpc.router import RouterConfig
+from agentloop_grpc.train.config import GrpoSettings, TrainConfig
 
 SECTIONS: list[tuple[type[BaseModel], str]] = [
     (RolloutConfig, ""),
@@ -35,15 +36,29 @@ def _default(field) -> str:
     return f"`{value}`"
 
 
-def render() -> str:
+TRAIN_SECTIONS: list[tuple[type[BaseModel], str]] = [
+    (TrainConfig, ""),
+    (GrpoSettings, "grpo."),
+]
+
+DOCUMENTS = {
+    "rollout-config.md": ("`agentloop rollout`", "examples/demo.yaml", SECTIONS, ""),
+    "train-config.md": ("`agentloop train`", "examples/train.yaml", TRAIN_SECTIONS,
+                        "The `engines`, `tools`, `dataset`, `loop` and `router` sections are the rollout's: see "
+                        "`rollout-config.md`."),
+}
+
+
+def render(name: str = "rollout-config.md") -> str:
+    command, example, sections, note = DOCUMENTS[name]
     lines = [
-        "# `agentloop rollout` configuration reference",
+        f"# {command} configuration reference",
         "",
         "Generated from the pydantic models by `docs/generate_config_reference.py`; unknown fields are errors.",
-        "Example: `examples/demo.yaml`.",
+        f"Example: `{example}`.{' ' + note if note else ''}",
         "",
     ]
-    for model, prefix in SECTIONS:
+    for model, prefix in sections:
         lines += [f"## `{prefix or '(top level)'}`", "", (model.__doc__ or "").strip().split("\n\n")[0], "",
                   "| field | default | meaning |", "|---|---|---|"]
         for name, field in model.model_fields.items():
@@ -53,7 +68,12 @@ def render() -> str:
 
 
 if __name__ == "__main__":
-    target = Path(__file__).with_name("rollout-config.md")
-    if sys.argv[1:] == ["--check"]:
-        sys.exit(0 if target.read_text() == render() else 1)
-    target.write_text(render())
+    stale = []
+    for name in DOCUMENTS:
+        target = Path(__file__).with_name(name)
+        if sys.argv[1:] == ["--check"]:
+            if not target.is_file() or target.read_text() != render(name):
+                stale.append(name)
+        else:
+            target.write_text(render(name))
+    sys.exit(1 if stale else 0)

@@ -1,8 +1,12 @@
-"""The demo task: multi-step arithmetic word problems, generated from a seed (nothing is downloaded).
+"""Arithmetic tasks, generated from a seed (nothing is downloaded); the ground truth is computed here, exactly.
 
-Each problem chains two or three integer steps through a small story ("Ana has 12 apples. She buys 3 bags of 7
-apples each. ..."), so a model that calls the calculator with the right expression and submits the result with
-``check_answer`` is rewarded; the ground truth is computed here, exactly.
+- ``word_problems`` (the demo): each problem chains two or three integer steps through a small story ("Ana has
+  12 apples. She buys 3 bags of 7 apples each. ..."); the untrained 135M model solves none of them.
+- ``one_step`` (``make train``): "What is 14 + 9?" with operands and operations chosen by the config; the
+  untrained model solves some of them (``agentloop_grpc/train/NOTES.md``), so GRPO groups differ.
+
+A model that calls the calculator with the right expression and submits the result with ``check_answer`` is
+rewarded.
 """
 
 from __future__ import annotations
@@ -55,20 +59,39 @@ def problem(rng: random.Random) -> Problem:
     return Problem(text, expression, int(answer))
 
 
-def problems(count: int, seed: int) -> list[Problem]:
+ONE_STEP_SYSTEM_PROMPT = (
+    "You solve arithmetic problems with tools. First call the calculator with the expression. Then call "
+    "check_answer with the number the calculator returned.\n\nExample. Problem: What is 4 + 6?\n"
+    'First call: calculator {"expression": "4 + 6"}. The calculator returns 10.\n'
+    'Second call: check_answer {"answer": "10"}.'
+)
+
+
+def one_step_problem(rng: random.Random, operations: str, max_operand: int) -> Problem:
+    a, b, op = rng.randint(1, max_operand), rng.randint(1, max_operand), rng.choice(operations)
+    expression = f"{a} {op} {b}"
+    return Problem(f"What is {expression}?", expression, int(eval(expression, {"__builtins__": {}})))  # noqa: S307
+
+
+def problems(count: int, seed: int, kind: str = "word_problems", operations: str = "+",
+             max_operand: int = 20) -> list[Problem]:
     rng = random.Random(seed)
+    if kind == "one_step":
+        return [one_step_problem(rng, operations, max_operand) for _ in range(count)]
     return [problem(rng) for _ in range(count)]
 
 
-def dataset_rows(count: int, seed: int) -> list[dict]:
+def dataset_rows(count: int, seed: int, kind: str = "word_problems", operations: str = "+",
+                 max_operand: int = 20) -> list[dict]:
     """Rows in the rollout dataset format (see rollout/dataset.py)."""
+    system = ONE_STEP_SYSTEM_PROMPT if kind == "one_step" else SYSTEM_PROMPT
     return [
         {
             "id": f"arith-{seed}-{i}",
-            "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": p.question}],
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": p.question}],
             "ground_truth": str(p.answer),
             "tools": ["calculator", "check_answer"],
             "loop": "tool",
         }
-        for i, p in enumerate(problems(count, seed))
+        for i, p in enumerate(problems(count, seed, kind, operations, max_operand))
     ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import typer
 import yaml
@@ -16,6 +18,8 @@ from agentloop_grpc.engine_adapters.launcher import LaunchError
 from .config import load_config
 from .dataset import DatasetError
 from .run import RolloutError, RunRecord, run_rollout, summarize
+
+T = TypeVar("T")
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -30,6 +34,18 @@ def _validation_message(path: Path, error: ValidationError) -> str:
     return f"{path}: {where}: {first['msg']}{more}"
 
 
+def load_settings(config: Path, loader: Callable[[Path], T], what: str) -> T:
+    """Read the YAML ``config`` with ``loader``; a missing file or a bad config ends the command in one sentence."""
+    if not config.is_file():
+        _fail(f"the config file {config} does not exist")
+    try:
+        return loader(config)
+    except ValidationError as error:
+        _fail(_validation_message(config, error))
+    except (yaml.YAMLError, ValueError, OSError) as error:
+        _fail(f"{config} is not a valid {what} config: {str(error).splitlines()[0]}")
+
+
 def rollout(
     config: Path = typer.Option(..., "--config", "-c", help="Rollout YAML (see examples/demo.yaml)."),
     output_dir: str = typer.Option(None, help="Override the config's output_dir."),
@@ -39,14 +55,7 @@ def rollout(
         from .progress import Progress
     except ImportError as error:
         _fail(f"the rollout display needs the 'rollout' extra (pip install 'agentloop-grpc[rollout]'): {error}")
-    if not config.is_file():
-        _fail(f"the config file {config} does not exist")
-    try:
-        settings = load_config(config)
-    except ValidationError as error:
-        _fail(_validation_message(config, error))
-    except (yaml.YAMLError, ValueError, OSError) as error:
-        _fail(f"{config} is not a valid rollout config: {str(error).splitlines()[0]}")
+    settings = load_settings(config, load_config, "rollout")
     if output_dir is not None:
         settings = settings.model_copy(update={"output_dir": output_dir})
     progress = Progress()

@@ -4,6 +4,7 @@ field. Unknown fields are errors (a typo must not silently fall back to a defaul
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -62,12 +63,16 @@ class Tools(BaseModel):
 
 
 class ArithmeticDataset(BaseModel):
-    """The bundled demo task: multi-step arithmetic word problems generated from a seed."""
+    """The bundled arithmetic tasks, generated from a seed: the demo's multi-step word problems, or one-step
+    problems ("What is 14 + 9?", what ``make train`` learns)."""
 
     model_config = _STRICT
 
     count: int = Field(8, ge=1, le=100_000, description="Problems (prompts).")
     seed: int = Field(0, description="Generator seed.")
+    kind: Literal["word_problems", "one_step"] = Field("word_problems", description="Which task.")
+    operations: str = Field("+", pattern=r"^[-+*]+$", description="one_step: operations drawn from (+, - and *).")
+    max_operand: int = Field(20, ge=1, le=1_000_000, description="one_step: operands are drawn from 1..max_operand.")
 
 
 class Dataset(BaseModel):

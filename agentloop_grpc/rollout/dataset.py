@@ -20,7 +20,8 @@ class DatasetError(ValueError):
 
 def read_rows(dataset: Dataset) -> list[dict]:
     if dataset.arithmetic is not None:
-        rows = arithmetic.dataset_rows(dataset.arithmetic.count, dataset.arithmetic.seed)
+        task = dataset.arithmetic
+        rows = arithmetic.dataset_rows(task.count, task.seed, task.kind, task.operations, task.max_operand)
     else:
         path = Path(dataset.path)
         if not path.is_file():

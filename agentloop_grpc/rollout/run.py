@@ -23,7 +23,7 @@ from agentloop_grpc.engine_adapters.launcher import EngineLaunch, EngineLauncher
 from agentloop_grpc.router import NoHealthyServerError
 from agentloop_grpc.router.router import discovery_addresses
 
-from .config import RolloutConfig
+from .config import Engines, RolloutConfig, Tools
 from .dataset import read_rows, to_samples
 from .progress import Progress
 
@@ -54,8 +54,9 @@ class RunRecord:
     wall_s: float = 0.0
 
 
-async def _engines(config: RolloutConfig, stack: AsyncExitStack, out: Path) -> tuple[list[str], str | None]:
-    engines = config.engines
+async def start_engines(engines: Engines, stack: AsyncExitStack, out: Path) -> tuple[list[str], str | None]:
+    """The engine servers' addresses (launched here and stopped by ``stack``, or given) and the model folder of
+    launched ones (None: the default model, or servers this run did not start)."""
     if engines.launch is not None:
         launch = engines.launch
         launcher = EngineLauncher(
@@ -76,13 +77,14 @@ async def _engines(config: RolloutConfig, stack: AsyncExitStack, out: Path) -> t
     return list(engines.addresses), None
 
 
-async def _tools(config: RolloutConfig, stack: AsyncExitStack, out: Path) -> str | None:
-    if config.tools.address is not None:
-        return config.tools.address
-    if config.tools.launch is None:
+async def start_tools(tools: Tools, stack: AsyncExitStack, out: Path) -> str | None:
+    """The tool server's address (launched here and stopped by ``stack``, or given); None: no tools."""
+    if tools.address is not None:
+        return tools.address
+    if tools.launch is None:
         return None
-    path = Path(str(resources.files("agentloop_grpc.tools") / "builtin.yaml")) if config.tools.launch == "builtin" \
-        else Path(config.tools.launch)
+    path = Path(str(resources.files("agentloop_grpc.tools") / "builtin.yaml")) if tools.launch == "builtin" \
+        else Path(tools.launch)
     if not path.is_file():
         raise RolloutError(f"the tools config {path} does not exist")
     server = ServerProcess([*agentloop_command(), "tools", "serve", "--config", str(path), "--port", "0"],
@@ -110,8 +112,8 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
     async with AsyncExitStack() as stack:
         # 2-3. engines and tools
         progress.status("starting engine and tool servers")
-        (addresses, model_dir), tool_address = await asyncio.gather(_engines(config, stack, out),
-                                                                     _tools(config, stack, out))
+        (addresses, model_dir), tool_address = await asyncio.gather(start_engines(config.engines, stack, out),
+                                                                     start_tools(config.tools, stack, out))
         record.servers = addresses
         trace = out / "trace.jsonl"
         trace.unlink(missing_ok=True)

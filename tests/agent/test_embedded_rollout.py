@@ -7,13 +7,13 @@ import asyncio
 from contextlib import AsyncExitStack
 
 import pytest
-import torch
 
 from agentloop_grpc.agent import (
     AgentLoopConfig, AgentLoopWorker, LoopContext, LoopRegistry, Sample, SamplingConfig, Termination,
 )
 from agentloop_grpc.agent.manager import update_weights_mid_rollout
 from agentloop_grpc.engine_adapters.types import NamedTensor
+from agentloop_grpc.integrations.logprob_check import recompute_logprobs
 from agentloop_grpc.router import Router
 
 from .conftest import WatchedRouter, local_tools
@@ -40,36 +40,13 @@ def model():
     return loaded
 
 
-def _recompute(model, codec, trajectory, grammar: str | None) -> list[float]:
+def _recompute(model, codec, trajectory, grammar: str) -> list[float]:
     """Logprobs of every model token under the distribution it was sampled from (temperature 1, no truncation;
     the grammar's mask replayed for constrained turns), from one forward pass over the final sequence."""
     import xgrammar
 
-    ids = list(trajectory.prompt_ids) + list(trajectory.response_ids)
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].float()
-    vocab = logits.shape[-1]
-    compiled = None
-    if grammar is not None:
-        info = xgrammar.TokenizerInfo.from_huggingface(codec.tokenizer, vocab_size=vocab)
-        compiled = xgrammar.GrammarCompiler(info).compile_grammar(grammar)
-    start = len(trajectory.prompt_ids)
-    out, matcher = [], None
-    bitmask = xgrammar.allocate_token_bitmask(1, vocab)
-    for i, (token, mask) in enumerate(zip(trajectory.response_ids, trajectory.response_mask, strict=True)):
-        if not mask:
-            matcher = None  # the next model token opens a new turn: a fresh matcher
-            continue
-        row = logits[start + i - 1].clone()
-        if compiled is not None:
-            matcher = matcher or xgrammar.GrammarMatcher(compiled)
-            matcher.fill_next_token_bitmask(bitmask)
-            allowed = torch.zeros(1, vocab)
-            xgrammar.apply_token_bitmask_inplace(allowed, bitmask, vocab_size=vocab)
-            row = row.masked_fill(allowed[0] != 0.0, float("-inf"))
-            assert matcher.accept_token(token)
-        out.append(float(torch.log_softmax(row, dim=-1)[token]))
-    return out
+    info = xgrammar.TokenizerInfo.from_huggingface(codec.tokenizer, vocab_size=model.config.vocab_size)
+    return recompute_logprobs(model, trajectory, 0.0, xgrammar.GrammarCompiler(info).compile_grammar(grammar))
 
 
 async def test_constrained_tool_trajectory_logprobs_match_a_recompute(embedded_server, model, codec):

@@ -1,0 +1,302 @@
+"""AgentLoopRollout: TRL's ``rollout_func`` backed by our agent loops, engines and tool servers.
+
+``GRPOTrainer(rollout_func=rollout, reward_funcs=[agentloop_reward], ...)`` hands it the prompts of a training
+step, each repeated ``num_generations`` times in a row (TRL's RepeatSampler); every run of identical prompts
+becomes one GRPO group of Samples, the manager rolls them out (the tool loop through the Router and the tool
+server, several turns), and the trajectories go back as TRL's fields (``fields.py``), token-exactly.
+
+The trainer calls synchronously; the manager, its channels and tokenizer live on one background event loop for
+the whole run (``BackgroundLoop``). A dataset row is found from its prompt: TRL passes the prompt only, so the
+rows the trainer's dataset was built from (``prompt_dataset``) are indexed by their messages.
+
+Weights: ``push_weights`` sends the trainer model's parameters to every engine (Pause ABORT, UpdateWeights with
+``weight_version``, Resume) so the next rollout's tokens record the version that produced them;
+``WeightSyncCallback`` calls it after every optimizer step with ``global_step`` as the version (offset by the
+engines' version at start when they already had updates, so versions only go up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentloop_grpc.agent import AgentLoopManager, Sample, Trajectory, WorkerSpec
+from agentloop_grpc.agent.metrics import RolloutMetrics
+from agentloop_grpc.agent.spec import load_codec
+
+from ..background_loop import BackgroundLoop
+from ..logprob_check import LogprobDiff, compare
+from .fields import trl_fields
+from .weights import model_tensors
+
+
+def prompt_key(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A prompt's identity: its messages without the None fields a ``datasets`` table adds for missing keys."""
+    return json.dumps([{k: v for k, v in m.items() if v is not None} for m in messages], sort_keys=True)
+
+
+def prompt_dataset(rows: Sequence[Mapping[str, Any]]):
+    """A ``datasets.Dataset`` with TRL's ``prompt`` column (the rows' messages) and their ground truth."""
+    from datasets import Dataset
+
+    return Dataset.from_list([
+        {"prompt": list(row["messages"]), "ground_truth": None if row.get("ground_truth") is None
+         else str(row["ground_truth"])}
+        for row in rows
+    ])
+
+
+@dataclass
+class StepRecord:
+    """One rollout of the training run: its trajectories and what they say."""
+
+    step: int
+    trajectories: tuple[Trajectory, ...]
+    rollout_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class AgentLoopRollout:
+    """TRL's ``rollout_func`` (see the module docstring). Use as a context manager, or call ``start``/``close``."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        num_workers: int = 1,
+        ground_truth_kwargs: Sequence[str] = ("check_answer",),
+        check_logprobs: int = 4,
+        ready_timeout_s: float = 300.0,
+        keep_steps: int = 16,
+    ) -> None:
+        """``rows``: the dataset rows (``messages``, optional ``ground_truth``, ``tools``, ``tools_kwargs``,
+        ``loop``, ``interaction``), as ``agentloop rollout`` reads them. ``ground_truth_kwargs``: tools that get
+        ``{"ground_truth": row.ground_truth}`` at CreateInstance. ``check_logprobs``: trajectories per step whose
+        engine logprobs are compared with a recompute by the trainer's model (0: none). ``keep_steps``: rollouts
+        kept in ``history`` (the oldest go first: a long run must not hold every trajectory it made)."""
+        self.spec = spec
+        self.num_workers = num_workers
+        self.ground_truth_kwargs = tuple(ground_truth_kwargs)
+        self.check_logprobs = check_logprobs
+        self.ready_timeout_s = ready_timeout_s
+        self._rows: dict[str, Mapping[str, Any]] = {}
+        for row in rows:
+            key = prompt_key(row["messages"])
+            if key in self._rows and _without_id(self._rows[key]) != _without_id(row):
+                raise ValueError(f"two dataset rows have the same prompt but differ: {row.get('id', key[:80])}")
+            self._rows.setdefault(key, row)
+        self._loop: BackgroundLoop | None = None
+        self._manager: AgentLoopManager | None = None
+        self._grammars = None
+        self._calls = 0
+        self.placeholder_id = 0
+        #: The engines' weight version when the run started: step s's weights are version base_version + s (0
+        #: on fresh engines, so the version is the step); versions only go up, also across runs on one engine.
+        self.base_version = 0
+        self.history: deque[StepRecord] = deque(maxlen=keep_steps)
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def __enter__(self) -> AgentLoopRollout:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def start(self) -> AgentLoopRollout:
+        """Start the manager on the background loop, wait for every engine, refuse a tokenizer mismatch."""
+        if self._loop is not None:
+            return self
+        self._loop = BackgroundLoop("agentloop-trl")
+        try:
+            self._loop.run(self._start())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    async def _start(self) -> None:
+        manager = self._manager = AgentLoopManager(self.spec, num_workers=self.num_workers)  # close() stops it
+        await manager.start()
+        servers = len(manager.control.servers)
+        await manager.control.wait_ready(min_servers=servers, timeout_s=self.ready_timeout_s)
+        await manager.check_tokenizer()
+        infos = (await manager.control.server_info()).raise_for_errors().responses.values()
+        self.base_version = max(int(info.weight_version) for info in infos)
+        codec = await asyncio.to_thread(load_codec, self.spec.model_dir)
+        tokenizer = codec.tokenizer
+        self.placeholder_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if self.spec.loop.constrain_tool_calls and self.spec.tool_server and self.check_logprobs:
+            self._grammars = await self._grammar_compiler(codec, manager)
+
+    async def _grammar_compiler(self, codec, manager: AgentLoopManager):
+        """A function: offered tool names -> the call grammar the loops constrained those turns with, compiled
+        for the replay (the grammar depends on the tools a sample was offered: each name is a choice in it)."""
+        import xgrammar
+
+        from agentloop_grpc.agent.parsers import HermesParser
+        from agentloop_grpc.tools.client import GrpcToolClient
+
+        tools = GrpcToolClient(self.spec.tool_server)
+        try:
+            specs = {s.name: s.openai() for s in await tools.list_tools()}
+        finally:
+            await tools.close()
+        info = next(iter((await manager.control.server_info()).raise_for_errors().responses.values()))
+        compiler = xgrammar.GrammarCompiler(
+            xgrammar.TokenizerInfo.from_huggingface(codec.tokenizer, vocab_size=info.vocab_size))
+        compiled: dict[tuple[str, ...], Any] = {}
+
+        def grammar(names: tuple[str, ...] | None):
+            key = tuple(sorted(specs if names is None else names))
+            if key not in compiled:
+                text = HermesParser().constraint([specs[n] for n in key], self.spec.loop.max_parallel_tool_calls)
+                compiled[key] = compiler.compile_grammar(text)
+            return compiled[key]
+
+        return grammar
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        if self._manager is not None:
+            self._loop.run(self._manager.close())
+            self._manager = None
+        self._loop.close()
+        self._loop = None
+
+    @property
+    def manager(self) -> AgentLoopManager:
+        if self._manager is None:
+            raise RuntimeError("the rollout is not started (use it as a context manager, or call start())")
+        return self._manager
+
+    # -- TRL's rollout_func -----------------------------------------------------------------------------------
+    def __call__(self, prompts: list, trainer) -> dict[str, list]:
+        """Roll out ``prompts`` (TRL's per-process slice, groups of ``num_generations`` identical prompts)."""
+        if self._loop is None:
+            self.start()
+        training = trainer.model.training
+        group_size = trainer.num_generations if training else trainer.num_generations_eval
+        step = int(trainer.state.global_step)
+        samples = self.samples(prompts, group_size, f"s{step}.{self._calls}")
+        self._calls += 1
+        started = time.monotonic()
+        batch = self._loop.run(self.manager.generate(samples))
+        record = StepRecord(step, batch.trajectories, time.monotonic() - started)
+        record.metrics = step_metrics(batch.trajectories, batch.metrics, self.base_version + step)
+        if self.check_logprobs and training:
+            offered = {sample.sample_id: sample.tools for sample in samples}
+            record.metrics.update(self._check_logprobs(trainer, batch.trajectories, offered))
+        self.history.append(record)
+        return trl_fields(batch.trajectories, self.placeholder_id)
+
+    def samples(self, prompts: Sequence[Sequence[Mapping[str, Any]]], group_size: int, prefix: str) -> list[Sample]:
+        """One Sample per prompt; a run of ``group_size`` identical prompts is one group."""
+        if group_size < 1 or len(prompts) % group_size:
+            raise ValueError(f"{len(prompts)} prompts do not split into groups of num_generations={group_size}")
+        samples = []
+        for g in range(len(prompts) // group_size):
+            group = prompts[g * group_size : (g + 1) * group_size]
+            key = prompt_key(group[0])
+            if any(prompt_key(p) != key for p in group[1:]):
+                raise ValueError(f"prompts {g * group_size}..{(g + 1) * group_size - 1} are not one prompt repeated "
+                                 "num_generations times (TRL's RepeatSampler order)")
+            row = self._rows.get(key)
+            if row is None:
+                raise KeyError(f"prompt {key[:120]}... is not in the rows given to AgentLoopRollout")
+            for k in range(group_size):
+                samples.append(self._sample(row, f"{prefix}/{g}", k))
+        return samples
+
+    def _sample(self, row: Mapping[str, Any], group_id: str, k: int) -> Sample:
+        truth = row.get("ground_truth")
+        kwargs = {name: dict(value) for name, value in (row.get("tools_kwargs") or {}).items()}
+        if truth is not None:
+            for tool in self.ground_truth_kwargs:
+                kwargs.setdefault(tool, {}).setdefault("ground_truth", str(truth))
+        return Sample(
+            sample_id=f"{group_id}/{k}",
+            group_id=group_id,
+            messages=tuple(row["messages"]),
+            loop=row.get("loop") or "tool",
+            tools=tuple(row["tools"]) if row.get("tools") is not None else None,
+            tools_kwargs=kwargs,
+            ground_truth=None if truth is None else str(truth),
+            interaction=row.get("interaction"),
+        )
+
+    def _check_logprobs(self, trainer, trajectories: Sequence[Trajectory],
+                        offered: Mapping[str, tuple[str, ...] | None]) -> dict[str, float]:
+        """Engine logprobs against the trainer model's recompute on the first scorable trajectories."""
+        import torch
+
+        chosen = [t for t in trajectories if not t.failed and t.model_tokens][: self.check_logprobs]
+        if not chosen:
+            return {}
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        temperature = self.spec.loop.sampling.temperature
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                grammar = None if self._grammars is None else (lambda t: self._grammars(offered[t.sample_id]))
+                policy, sampler = compare(model, chosen, temperature, grammar)
+        finally:
+            model.train(was_training)
+        return {**_diff("logprob_diff_policy", policy), **_diff("logprob_diff_sampler", sampler)}
+
+    # -- weights ----------------------------------------------------------------------------------------------
+    def push_weights(self, model, step: int) -> float:
+        """Send ``model``'s trainable parameters to every engine as the weights of optimizer step ``step``
+        (version ``base_version + step``); return the seconds it took."""
+        started = time.monotonic()
+        tensors = model_tensors(model)
+        self._loop.run(self.manager.update_weights(tensors, self.base_version + step))
+        return time.monotonic() - started
+
+    def engine_versions(self) -> dict[str, int]:
+        """Each engine server's weight version now."""
+        infos = self._loop.run(self.manager.control.server_info())
+        infos.raise_for_errors()
+        return {address: int(info.weight_version) for address, info in infos.responses.items()}
+
+
+def _without_id(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "id"}
+
+
+def _diff(prefix: str, diff: LogprobDiff) -> dict[str, float]:
+    return {f"{prefix}_mean": diff.mean_abs, f"{prefix}_max": diff.max_abs, f"{prefix}_tokens": float(diff.tokens)}
+
+
+def step_metrics(trajectories: Sequence[Trajectory], rollout: RolloutMetrics, version: int) -> dict[str, float]:
+    """What a training step's rollout says about the policy (scorable trajectories only) and its cost."""
+    ok = [t for t in trajectories if not t.failed]
+    attempts = sum(t.tool_calls + t.malformed_tool_calls for t in trajectories)
+    valid = attempts - sum(t.tool_errors for t in trajectories)
+    groups: dict[str, list[float]] = {}
+    for t in ok:
+        groups.setdefault(t.group_id, []).append(t.reward)
+    flat = [g for g in groups.values() if len(g) > 1 and statistics.pstdev(g) == 0.0]
+    versions = [v for t in ok for v, m in zip(t.weight_versions, t.response_mask, strict=True) if m]
+    return {
+        "reward_mean": statistics.fmean(t.reward for t in ok) if ok else 0.0,
+        "correct_rate": sum(t.reward >= 1.0 for t in ok) / len(ok) if ok else 0.0,
+        "valid_call_rate": valid / attempts if attempts else 0.0,
+        "assistant_turns": rollout.mean_assistant_turns,
+        "model_tokens": float(rollout.model_tokens),
+        "trajectories": float(len(trajectories)),
+        "failures": float(rollout.failures),
+        "infrastructure_failures": float(rollout.infrastructure_failures),
+        "frac_groups_zero_std": len(flat) / len(groups) if groups else 0.0,
+        "rollout_s": rollout.wall_s,
+        # tokens made by weights other than the trainer's current ones (0 when every push landed)
+        "stale_tokens": float(sum(v != version for v in versions)),
+    }

@@ -1,0 +1,55 @@
+"""``agentloop train --config FILE``: GRPO with TRL on our rollouts; bad input ends with one clear sentence and a
+non-zero exit; the last line is the run's ratio (``RATIO train_reward_last_over_first``)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import typer
+
+from agentloop_grpc.engine_adapters.launcher import LaunchError
+from agentloop_grpc.rollout.command import _fail, load_settings
+from agentloop_grpc.rollout.dataset import DatasetError
+
+from .config import load_train_config
+
+#: What the ratio should reach: the policy's reward at the end at least 1.5 times its reward at the start.
+RATIO_TARGET = 1.5
+
+
+def train(
+    config: Path = typer.Option(..., "--config", "-c", help="Training YAML (see examples/train.yaml)."),
+    output_dir: str = typer.Option(None, help="Override the config's output_dir."),
+    max_steps: int = typer.Option(None, help="Override grpo.max_steps."),
+) -> None:
+    """Train the engines' model with TRL's GRPOTrainer on agent-loop rollouts; write metrics and a report."""
+    # TRL warns once per import about the vLLM it finds (ours serves engines, TRL never uses it) and about the
+    # experimental rollout_func, whose version is pinned and tested here
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
+    try:
+        from .run import RATIO_NAME, run_training
+    except ImportError as error:
+        _fail(f"training needs the 'trl' extra (pip install 'agentloop-grpc[trl]'): {error}")
+    settings = load_settings(config, load_train_config, "training")
+    if output_dir is not None:
+        settings = settings.model_copy(update={"output_dir": output_dir})
+    if max_steps is not None:
+        settings = settings.model_copy(update={"grpo": settings.grpo.model_copy(update={"max_steps": max_steps})})
+    try:
+        record = run_training(settings, echo=typer.echo)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: servers stopped; per-step metrics so far in {settings.output_dir}", err=True)
+        raise typer.Exit(130) from None
+    except (DatasetError, LaunchError) as error:
+        _fail(str(error).splitlines()[0], 1)
+    s = record.summary
+    typer.echo(
+        f"done: {s['steps']} steps in {s['wall_s']:.0f} s; mean reward {s['reward_first_steps']:.3f} (first "
+        f"{s['compare_steps']} steps) -> {s['reward_last_steps']:.3f} (last {s['compare_steps']}); step time: "
+        f"rollout {s['mean_rollout_s']:.1f} s, train {s['mean_train_s']:.1f} s, weight sync "
+        f"{s['mean_weight_sync_s']:.1f} s; report: {record.output_dir / 'report.html'}"
+    )
+    typer.echo(f"RATIO {RATIO_NAME} {s[RATIO_NAME]} target {RATIO_TARGET}")

@@ -1,0 +1,117 @@
+"""report.html of a training run: the reward curve, where each step's time went, engine-vs-trainer logprobs.
+
+PNG plots beside the page (matplotlib, Agg backend), the summary as a table, and the per-step metrics.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from agentloop_grpc.rollout.report import _pyplot
+
+
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _rolling(values: list[float], window: int) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def _reward_curve(steps: list[dict], path: Path) -> None:
+    plt = _pyplot()
+    x = [s["step"] for s in steps]
+    reward = [s["reward_mean"] for s in steps]
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    ax.plot(x, reward, "o-", alpha=0.45, label="mean reward (per step)")
+    ax.plot(x, _rolling(reward, 5), "-", linewidth=2.5, label="mean reward (5-step rolling)")
+    ax.plot(x, [s["valid_call_rate"] for s in steps], "--", alpha=0.7, label="valid tool-call rate")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("Reward curve (scorable trajectories of each step's rollout)")
+    ax.legend(loc="upper left", fontsize=8)
+    _save(plt, fig, path)
+
+
+def _time_split(steps: list[dict], path: Path) -> None:
+    plt = _pyplot()
+    x = [s["step"] for s in steps]
+    rollout = [s["rollout_s"] for s in steps]
+    train = [s["train_s"] for s in steps]
+    sync = [s["weight_sync_s"] for s in steps]
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    ax.bar(x, rollout, label="rollout", color="#1f77b4")
+    ax.bar(x, train, bottom=rollout, label="train (logprobs, loss, backward, optimizer)", color="#ff7f0e")
+    ax.bar(x, sync, bottom=[a + b for a, b in zip(rollout, train, strict=True)], label="weight sync",
+           color="#2ca02c")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("seconds")
+    ax.set_title("Time per step")
+    ax.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
+def _logprobs(steps: list[dict], path: Path) -> bool:
+    measured = [s for s in steps if "logprob_diff_sampler_max" in s]
+    if not measured:
+        return False
+    plt = _pyplot()
+    x = [s["step"] for s in measured]
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    for key, label in (("logprob_diff_sampler_max", "sampler (grammar replayed): max"),
+                       ("logprob_diff_sampler_mean", "sampler: mean"),
+                       ("logprob_diff_policy_mean", "policy (no grammar): mean")):
+        ax.semilogy(x, [max(s[key], 1e-9) for s in measured], "o-", label=label)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("|engine - trainer| logprob")
+    ax.set_title("Engine logprobs against the trainer's recompute under the same weights")
+    ax.legend(fontsize=8)
+    _save(plt, fig, path)
+    return True
+
+
+def write_report(record, path: Path) -> None:
+    steps, summary = record.steps, record.summary
+    folder = path.parent
+    images = []
+    if steps:
+        _reward_curve(steps, folder / "reward_curve.png")
+        _time_split(steps, folder / "time_per_step.png")
+        images = ["reward_curve.png", "time_per_step.png"]
+        if _logprobs(steps, folder / "logprob_diff.png"):
+            images.append("logprob_diff.png")
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
+    columns = ["step", "reward_mean", "correct_rate", "valid_call_rate", "frac_groups_zero_std", "rollout_s",
+               "train_s", "weight_sync_s", "logprob_diff_sampler_max", "logprob_diff_policy_mean", "loss",
+               "grad_norm"]
+    head = "".join(f"<th>{c}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_cell(s.get(c))}</td>" for c in columns) + "</tr>" for s in steps
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>agentloop train</title>
+<style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}th{{background:#f4f4f4}}</style></head><body>
+<h1>GRPO training run</h1>
+<p>TRL GRPOTrainer learning from agentloop-grpc rollouts. The ratio compares the mean reward of the last steps
+with the first steps.</p>
+<table>{rows}</table>
+{''.join(f'<p><img src="{name}" alt="{name}"></p>' for name in images)}
+<h2>Per step</h2><table><tr>{head}</tr>{body}</table>
+</body></html>
+"""
+    path.write_text(page)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return html.escape(str(value))

@@ -1,0 +1,222 @@
+"""One training run, start to finish: GRPO with TRL on rollouts from our engine and tool servers.
+
+Steps: (1) read the dataset; (2) start the engine replicas and the tool server (or use running ones) on a
+background loop; (3) the rollout (``AgentLoopRollout``: one manager for the whole run, tokenizer checked against
+the engines) and TRL's GRPOTrainer on the engines' own checkpoint, with the weight push after every step; (4)
+every step: one line of progress and one JSON line of metrics (reward, correct and valid-call rates, rollout /
+train / weight-sync seconds, engine-vs-trainer logprob differences, TRL's loss and grad norm); (5) outputs:
+metrics.jsonl and .csv, TRL's log history, the last rollout's trajectories, the final weights, summary.json and
+report.html. Servers this run started are stopped on the way out.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback
+
+from agentloop_grpc.agent import WorkerSpec, write_parquet
+from agentloop_grpc.integrations.background_loop import BackgroundLoop
+from agentloop_grpc.integrations.trl import (
+    AgentLoopRollout, WeightSyncCallback, agentloop_reward, prompt_dataset, train_top_layers,
+)
+from agentloop_grpc.rollout.dataset import read_rows
+from agentloop_grpc.rollout.run import start_engines, start_tools
+
+from .config import TrainConfig
+
+RATIO_NAME = "train_reward_last_over_first"
+
+
+@dataclass
+class TrainRecord:
+    output_dir: Path
+    steps: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+
+class StepLog(TrainerCallback):
+    """One metrics record per optimizer step: the rollout's, the weight push's and TRL's own logs."""
+
+    def __init__(self, rollout: AgentLoopRollout, sync: WeightSyncCallback, record: TrainRecord,
+                 echo: Callable[[str], None]) -> None:
+        self.rollout, self.sync, self.record, self.echo = rollout, sync, record, echo
+        self._path = record.output_dir / "metrics.jsonl"
+        self._path.unlink(missing_ok=True)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        step = state.global_step
+        if not logs or "loss" not in logs or not self.rollout.history:
+            return  # the closing summary log, or a log before any step
+        rollout = self.rollout.history[-1]
+        step_s = self.sync.step_s.get(step, 0.0)
+        entry = {
+            "step": step,
+            **{k: round(v, 6) for k, v in rollout.metrics.items()},
+            "train_s": round(max(step_s - rollout.rollout_s, 0.0), 3),
+            "weight_sync_s": round(self.sync.sync_s.get(step, 0.0), 3),
+            "loss": logs.get("loss"),
+            "grad_norm": logs.get("grad_norm"),
+            "trl_reward": logs.get("reward"),
+            "trl_frac_reward_zero_std": logs.get("frac_reward_zero_std"),
+            "entropy": logs.get("entropy"),
+            "completion_mean_length": logs.get("completions/mean_length"),
+        }
+        self.record.steps.append(entry)
+        with self._path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+        self.echo(
+            f"step {step:3d}/{args.max_steps}  reward {entry['reward_mean']:.3f}  correct {entry['correct_rate']:.0%}"
+            f"  valid calls {entry['valid_call_rate']:.0%}  rollout {entry['rollout_s']:.1f}s"
+            f"  train {entry['train_s']:.1f}s  sync {entry['weight_sync_s']:.1f}s"
+            f"  |dlogp| {entry.get('logprob_diff_sampler_max', float('nan')):.1e}"
+        )
+
+
+def reward_ratio(steps: list[dict], compare_steps: int) -> tuple[float, float, float]:
+    """(mean reward of the first k steps, of the last k steps, last / first); k is halved for short runs."""
+    k = max(1, min(compare_steps, len(steps) // 2))
+    first = statistics.fmean(s["reward_mean"] for s in steps[:k])
+    last = statistics.fmean(s["reward_mean"] for s in steps[-k:])
+    return first, last, (last / first if first > 0 else float("inf") if last > 0 else 1.0)
+
+
+def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> TrainRecord:
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agentloop_grpc.engine_adapters.embedded import model_store
+
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record = TrainRecord(out)
+    # 1. the dataset, before anything starts
+    rows = read_rows(config.dataset)
+    servers = BackgroundLoop("agentloop-servers")
+    stack = AsyncExitStack()
+    started = time.monotonic()
+    try:
+        # 2. engines and tools
+        echo("starting engine and tool servers")
+        addresses, model_dir = servers.run(start_engines(config.engines, stack, out))
+        tool_address = servers.run(start_tools(config.tools, stack, out))
+        spec = WorkerSpec(engines=tuple(addresses), tool_server=tool_address, model_dir=model_dir,
+                          loop=config.loop, router=config.router)
+        # 3. the rollout and the trainer, on the engines' checkpoint
+        checkpoint = model_store.resolve(model_dir)
+        if config.grpo.torch_threads:
+            torch.set_num_threads(config.grpo.torch_threads)
+        model, tokenizer = model_store.load(checkpoint)
+        train_top_layers(model, config.grpo.trainable_layers)
+        model.train()
+        with AgentLoopRollout(spec, rows, num_workers=config.workers, check_logprobs=config.check_logprobs,
+                              ready_timeout_s=config.engines.launch.startup_timeout_s if config.engines.launch
+                              else 300.0) as rollout:
+            sync = WeightSyncCallback(rollout)
+            g = config.grpo
+            args = GRPOConfig(
+                output_dir=str(out / "trl"),
+                # one rollout of prompts_per_step groups per optimizer step, trained in micro-batches of one group
+                per_device_train_batch_size=g.num_generations,
+                num_generations=g.num_generations,
+                gradient_accumulation_steps=g.prompts_per_step,
+                max_steps=g.max_steps,
+                learning_rate=g.learning_rate,
+                lr_scheduler_type="constant",
+                warmup_steps=0,
+                beta=g.beta,
+                loss_type=g.loss_type,
+                max_grad_norm=g.max_grad_norm,
+                temperature=config.loop.sampling.temperature,
+                seed=g.seed,
+                logging_steps=1,
+                save_strategy="no",
+                report_to=[],
+                use_cpu=True,
+                bf16=False,
+                disable_tqdm=True,
+                dataloader_num_workers=0,
+                gradient_checkpointing=False,  # a 135M model fits; recomputing activations doubled the backward
+            )
+            trainer = GRPOTrainer(
+                model=model,
+                reward_funcs=[agentloop_reward],
+                args=args,
+                train_dataset=prompt_dataset(rows),
+                processing_class=tokenizer,
+                rollout_func=rollout,
+                callbacks=[sync],
+            )
+            trainer.remove_callback(PrinterCallback)  # its raw log dicts would drown the one line per step
+            trainer.add_callback(StepLog(rollout, sync, record, echo))
+            echo(f"training: {g.max_steps} steps of {g.prompts_per_step} prompts x {g.num_generations} trajectories"
+                 f" on {len(addresses)} engine replica(s)")
+            trainer.train()
+            versions = rollout.engine_versions()
+            # 5. outputs
+            (out / "trl_log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1) + "\n")
+            if rollout.history:
+                write_parquet(list(rollout.history[-1].trajectories), out / "trajectories.parquet")
+            if config.save_model:
+                trainer.save_model(str(out / "final"))
+                tokenizer.save_pretrained(str(out / "final"))
+    finally:
+        servers.run(stack.aclose())
+        servers.close()
+    write_csv(record.steps, out / "metrics.csv")
+    first, last, ratio = reward_ratio(record.steps, config.compare_steps) if record.steps else (0.0, 0.0, 1.0)
+    record.summary = summarize(record.steps, first, last, ratio, versions, time.monotonic() - started,
+                               config.compare_steps)
+    (out / "summary.json").write_text(json.dumps(record.summary, indent=2) + "\n")
+    from .report import write_report
+
+    write_report(record, out / "report.html")
+    return record
+
+
+def summarize(steps: list[dict], first: float, last: float, ratio: float, versions: dict[str, int],
+              wall_s: float, compare_steps: int) -> dict:
+    def mean(key: str) -> float:
+        values = [s[key] for s in steps if s.get(key) is not None]
+        return round(statistics.fmean(values), 4) if values else 0.0
+
+    def most(key: str) -> float:
+        values = [s[key] for s in steps if s.get(key) is not None]
+        return max(values) if values else 0.0
+
+    return {
+        "steps": len(steps),
+        "wall_s": round(wall_s, 1),
+        "reward_first_steps": round(first, 4),
+        "reward_last_steps": round(last, 4),
+        RATIO_NAME: round(ratio, 3) if ratio != float("inf") else "inf",
+        "compare_steps": max(1, min(compare_steps, len(steps) // 2)),
+        "mean_rollout_s": mean("rollout_s"),
+        "mean_train_s": mean("train_s"),
+        "mean_weight_sync_s": mean("weight_sync_s"),
+        "logprob_diff_sampler_mean": mean("logprob_diff_sampler_mean"),
+        "logprob_diff_sampler_max": most("logprob_diff_sampler_max"),
+        "logprob_diff_policy_mean": mean("logprob_diff_policy_mean"),
+        "logprob_diff_policy_max": most("logprob_diff_policy_max"),
+        "stale_tokens": sum(s.get("stale_tokens", 0) for s in steps),
+        "infrastructure_failures": sum(s.get("infrastructure_failures", 0) for s in steps),
+        "engine_weight_versions": versions,
+    }
+
+
+def write_csv(steps: list[dict], path: Path) -> None:
+    if not steps:
+        return
+    columns = list(dict.fromkeys(key for step in steps for key in step))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(steps)

@@ -1,0 +1,40 @@
+"""Fixtures of the trainer integrations: a real embedded engine (the default model) and the built-in tool server,
+both served on loopback from a background event loop, as a trainer's process would reach them."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from importlib import resources  # noqa: E402
+
+import pytest  # noqa: E402
+
+from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """(engine address, tool server address, background loop) for the module's tests."""
+    from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agentloop_grpc.engine_adapters.server import create_server, start_adapter
+    from agentloop_grpc.tools.config import load_config
+    from agentloop_grpc.tools.server import create_tool_server
+
+    loop = BackgroundLoop("test-servers")
+
+    async def start():
+        engine = await create_server(EmbeddedEngine(EmbeddedEngineConfig(max_running=8, max_model_len=1024)),
+                                     "127.0.0.1:0")
+        await start_adapter(engine)
+        tools = await create_tool_server(load_config(resources.files("agentloop_grpc.tools") / "builtin.yaml"))
+        return engine, tools
+
+    engine, tools = loop.run(start())
+    yield f"127.0.0.1:{engine.port}", f"127.0.0.1:{tools.port}", loop, tools
+    loop.run(engine.stop(grace_s=1))
+    loop.run(tools.stop(grace_s=1))
+    loop.close()

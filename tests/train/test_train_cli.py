@@ -1,0 +1,72 @@
+"""`agentloop train` end to end on the real model (an embedded engine process launched by the CLI, the built-in
+tool server, TRL's GRPOTrainer), its outputs, the closing RATIO line, and bad configs refused in one sentence."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentloop_grpc.agent import read_parquet
+from agentloop_grpc.train.run import reward_ratio
+
+AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
+
+
+def _config(tmp_path: Path, **overrides) -> Path:
+    config = {
+        "engines": {"launch": {"replicas": 1, "adapter": "embedded", "max_running": 4,
+                               "extra_args": ["--max-model-len", "1024"]}},
+        "tools": {"launch": "builtin"},
+        "dataset": {"arithmetic": {"kind": "one_step", "count": 4, "seed": 0}},
+        "loop": {"constrain_tool_calls": True, "max_assistant_turns": 2, "max_parallel_tool_calls": 1,
+                 "max_new_tokens_per_turn": 24, "response_budget": 128, "drift_check": "off",
+                 "sampling": {"temperature": 1.0, "seed": 0}},
+        "grpo": {"max_steps": 2, "prompts_per_step": 1, "num_generations": 2, "trainable_layers": 1},
+        "check_logprobs": 1,
+        "output_dir": str(tmp_path / "out"),
+    }
+    config.update(overrides)
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.slow
+def test_train_writes_metrics_report_weights_and_the_ratio(tmp_path):
+    result = subprocess.run([*AGENTLOOP, "train", "--config", str(_config(tmp_path))], capture_output=True,
+                            text=True, timeout=600, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1].startswith("RATIO train_reward_last_over_first ") and lines[-1].endswith(" target 1.5")
+    assert sum(line.startswith("step ") for line in lines) == 2
+    out = tmp_path / "out"
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    for step in steps:
+        assert step["weight_sync_s"] > 0 and step["rollout_s"] > 0 and step["train_s"] > 0
+        assert step["stale_tokens"] == 0 and step["logprob_diff_sampler_max"] < 2e-3
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["engine_weight_versions"] and set(summary["engine_weight_versions"].values()) == {2}
+    assert (out / "metrics.csv").is_file() and (out / "trl_log_history.json").is_file()
+    assert (out / "reward_curve.png").is_file() and (out / "time_per_step.png").is_file()
+    assert "reward_curve.png" in (out / "report.html").read_text()
+    assert len(read_parquet(out / "trajectories.parquet")) == 2
+    assert (out / "final" / "model.safetensors").is_file() and (out / "final" / "tokenizer.json").is_file()
+
+
+def test_sampling_the_trainer_cannot_describe_is_refused(tmp_path):
+    path = _config(tmp_path, loop={"sampling": {"temperature": 1.0, "top_p": 0.9}})
+    result = subprocess.run([*AGENTLOOP, "train", "--config", str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "top_p" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_reward_ratio_compares_the_last_steps_with_the_first():
+    steps = [{"reward_mean": r} for r in (0.1, 0.2, 0.3, 0.3, 0.4, 0.6)]
+    assert reward_ratio(steps, 2) == pytest.approx((0.15, 0.5, 0.5 / 0.15))
+    assert reward_ratio(steps[:2], 5)[2] == pytest.approx(2.0)  # k shrinks to half the run
+    assert reward_ratio([{"reward_mean": 0.0}] * 2, 1)[2] == 1.0
