@@ -12,6 +12,10 @@ from agentloop_grpc.rollout.report import _pyplot
 
 
 def _save(plt, fig, path: Path) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in fig.axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

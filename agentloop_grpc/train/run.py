@@ -60,7 +60,7 @@ class StepLog(TrainerCallback):
         step_s = self.sync.step_s.get(step, 0.0)
         entry = {
             "step": step,
-            **{k: round(v, 6) for k, v in rollout.metrics.items()},
+            **{k: _significant(v) for k, v in rollout.metrics.items()},
             "train_s": round(max(step_s - rollout.rollout_s, 0.0), 3),
             "weight_sync_s": round(self.sync.sync_s.get(step, 0.0), 3),
             "loss": logs.get("loss"),
@@ -79,6 +79,11 @@ class StepLog(TrainerCallback):
             f"  train {entry['train_s']:.1f}s  sync {entry['weight_sync_s']:.1f}s"
             f"  |dlogp| {entry.get('logprob_diff_sampler_max', float('nan')):.1e}"
         )
+
+
+def _significant(value: float) -> float:
+    """Four significant digits: logprob differences of 1e-6 must not round to 0."""
+    return float(f"{value:.4g}")
 
 
 def reward_ratio(steps: list[dict], compare_steps: int) -> tuple[float, float, float]:
@@ -186,7 +191,7 @@ def summarize(steps: list[dict], first: float, last: float, ratio: float, versio
               wall_s: float, compare_steps: int) -> dict:
     def mean(key: str) -> float:
         values = [s[key] for s in steps if s.get(key) is not None]
-        return round(statistics.fmean(values), 4) if values else 0.0
+        return _significant(statistics.fmean(values)) if values else 0.0
 
     def most(key: str) -> float:
         values = [s[key] for s in steps if s.get(key) is not None]

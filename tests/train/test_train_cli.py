@@ -70,3 +70,10 @@ def test_reward_ratio_compares_the_last_steps_with_the_first():
     assert reward_ratio(steps, 2) == pytest.approx((0.15, 0.5, 0.5 / 0.15))
     assert reward_ratio(steps[:2], 5)[2] == pytest.approx(2.0)  # k shrinks to half the run
     assert reward_ratio([{"reward_mean": 0.0}] * 2, 1)[2] == 1.0
+
+
+def test_small_metrics_keep_their_digits():
+    from agentloop_grpc.train.run import _significant
+
+    # per-step logprob differences are ~1e-6: rounding to decimals had made them 0 in metrics and the summary
+    assert _significant(1.2345e-6) == pytest.approx(1.2345e-6, rel=1e-3) and _significant(14.7492) == 14.75

@@ -11,10 +11,8 @@ with AgentLoopRollout(spec, rows) as rollout:
 
 from .callback import WeightSyncCallback
 from .fields import agentloop_reward, trl_fields
-from .rollout import AgentLoopRollout, StepRecord, prompt_dataset, prompt_key
+from .rollout import TESTED_TRL_VERSION, AgentLoopRollout, StepRecord, prompt_dataset, prompt_key
 from .weights import model_tensors, train_top_layers
-
-TESTED_TRL_VERSION = "1.16.0"
 
 __all__ = [
     "TESTED_TRL_VERSION", "AgentLoopRollout", "StepRecord", "WeightSyncCallback", "agentloop_reward",

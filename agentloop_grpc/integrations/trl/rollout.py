@@ -18,10 +18,12 @@ engines' version at start when they already had updates, so versions only go up)
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
-from collections import deque
+import logging
 import statistics
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +36,11 @@ from ..background_loop import BackgroundLoop
 from ..logprob_check import LogprobDiff, compare
 from .fields import trl_fields
 from .weights import model_tensors
+
+#: TRL's rollout_func is experimental: the version this integration is tested with (the ``trl`` extra pins it).
+TESTED_TRL_VERSION = "1.16.0"
+
+log = logging.getLogger(__name__)
 
 
 def prompt_key(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -113,6 +120,10 @@ class AgentLoopRollout:
         """Start the manager on the background loop, wait for every engine, refuse a tokenizer mismatch."""
         if self._loop is not None:
             return self
+        installed = importlib.metadata.version("trl")
+        if installed != TESTED_TRL_VERSION:
+            log.warning("trl %s is installed; this integration is tested with trl %s (rollout_func is experimental)",
+                        installed, TESTED_TRL_VERSION)
         self._loop = BackgroundLoop("agentloop-trl")
         try:
             self._loop.run(self._start())
