@@ -67,6 +67,22 @@ def test_calculator_rejects_what_is_not_arithmetic(expression: str, message: str
         calculator(expression)
 
 
+def test_calculator_refuses_huge_results_before_computing_them() -> None:
+    """Each exponent is within its bound, but the result would be gigabits: computing it held the GIL for minutes
+    and froze the whole tool server. Run in a child process so the fault, were it back, ends in the timeout."""
+    import subprocess
+    import sys
+
+    script = ("from agentloop_grpc.tools.builtin.calculator import calculator\n"
+              "for e in ('((9**999)**999)**999', '(9**999) * (9**999) * (9**999) * (9**999)', '9.5 ** 999'):\n"
+              "    try:\n        calculator(e)\n    except ValueError as error:\n        print(error)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3 and "more than 4096 bits" in lines[0] and "more than 4096 bits" in lines[1], result
+    assert "overflows a float" in lines[2]
+    assert calculator("9 ** 999") == str(9**999) and calculator("2 ** 1000 * 3") == str(2**1000 * 3)
+
+
 def test_name_collision_is_a_start_up_error() -> None:
     config = ToolServerConfig.model_validate(
         {"tools": [{"function": "agentloop_grpc.tools.builtin.calculator:calculator"},

@@ -1,8 +1,10 @@
 """calculator: exact arithmetic through a parser of Python's expression syntax, never ``eval``.
 
 Only numbers, + - * / // % ** and parentheses (and unary signs) are accepted; anything else (names, calls,
-attributes) is rejected with a message the model can act on. Results are exact for integers; powers are bounded
-so a model cannot ask for 9**9**9.
+attributes) is rejected with a message the model can act on. Results are exact for integers. Every integer
+product and power is bounded *before* it is computed (at least MAX_RESULT_BITS bits is refused): a bound on the
+exponent alone let ``((9**999)**999)**999`` build a multi-gigabit integer while holding the GIL, and the whole
+tool server stopped answering.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ _BINARY = {
 }
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_EXPONENT = 1000
+MAX_RESULT_BITS = 4096
 MAX_LENGTH = 500
 #: What an expression may contain (also the schema's pattern, so a constrained call can only write these; at most
 #: 60 characters: xgrammar 0.2 fails to compile a serialised grammar with a {1,200} repetition).
@@ -36,10 +39,29 @@ def _evaluate(node: ast.AST) -> int | float:
         left, right = _evaluate(node.left), _evaluate(node.right)
         if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
             raise ValueError(f"exponent {right} is too large (at most {MAX_EXPONENT})")
-        return _BINARY[type(node.op)](left, right)
+        _check_size(node.op, left, right)
+        try:
+            return _BINARY[type(node.op)](left, right)
+        except OverflowError:
+            raise ValueError(f"{ast.unparse(node)!r} overflows a float") from None
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_evaluate(node.operand))
     raise ValueError(f"unsupported element {ast.unparse(node)!r}: use numbers, + - * / // % ** and parentheses")
+
+
+def _check_size(op: ast.operator, left: int | float, right: int | float) -> None:
+    """Refuse an integer product or power whose result would have more than MAX_RESULT_BITS bits (a lower bound
+    of its size, computed from the operands' sizes without computing it)."""
+    if type(left) is not int or type(right) is not int:
+        return
+    if isinstance(op, ast.Mult):
+        bits = abs(left).bit_length() + abs(right).bit_length() - 1 if left and right else 0
+    elif isinstance(op, ast.Pow) and right > 0:
+        bits = (abs(left).bit_length() - 1) * right
+    else:
+        return
+    if bits > MAX_RESULT_BITS:
+        raise ValueError(f"the result would have more than {MAX_RESULT_BITS} bits (about {bits} bits)")
 
 
 def _format(value: int | float) -> str:
