@@ -138,12 +138,19 @@ class AgentLoopManager:
 
 
 async def update_weights_mid_rollout(control: Router, tensors: Sequence[NamedTensor], weight_version: int) -> None:
-    """Pause (ABORT) -> update weights -> resume on every engine; running loops keep their tokens and go on."""
-    (await control.pause(engine_pb2.PAUSE_MODE_ABORT)).raise_for_errors()
+    """Pause (ABORT) -> update weights -> resume on every engine; running loops keep their tokens and go on.
+
+    Whatever fails, every engine is resumed before the error is raised: an engine left paused holds each later
+    generation until its deadline. When some engine cannot pause (it is down), nothing is applied anywhere, so the
+    engines that are up keep one weight version between them.
+    """
+    paused = await control.pause(engine_pb2.PAUSE_MODE_ABORT)
     try:
+        paused.raise_for_errors()
         (await control.update_weights(tensors, weight_version)).raise_for_errors()
     finally:
-        (await control.resume()).raise_for_errors()
+        resumed = await control.resume()
+    resumed.raise_for_errors()
 
 
 async def _gather_refs(refs: list) -> list:

@@ -1,0 +1,31 @@
+"""A weight update with one engine dead must leave the others running, not paused until every later generation's
+deadline (issue 18, fault 2)."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import pytest
+
+from agentloop_grpc.agent.manager import update_weights_mid_rollout
+from agentloop_grpc.engine_adapters.types import NamedTensor
+from agentloop_grpc.router import Router, RouterConfig
+from agentloop_grpc.router.errors import InfrastructureError
+from agentloop_grpc.v1 import engine_pb2
+
+from ..router.conftest import free_port
+from .conftest import TextScript, scripted_engine
+
+
+async def test_an_update_with_one_engine_dead_resumes_the_live_ones(codec):
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    async with AsyncExitStack() as stack:
+        live = await stack.enter_async_context(scripted_engine(TextScript(codec, ["hi"])))
+        control = await stack.enter_async_context(Router([live, dead], RouterConfig(control_timeout_s=2)))
+        await control.wait_ready(min_servers=1)
+        tensor = NamedTensor("w", "float32", (1,), b"\0\0\0\0")
+        with pytest.raises(InfrastructureError, match=dead):
+            await update_weights_mid_rollout(control, [tensor], weight_version=1)
+        info = (await control.server_info()).responses[live]
+    assert info.state == engine_pb2.ENGINE_STATE_RUNNING  # was PAUSED: nothing resumed it
+    assert info.weight_version == 0  # nothing was applied while the fleet could not all take it
