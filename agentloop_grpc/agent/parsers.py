@@ -107,6 +107,8 @@ def _parse_call(raw: str, body: str) -> ToolCall | ParseError:
         value = json.loads(body)
     except json.JSONDecodeError as error:
         return ParseError(raw, f"the call is not valid JSON ({error.msg} at character {error.pos})")
+    except (RecursionError, ValueError):  # nesting past the decoder's recursion, an integer past the digit limit
+        return ParseError(raw, "the call is nested too deeply or holds a number too long to read")
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return ParseError(raw, 'the call must be a JSON object with a string "name"')
     arguments = value.get("arguments", {})

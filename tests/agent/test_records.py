@@ -124,3 +124,13 @@ def test_truncate(side, expected):
     text = "abcdefghijklmnopqrstuvwxyz"
     assert truncate(text, 21, side) == expected and len(expected) == 21
     assert truncate(text, 26, side) == text
+
+
+def test_a_call_nested_past_the_decoder_is_a_malformed_call_not_a_crash():
+    """RecursionError (100,000 brackets) and the int digit limit escaped the parser and failed the trajectory."""
+    parser = HermesParser()
+    for body in ("[" * 100_000, '{"name": "c", "arguments": ' + '{"a": ' * 5_000 + "1" + "}" * 5_001,
+                 '{"name": "c", "arguments": {"n": ' + "9" * 5_000 + "}}"):
+        turn = parser.parse(f"<tool_call>\n{body}\n</tool_call>")
+        assert not turn.calls and len(turn.errors) == 1, body[:40]
+        assert "nested too deeply or holds a number too long" in turn.errors[0].reason
