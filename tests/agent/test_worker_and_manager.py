@@ -16,6 +16,7 @@ from agentloop_grpc.v1 import engine_pb2
 
 from ..router.conftest import free_port
 from ..tools.conftest import tool_server
+from ..ray_start import init_ray
 from .conftest import call, loop_context, scripted_engine, TextScript
 
 QUESTION = ({"role": "user", "content": "What is 2 + 3?"},)
@@ -99,6 +100,8 @@ def test_split_is_contiguous_and_balanced():
 @pytest.mark.slow
 @pytest.mark.parametrize("use_ray", [False, True], ids=["in-process", "ray"])
 async def test_manager_runs_a_batch_with_tools_and_hybrid_mode(codec, use_ray):
+    if use_ray:
+        init_ray(include_dashboard=False, log_to_driver=False)  # as the manager would, with a second try
     script = TextScript(codec, [call("calculator", expression="6*7"), call("check_answer", answer="42")])
     async with AsyncExitStack() as stack:
         engine = await stack.enter_async_context(scripted_engine(script))

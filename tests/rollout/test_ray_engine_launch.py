@@ -22,14 +22,13 @@ from agentloop_grpc.engine_adapters.ray_launcher import RayEngineLauncher, RayRe
 from agentloop_grpc.router import Router
 from agentloop_grpc.v1 import generation_pb2
 
+from ..ray_start import init_ray
 from .launching import sigterm_while_loading
 
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    started = init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()

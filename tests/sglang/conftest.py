@@ -16,6 +16,7 @@ import ray
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
 from agentloop_grpc.engine_adapters.sglang import ActorNaming, SglangEngine, SglangEngineConfig, deploy_tp_group
 
+from ..ray_start import init_ray
 from .standin import STANDIN_API, CallRecorder
 
 NAMESPACE = "agentloop-sglang-tests"
@@ -24,9 +25,7 @@ NAMESPACE = "agentloop-sglang-tests"
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """A local Ray for the session (reused if another suite already started one)."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
+    started = init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
     yield
     if started:
         ray.shutdown()
