@@ -56,6 +56,7 @@ class AgentLoopManager:
         self._actors: list = []
         self.control: Router | None = None
         self._tokenizer_checked = False
+        self._tokenizer = None  # the loops' tokenizer, loaded once for the check
 
     async def __aenter__(self) -> AgentLoopManager:
         await self.start()
@@ -129,8 +130,9 @@ class AgentLoopManager:
         if self._tokenizer_checked:
             return
         infos = (await self.control.server_info()).responses
-        tokenizer = (await asyncio.to_thread(load_codec, self.spec.model_dir)).tokenizer
-        self._tokenizer_checked = check_engine_tokenizers(tokenizer, infos, self.spec.model_dir) > 0
+        if self._tokenizer is None:
+            self._tokenizer = (await asyncio.to_thread(load_codec, self.spec.model_dir)).tokenizer
+        self._tokenizer_checked = check_engine_tokenizers(self._tokenizer, infos, self.spec.model_dir) > 0
 
     async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int) -> None:
         """Update every engine's weights, also while ``generate`` runs (see ``update_weights_mid_rollout``)."""

@@ -16,6 +16,8 @@ class RolloutMetrics:
     infrastructure_failures: int
     wall_s: float
     mean_reward: float
+    #: Share of the scorable (not failed) trajectories whose reward reached 1.0.
+    correct_rate: float
     mean_assistant_turns: float
     model_tokens: int
     model_tokens_per_s: float
@@ -44,6 +46,7 @@ class RolloutMetrics:
             infrastructure_failures=sum(t.infrastructure_failure for t in trajectories),
             wall_s=wall_s,
             mean_reward=statistics.fmean(t.reward for t in ok) if ok else 0.0,
+            correct_rate=sum(t.reward >= 1.0 for t in ok) / len(ok) if ok else 0.0,
             mean_assistant_turns=statistics.fmean(t.assistant_turns for t in ok) if ok else 0.0,
             model_tokens=tokens,
             model_tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
@@ -58,6 +61,17 @@ class RolloutMetrics:
             resumed_generations=sum(t.resumed_generations for t in trajectories),
             terminations=terminations,
         )
+
+    @property
+    def tool_call_attempts(self) -> int:
+        """Calls the model wrote, well-formed or not."""
+        return self.tool_calls + self.malformed_tool_calls
+
+    @property
+    def valid_tool_call_rate(self) -> float:
+        """Share of the attempts that ran without a tool error."""
+        attempts = self.tool_call_attempts
+        return (attempts - self.tool_errors) / attempts if attempts else 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)

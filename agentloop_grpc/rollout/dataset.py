@@ -4,7 +4,9 @@ copies of each prompt share a group id (GRPO)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -43,27 +45,35 @@ def read_rows(dataset: Dataset) -> list[dict]:
     return rows[: dataset.limit] if dataset.limit else rows
 
 
+def row_sample(row: Mapping[str, Any], sample_id: str, group_id: str, default_loop: str = "tool",
+               ground_truth_kwargs: Sequence[str] = ("check_answer",)) -> Sample:
+    """The Sample of one dataset row: ``ground_truth_kwargs`` tools get ``{"ground_truth": ...}`` at
+    CreateInstance (KeyError, TypeError or ValidationError on a malformed row)."""
+    truth = row.get("ground_truth")
+    kwargs = {name: dict(value) for name, value in (row.get("tools_kwargs") or {}).items()}
+    if truth is not None:
+        for tool in ground_truth_kwargs:
+            kwargs.setdefault(tool, {}).setdefault("ground_truth", str(truth))
+    return Sample(
+        sample_id=sample_id,
+        group_id=group_id,
+        messages=tuple(row["messages"]),
+        loop=row.get("loop") or default_loop,
+        tools=tuple(row["tools"]) if row.get("tools") is not None else None,
+        tools_kwargs=kwargs,
+        ground_truth=None if truth is None else str(truth),
+        interaction=row.get("interaction"),
+    )
+
+
 def to_samples(rows: list[dict], dataset: Dataset, samples_per_prompt: int) -> list[Sample]:
     samples = []
     for index, row in enumerate(rows):
         prompt_id = str(row.get("id", f"row-{index}"))
-        truth = row.get("ground_truth")
-        kwargs = {name: dict(value) for name, value in (row.get("tools_kwargs") or {}).items()}
-        if truth is not None:
-            for tool in dataset.ground_truth_kwargs:
-                kwargs.setdefault(tool, {}).setdefault("ground_truth", str(truth))
         for k in range(samples_per_prompt):
             try:
-                samples.append(Sample(
-                    sample_id=f"{prompt_id}/{k}",
-                    group_id=prompt_id,
-                    messages=tuple(row["messages"]),
-                    loop=row.get("loop") or dataset.default_loop,
-                    tools=tuple(row["tools"]) if row.get("tools") is not None else None,
-                    tools_kwargs=kwargs,
-                    ground_truth=None if truth is None else str(truth),
-                    interaction=row.get("interaction"),
-                ))
+                samples.append(row_sample(row, f"{prompt_id}/{k}", prompt_id, dataset.default_loop,
+                                          dataset.ground_truth_kwargs))
             except (KeyError, TypeError, ValidationError) as error:
                 detail = f"missing {error}" if isinstance(error, KeyError) else str(error).splitlines()[-1].strip()
                 raise DatasetError(f"dataset row {index} ({prompt_id}): {detail}") from None

@@ -182,9 +182,6 @@ def write_outputs(config: RolloutConfig, record: RunRecord, manager: AgentLoopMa
 def summarize(record: RunRecord) -> dict:
     ts = record.trajectories
     m = record.metrics
-    attempts = sum(t.tool_calls + t.malformed_tool_calls for t in ts)
-    valid = attempts - sum(t.tool_errors for t in ts)
-    ok = [t for t in ts if not t.failed]
     decisions = record.decisions
     later = decisions.get("sticky", 0.0) + decisions.get("moved", 0.0)  # a session's 2nd, 3rd... requests
     return {
@@ -194,9 +191,9 @@ def summarize(record: RunRecord) -> dict:
         "failures": m.failures,
         "infrastructure_failures": m.infrastructure_failures,
         "mean_reward": round(m.mean_reward, 4),
-        "correct_answers_rate": round(sum(t.reward >= 1.0 for t in ok) / len(ok), 4) if ok else 0.0,
-        "tool_call_attempts": attempts,
-        "valid_tool_calls_rate": round(valid / attempts, 4) if attempts else 0.0,
+        "correct_answers_rate": round(m.correct_rate, 4),
+        "tool_call_attempts": m.tool_call_attempts,
+        "valid_tool_calls_rate": round(m.valid_tool_call_rate, 4),
         "mean_assistant_turns": round(m.mean_assistant_turns, 2),
         "model_tokens": m.model_tokens,
         "model_tokens_per_s": round(m.model_tokens_per_s, 2),

@@ -11,6 +11,7 @@ report.html. Servers this run started are stopped on the way out.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import statistics
@@ -86,9 +87,18 @@ def _significant(value: float) -> float:
     return float(f"{value:.4g}")
 
 
+async def _gather(*coroutines):
+    return await asyncio.gather(*coroutines)
+
+
+def _window(steps: list[dict], compare_steps: int) -> int:
+    """How many first and last steps the ratio compares: ``compare_steps``, at most half the run."""
+    return max(1, min(compare_steps, len(steps) // 2))
+
+
 def reward_ratio(steps: list[dict], compare_steps: int) -> tuple[float, float, float]:
     """(mean reward of the first k steps, of the last k steps, last / first); k is halved for short runs."""
-    k = max(1, min(compare_steps, len(steps) // 2))
+    k = _window(steps, compare_steps)
     first = statistics.fmean(s["reward_mean"] for s in steps[:k])
     last = statistics.fmean(s["reward_mean"] for s in steps[-k:])
     return first, last, (last / first if first > 0 else float("inf") if last > 0 else 1.0)
@@ -111,8 +121,8 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
     try:
         # 2. engines and tools
         echo("starting engine and tool servers")
-        addresses, model_dir = servers.run(start_engines(config.engines, stack, out))
-        tool_address = servers.run(start_tools(config.tools, stack, out))
+        (addresses, model_dir), tool_address = servers.run(_gather(start_engines(config.engines, stack, out),
+                                                                    start_tools(config.tools, stack, out)))
         spec = WorkerSpec(engines=tuple(addresses), tool_server=tool_address, model_dir=model_dir,
                           loop=config.loop, router=config.router)
         # 3. the rollout and the trainer, on the engines' checkpoint
@@ -203,7 +213,7 @@ def summarize(steps: list[dict], first: float, last: float, ratio: float, versio
         "reward_first_steps": round(first, 4),
         "reward_last_steps": round(last, 4),
         RATIO_NAME: round(ratio, 3) if ratio != float("inf") else "inf",
-        "compare_steps": max(1, min(compare_steps, len(steps) // 2)),
+        "compare_steps": _window(steps, compare_steps),
         "mean_rollout_s": mean("rollout_s"),
         "mean_train_s": mean("train_s"),
         "mean_weight_sync_s": mean("weight_sync_s"),

@@ -31,6 +31,7 @@ from typing import Any
 from agentloop_grpc.agent import AgentLoopManager, Sample, Trajectory, WorkerSpec
 from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.agent.spec import load_codec
+from agentloop_grpc.rollout.dataset import row_sample
 
 from ..background_loop import BackgroundLoop
 from ..logprob_check import LogprobDiff, compare
@@ -138,15 +139,15 @@ class AgentLoopRollout:
         servers = len(manager.control.servers)
         await manager.control.wait_ready(min_servers=servers, timeout_s=self.ready_timeout_s)
         await manager.check_tokenizer()
-        infos = (await manager.control.server_info()).raise_for_errors().responses.values()
+        infos = list((await manager.control.server_info()).raise_for_errors().responses.values())
         self.base_version = max(int(info.weight_version) for info in infos)
         codec = await asyncio.to_thread(load_codec, self.spec.model_dir)
         tokenizer = codec.tokenizer
         self.placeholder_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.spec.loop.constrain_tool_calls and self.spec.tool_server and self.check_logprobs:
-            self._grammars = await self._grammar_compiler(codec, manager)
+            self._grammars = await self._grammar_compiler(codec, infos[0].vocab_size)
 
-    async def _grammar_compiler(self, codec, manager: AgentLoopManager):
+    async def _grammar_compiler(self, codec, vocab_size: int):
         """A function: offered tool names -> the call grammar the loops constrained those turns with, compiled
         for the replay (the grammar depends on the tools a sample was offered: each name is a choice in it)."""
         import xgrammar
@@ -159,9 +160,8 @@ class AgentLoopRollout:
             specs = {s.name: s.openai() for s in await tools.list_tools()}
         finally:
             await tools.close()
-        info = next(iter((await manager.control.server_info()).raise_for_errors().responses.values()))
-        compiler = xgrammar.GrammarCompiler(
-            xgrammar.TokenizerInfo.from_huggingface(codec.tokenizer, vocab_size=info.vocab_size))
+        compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(codec.tokenizer,
+                                                                                    vocab_size=vocab_size))
         compiled: dict[tuple[str, ...], Any] = {}
 
         def grammar(names: tuple[str, ...] | None):
@@ -223,25 +223,9 @@ class AgentLoopRollout:
             if row is None:
                 raise KeyError(f"prompt {key[:120]}... is not in the rows given to AgentLoopRollout")
             for k in range(group_size):
-                samples.append(self._sample(row, f"{prefix}/{g}", k))
+                samples.append(row_sample(row, f"{prefix}/{g}/{k}", f"{prefix}/{g}",
+                                          ground_truth_kwargs=self.ground_truth_kwargs))
         return samples
-
-    def _sample(self, row: Mapping[str, Any], group_id: str, k: int) -> Sample:
-        truth = row.get("ground_truth")
-        kwargs = {name: dict(value) for name, value in (row.get("tools_kwargs") or {}).items()}
-        if truth is not None:
-            for tool in self.ground_truth_kwargs:
-                kwargs.setdefault(tool, {}).setdefault("ground_truth", str(truth))
-        return Sample(
-            sample_id=f"{group_id}/{k}",
-            group_id=group_id,
-            messages=tuple(row["messages"]),
-            loop=row.get("loop") or "tool",
-            tools=tuple(row["tools"]) if row.get("tools") is not None else None,
-            tools_kwargs=kwargs,
-            ground_truth=None if truth is None else str(truth),
-            interaction=row.get("interaction"),
-        )
 
     def _check_logprobs(self, trainer, trajectories: Sequence[Trajectory],
                         offered: Mapping[str, tuple[str, ...] | None]) -> dict[str, float]:
@@ -290,17 +274,15 @@ def _diff(prefix: str, diff: LogprobDiff) -> dict[str, float]:
 def step_metrics(trajectories: Sequence[Trajectory], rollout: RolloutMetrics, version: int) -> dict[str, float]:
     """What a training step's rollout says about the policy (scorable trajectories only) and its cost."""
     ok = [t for t in trajectories if not t.failed]
-    attempts = sum(t.tool_calls + t.malformed_tool_calls for t in trajectories)
-    valid = attempts - sum(t.tool_errors for t in trajectories)
     groups: dict[str, list[float]] = {}
     for t in ok:
         groups.setdefault(t.group_id, []).append(t.reward)
     flat = [g for g in groups.values() if len(g) > 1 and statistics.pstdev(g) == 0.0]
     versions = [v for t in ok for v, m in zip(t.weight_versions, t.response_mask, strict=True) if m]
     return {
-        "reward_mean": statistics.fmean(t.reward for t in ok) if ok else 0.0,
-        "correct_rate": sum(t.reward >= 1.0 for t in ok) / len(ok) if ok else 0.0,
-        "valid_call_rate": valid / attempts if attempts else 0.0,
+        "reward_mean": rollout.mean_reward,
+        "correct_rate": rollout.correct_rate,
+        "valid_call_rate": rollout.valid_tool_call_rate,
         "assistant_turns": rollout.mean_assistant_turns,
         "model_tokens": float(rollout.model_tokens),
         "trajectories": float(len(trajectories)),
