@@ -3,6 +3,10 @@
 Instances live for a trajectory; each runs one call at a time (a Python session is not re-entrant). Limits on
 live instances and concurrent executions answer RESOURCE_EXHAUSTED rather than queueing without bound; an instance
 idle past its TTL is released, so a client that died leaks nothing.
+
+Requests are bad model or client output, never a server fault: ids longer than MAX_ID_BYTES and JSON the decoder
+cannot take (nested past Python's recursion limit, integers past its digit limit) are INVALID_ARGUMENT, and error
+messages quote at most QUOTE_CHARS of any input.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,6 +30,37 @@ from .result import RewardResult, ToolErrorKind, ToolResult, ToolSpec
 from .tool import Tool, exception_result
 
 log = logging.getLogger(__name__)
+
+MAX_ID_BYTES = 256
+QUOTE_CHARS = 200
+
+
+def _quote(text: str) -> str:
+    """At most QUOTE_CHARS of ``text``: its start and, where a validator says what is wrong, its end."""
+    if len(text) <= QUOTE_CHARS:
+        return text
+    tail = QUOTE_CHARS // 4
+    return f"{text[:QUOTE_CHARS - tail]} ... {text[-tail:]}"
+
+
+def _check_id(field: str, value: str) -> None:
+    size = len(value.encode())
+    if size > MAX_ID_BYTES:
+        raise InvalidRequestError(f"{field} is {size} bytes (at most {MAX_ID_BYTES})")
+
+
+def _decode(field: str, text: str) -> Any:
+    """A JSON request field, or InvalidRequestError for anything Python's decoder cannot take."""
+    try:
+        return json.loads(text) if text else {}
+    except RecursionError:
+        raise InvalidRequestError(f"{field} nests deeper than the JSON decoder allows") from None
+    except json.JSONDecodeError as error:
+        raise InvalidRequestError(f"{field} is not JSON: {_quote(str(error))}") from None
+    except ValueError:  # an integer literal past sys.get_int_max_str_digits()
+        raise InvalidRequestError(
+            f"{field} holds an integer of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
 
 
 @dataclass
@@ -66,26 +102,28 @@ class InstanceManager:
             await self.release(instance_id)
 
     async def create(self, tool_name: str, trajectory_id: str, kwargs_json: str = "") -> str:
+        _check_id("tool_name", tool_name)
+        _check_id("trajectory_id", trajectory_id)
         tool = self._tools.get(tool_name)
         if tool is None:
             raise NotFoundError(f"no tool named {tool_name!r}; hosted: {sorted(self._tools)}")
         if len(self._instances) >= self._limits.max_instances:
             raise EngineOverloadedError(f"{self._limits.max_instances} tool instances are live (the limit)")
-        try:
-            kwargs = json.loads(kwargs_json) if kwargs_json else {}
-        except json.JSONDecodeError as error:
-            raise InvalidRequestError(f"create_kwargs_json is not JSON: {error}") from error
+        kwargs = _decode("create_kwargs_json", kwargs_json)
         if not isinstance(kwargs, dict):
             raise InvalidRequestError("create_kwargs_json must be a JSON object")
         try:
             state = await tool.create(trajectory_id, kwargs)
         except (ValueError, TypeError, KeyError) as error:
-            raise InvalidRequestError(f"tool {tool_name!r} rejected its creation arguments: {error}") from error
+            raise InvalidRequestError(
+                f"tool {tool_name!r} rejected its creation arguments: {_quote(str(error))}"
+            ) from error
         instance_id = f"{tool_name}-{uuid.uuid4().hex}"
         self._instances[instance_id] = _Instance(tool, state, trajectory_id, time.monotonic())
         return instance_id
 
     def _get(self, instance_id: str) -> _Instance:
+        _check_id("instance_id", instance_id)
         instance = self._instances.get(instance_id)
         if instance is None:
             raise NotFoundError(f"no tool instance {instance_id!r} (never created, released, or expired)")
@@ -94,15 +132,12 @@ class InstanceManager:
 
     async def execute(self, instance_id: str, arguments_json: str) -> ToolResult:
         instance = self._get(instance_id)
-        try:
-            arguments = json.loads(arguments_json) if arguments_json else {}
-        except json.JSONDecodeError as error:
-            raise InvalidRequestError(f"arguments_json is not JSON: {error}") from error
+        arguments = _decode("arguments_json", arguments_json)
         name = instance.tool.spec.name
         problems = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
         if problems:
             described = "; ".join(
-                f"{'.'.join(map(str, p.path)) or 'arguments'}: {p.message}" for p in problems[:5]
+                _quote(f"{'.'.join(map(str, p.path)) or 'arguments'}: {p.message}") for p in problems[:5]
             )
             return ToolResult.error(ToolErrorKind.INVALID_ARGUMENTS, f"invalid arguments for {name}: {described}")
         if self._executing >= self._limits.max_concurrent_executions:
@@ -129,6 +164,7 @@ class InstanceManager:
             return await instance.tool.reward(instance.state)
 
     async def release(self, instance_id: str) -> None:
+        _check_id("instance_id", instance_id)
         instance = self._instances.pop(instance_id, None)
         if instance is None:
             return

@@ -11,6 +11,7 @@ from agentloop_grpc.tools.client import InProcessToolClient, ToolInfrastructureE
 from agentloop_grpc.tools.config import build_tools, load_config
 from agentloop_grpc.tools.instances import InstanceManager
 from agentloop_grpc.tools.result import ToolErrorKind
+from agentloop_grpc.v1 import tool_pb2
 
 from .conftest import BUILTIN, tool_server
 
@@ -123,3 +124,45 @@ async def test_images_cross_the_contract() -> None:
     finally:
         await client.close()
         await server.stop(grace_s=1)
+
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(
+    ("arguments_json", "needle"),
+    [("[" * 5_000 + "]" * 5_000, "nest"), ('{"expression": ' + "[" * DEEP + "]" * DEEP + "}", "nest"),
+     ('{"expression": ' + "1" * 5_000 + "}", "4300 digits")],
+    ids=["5000-deep", "100000-deep", "5000-digits"],
+)
+async def test_arguments_past_the_json_decoders_limits_are_invalid_argument(tools, arguments_json, needle) -> None:
+    """Python's recursion and int-digit limits escaped the decoder as INTERNAL, which the client reports as an
+    infrastructure failure; they are bad model output, like any other JSON that does not parse."""
+    calc = await tools.create_instance("calculator", "t")
+    with pytest.raises(ToolRequestError, match=f"INVALID_ARGUMENT.*arguments_json.*{needle}") as raised:
+        await tools.execute(calc, arguments_json)
+    assert len(str(raised.value)) < 500
+    with pytest.raises(ToolRequestError, match=f"INVALID_ARGUMENT.*create_kwargs_json.*{needle}"):
+        await tools._call("CreateInstance", tool_pb2.CreateInstanceRequest(
+            tool_name="check_answer", trajectory_id="t", create_kwargs_json=arguments_json))
+
+
+async def test_schema_violations_quote_a_bounded_prefix_of_the_arguments(tools) -> None:
+    calc = await tools.create_instance("calculator", "t")
+    for value in ("[" * 900 + "]" * 900, json.dumps(["x" * 100] * 1000)):
+        result = await tools.execute(calc, '{"expression": ' + value + "}")
+        assert result.error_kind is ToolErrorKind.INVALID_ARGUMENTS and "is not of type 'string'" in result.content
+        assert len(result.content) < 1000
+
+
+async def test_ids_over_the_bound_are_invalid_argument_and_not_echoed(tools) -> None:
+    huge = "x" * 100_000
+    calls = {"tool_name": tools.create_instance(huge, "t"), "trajectory_id": tools.create_instance("calculator", huge),
+             "instance_id": tools.execute(huge, "{}")}
+    for field, call in calls.items():
+        with pytest.raises(ToolRequestError, match=f"INVALID_ARGUMENT.*{field} is 100000 bytes.*256") as raised:
+            await call
+        assert len(str(raised.value)) < 500
+    for call in (tools.calc_reward(huge), tools.release(huge)):
+        with pytest.raises(ToolRequestError, match="INVALID_ARGUMENT.*instance_id is 100000 bytes"):
+            await call
