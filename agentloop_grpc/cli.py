@@ -24,7 +24,8 @@ import typer
 
 from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
 from agentloop_grpc.engine_adapters.protocol import EngineAdapter
-from agentloop_grpc.engine_adapters.server import PortInUseError, serve, stop_signal
+from agentloop_grpc.engine_adapters.server import serve, stop_signal
+from agentloop_grpc.serving.security import PortInUseError, ServerSecurity
 from agentloop_grpc.rollout.command import rollout as rollout_command
 from agentloop_grpc.train.command import train as train_command
 
@@ -35,6 +36,30 @@ tools_app = typer.Typer(help="ToolExecute servers (tools out of process).", no_a
 app.add_typer(engine_app, name="engine")
 app.add_typer(tools_app, name="tools")
 app.add_typer(model_app, name="model")
+
+
+# Security options of every server command (engine serve, engine launch, tools serve): where the certificate, key
+# and tokens are, never the secrets themselves (a command line is visible to every user of the machine).
+_TLS_CERT = typer.Option(None, "--tls-cert", help="PEM server certificate: serve TLS (with --tls-key).")
+_TLS_KEY = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert.")
+_TLS_CLIENT_CA = typer.Option(None, "--tls-client-ca", help="mTLS: require client certificates signed by this CA.")
+_TOKEN_FILE = typer.Option(None, "--auth-token-file", help="File holding the bearer token every RPC but health needs.")
+_TOKEN_ENV = typer.Option(None, "--auth-token-env", help="Environment variable holding that bearer token.")
+_ADMIN_FILE = typer.Option(
+    None, "--admin-token-file", help="File holding the admin token control RPCs need (UpdateWeights, Sleep, ...)."
+)
+_ADMIN_ENV = typer.Option(None, "--admin-token-env", help="Environment variable holding the admin token.")
+
+
+def _server_security(**fields: str | None) -> ServerSecurity:
+    """The options above as a ServerSecurity; a bad combination exits 2 with the reason."""
+    from pydantic import ValidationError
+
+    try:
+        return ServerSecurity(**fields)
+    except ValidationError as exc:
+        typer.echo(f"error: {exc.errors()[0]['msg']}", err=True)
+        sys.exit(2)
 
 
 class AdapterKind(str, enum.Enum):
@@ -81,10 +106,21 @@ def engine_serve(
         0.0, min=0, help="fake: microseconds of prefill per uncached prompt token."
     ),
     fake_vocab_size: int = typer.Option(32000, min=3, help="fake: vocabulary size."),
+    tls_cert: str = _TLS_CERT,
+    tls_key: str = _TLS_KEY,
+    tls_client_ca: str = _TLS_CLIENT_CA,
+    auth_token_file: str = _TOKEN_FILE,
+    auth_token_env: str = _TOKEN_ENV,
+    admin_token_file: str = _ADMIN_FILE,
+    admin_token_env: str = _ADMIN_ENV,
     log_level: str = typer.Option("INFO", help="Python logging level."),
 ) -> None:
     """Serve one engine over agentloop.v1 (TokenGenerate, EngineControl, health, reflection)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    security = _server_security(
+        cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca, token_file=auth_token_file,
+        token_env=auth_token_env, admin_token_file=admin_token_file, admin_token_env=admin_token_env,
+    )
     if dp_rank >= dp_size:
         raise typer.BadParameter(f"--dp-rank {dp_rank} must be below --dp-size {dp_size}")
     if tp != 1 and adapter is not AdapterKind.SGLANG:
@@ -135,8 +171,8 @@ def engine_serve(
         print(f"agentloop engine listening on {host}:{bound_port} (adapter {adapter.value})", flush=True)
 
     try:
-        asyncio.run(serve(engine, f"{host}:{port}", drain_timeout, on_listening=announce))
-    except PortInUseError as exc:
+        asyncio.run(serve(engine, f"{host}:{port}", drain_timeout, on_listening=announce, security=security))
+    except (PortInUseError, ValueError, OSError) as exc:  # ValueError, OSError: a token or certificate unreadable
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
 
@@ -156,6 +192,13 @@ def tools_serve(
     config: Path = typer.Option(..., exists=True, dir_okay=False, help="tools.yaml (see tools/builtin.yaml)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(50061, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
+    tls_cert: str = _TLS_CERT,
+    tls_key: str = _TLS_KEY,
+    tls_client_ca: str = _TLS_CLIENT_CA,
+    auth_token_file: str = _TOKEN_FILE,
+    auth_token_env: str = _TOKEN_ENV,
+    admin_token_file: str = _ADMIN_FILE,
+    admin_token_env: str = _ADMIN_ENV,
     log_level: str = typer.Option("INFO", help="Python logging level."),
 ) -> None:
     """Serve the tools a config names over agentloop.v1.ToolExecute (with health and reflection)."""
@@ -165,6 +208,10 @@ def tools_serve(
     from agentloop_grpc.tools.server import serve_tools
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    security = _server_security(
+        cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca, token_file=auth_token_file,
+        token_env=auth_token_env, admin_token_file=admin_token_file, admin_token_env=admin_token_env,
+    )
     try:
         tool_config = load_config(config)
     except (ValidationError, ValueError, OSError) as exc:
@@ -175,8 +222,8 @@ def tools_serve(
         print(f"agentloop tools listening on {host}:{bound_port}", flush=True)
 
     try:
-        asyncio.run(serve_tools(tool_config, f"{host}:{port}", on_listening=announce))
-    except (PortInUseError, ValueError, ImportError) as exc:
+        asyncio.run(serve_tools(tool_config, f"{host}:{port}", on_listening=announce, security=security))
+    except (PortInUseError, ValueError, ImportError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
 
@@ -197,13 +244,47 @@ def engine_launch(
     ray_address: str = typer.Option(None, help="--ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)."),
     cpus_per_server: float = typer.Option(1.0, min=0.01, help="--ray: CPUs each DP group reserves."),
     gpus_per_server: float = typer.Option(0.0, min=0.0, help="--ray: GPUs each DP group reserves (all its TP ranks)."),
+    tls_cert: str = _TLS_CERT,
+    tls_key: str = _TLS_KEY,
+    tls_client_ca: str = _TLS_CLIENT_CA,
+    auth_token_file: str = _TOKEN_FILE,
+    auth_token_env: str = _TOKEN_ENV,
+    admin_token_file: str = _ADMIN_FILE,
+    admin_token_env: str = _ADMIN_ENV,
+    tls_ca: str = typer.Option(
+        None, "--tls-ca", help="CA that signed --tls-cert, for clients (default: --tls-cert itself, if self-signed)."
+    ),
+    tls_client_cert: str = typer.Option(
+        None, "--tls-client-cert", help="mTLS: the client certificate the launcher (and routers) show the servers."
+    ),
+    tls_client_key: str = typer.Option(None, "--tls-client-key", help="mTLS: the key of --tls-client-cert."),
 ) -> None:
     """Start one engine server per DP group (on this node, or over a Ray cluster with --ray), wait until all serve,
-    write the discovery file; stop them all on Ctrl-C or SIGTERM."""
+    write the discovery file; stop them all on Ctrl-C or SIGTERM. With TLS or tokens, the discovery file says how
+    to reach the servers (certificate and token paths, variable names), never a secret."""
     from agentloop_grpc.engine_adapters.launcher import EngineLaunch, EngineLauncher, LaunchError
+    from agentloop_grpc.security import ClientSecurity
 
+    absolute = lambda path: str(Path(path).absolute()) if path else None  # noqa: E731  (servers run elsewhere)
+    security = _server_security(
+        cert_file=absolute(tls_cert), key_file=absolute(tls_key), client_ca_file=absolute(tls_client_ca),
+        token_file=absolute(auth_token_file), token_env=auth_token_env,
+        admin_token_file=absolute(admin_token_file), admin_token_env=admin_token_env,
+    )
     try:
-        launch = EngineLaunch(adapter=adapter.value, dp=dp, tp=tp, model=model, host=host, threads=threads)
+        client_security = ClientSecurity(
+            tls=security.tls, ca_file=absolute(tls_ca or tls_cert), cert_file=absolute(tls_client_cert),
+            key_file=absolute(tls_client_key), token_file=security.token_file, token_env=security.token_env,
+            admin_token_file=security.admin_token_file, admin_token_env=security.admin_token_env,
+        )
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    protected = client_security != ClientSecurity()
+    try:
+        launch = EngineLaunch(adapter=adapter.value, dp=dp, tp=tp, model=model, host=host, threads=threads,
+                              security=security if protected else None,
+                              client_security=client_security if protected else None)
         if use_ray:
             from agentloop_grpc.engine_adapters.ray_launcher import RayEngineLauncher, RayResources
 

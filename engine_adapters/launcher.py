@@ -28,6 +28,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from agentloop_grpc.security import ClientSecurity, open_channel
+from agentloop_grpc.serving.security import ServerSecurity
+
 _LISTENING = re.compile(r"listening on (\S+)")
 
 
@@ -58,6 +61,8 @@ class ServerProcess:
     env: dict[str, str] = field(default_factory=dict)
     #: Stop the server when its starter dies (Linux only): for starters that can be killed without notice.
     terminate_with_parent: bool = False
+    #: How to reach the server for its health checks (TLS: which CA to trust, the client certificate).
+    security: ClientSecurity | None = None
     process: asyncio.subprocess.Process | None = None
     address: str | None = None
 
@@ -95,7 +100,7 @@ class ServerProcess:
                 pass
 
     async def _wait_serving(self, deadline: float) -> None:
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with open_channel(self.address, self.security) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 if self.process.returncode is not None:
@@ -140,6 +145,10 @@ class EngineLaunch:
     #: Extra ``agentloop engine serve`` options, e.g. ("--max-running", "16").
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
+    #: TLS and tokens of every server (paths and variable names: each server reads them on its node).
+    security: ServerSecurity | None = None
+    #: How clients reach the servers (the launcher's health checks, and what the discovery file tells routers).
+    client_security: ClientSecurity | None = None
 
     def __post_init__(self) -> None:
         if self.dp < 1 or self.tp < 1:
@@ -158,6 +167,8 @@ class EngineLaunch:
         if self.adapter == "embedded":
             threads = self.threads or max(1, (os.cpu_count() or 1) // self.dp)
             args += ["--threads", str(threads)]
+        if self.security is not None:
+            args += self.security.cli_args()
         return args + list(self.extra_args)
 
 
@@ -169,7 +180,8 @@ class EngineLauncher:
         self.log_dir = Path(log_dir)
         self.grace_s = grace_s
         self.servers = [
-            ServerProcess(launch.command(rank), self.log_dir / f"engine-{rank}.log") for rank in range(launch.dp)
+            ServerProcess(launch.command(rank), self.log_dir / f"engine-{rank}.log", security=launch.client_security)
+            for rank in range(launch.dp)
         ]
 
     @property
@@ -198,12 +210,17 @@ class EngineLauncher:
         """``{"servers": [{"address", "dp_rank", "adapter"}...]}``: what ``Router.from_discovery_file`` reads."""
         servers = [{"address": s.address, "dp_rank": rank, "adapter": self.launch.adapter}
                    for rank, s in enumerate(self.servers)]
-        return write_discovery(path, servers)
+        return write_discovery(path, servers, self.launch.client_security)
 
 
-def write_discovery(path: str | Path, servers: list[dict[str, object]]) -> Path:
-    """Write ``{"servers": [...]}``; each entry has at least ``address`` (see ``router.discovery_addresses``)."""
+def write_discovery(path: str | Path, servers: list[dict[str, object]], security: ClientSecurity | None = None) -> Path:
+    """Write ``{"servers": [...], "security": {...}}``; each server entry has at least ``address``, and
+    ``security`` (only when the servers need TLS or tokens) is a ``ClientSecurity``: the paths of the CA and the
+    token files or the names of the token variables, never a secret (see ``router.discovery_addresses``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"servers": servers}, indent=2) + "\n")
+    document: dict[str, object] = {"servers": servers}
+    if security is not None:
+        document["security"] = security.model_dump(exclude_defaults=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
     return path

@@ -60,7 +60,8 @@ class ServerHost:
         self.node_ip = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
         command = dataclasses.replace(launch, host=self.node_ip).command(rank)
-        self.server = ServerProcess(command, Path(log_dir) / f"engine-{rank}.log", terminate_with_parent=True)
+        self.server = ServerProcess(command, Path(log_dir) / f"engine-{rank}.log", terminate_with_parent=True,
+                                    security=launch.client_security)
 
     async def start(self, timeout_s: float) -> dict[str, str]:
         address = await self.server.start(timeout_s)
@@ -163,4 +164,4 @@ class RayEngineLauncher:
             {**server, "dp_rank": rank, "adapter": self.launch.adapter, "placement_group": group.id.hex()}
             for rank, (server, group) in enumerate(zip(self.servers, self.placement_groups, strict=True))
         ]
-        return write_discovery(path, servers)
+        return write_discovery(path, servers, self.launch.client_security)

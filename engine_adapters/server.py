@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from agentloop_grpc.serving.security import ServerSecurity, bind, interceptors
 from agentloop_grpc.v1 import engine_pb2_grpc, generation_pb2_grpc
 
 from .protocol import EngineAdapter
@@ -31,15 +32,23 @@ SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
+    # clients ping to find a hung server (see RouterConfig); a server that refused their pings as too frequent
+    # would close the connection (GOAWAY too_many_pings) and fail healthy calls
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+    # and the server pings its clients, so the streams of a vanished client are cancelled (and their requests
+    # aborted in the engine) instead of decoding for nobody
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
 )
+#: What a caller of an engine server can do (said when it listens beyond loopback without a token).
+ENGINE_EXPOSES = ("generate, pause or abort everyone's generations (Pause, Abort all), replace the policy "
+                  "(UpdateWeights), and Sleep, WakeUp or FlushCache the engine")
 
 
 # After aborting at the drain deadline, how long the aborted streams get to deliver their final message.
 _ABORT_FLUSH_S = 2.0
-
-
-class PortInUseError(RuntimeError):
-    """The requested address could not be bound."""
 
 
 @dataclass(slots=True)
@@ -73,22 +82,17 @@ def add_health_and_reflection(server: grpc.aio.Server, service_names: tuple[str,
     return health_servicer
 
 
-def bind(server: grpc.aio.Server, address: str) -> int:
-    """Listen on ``address``; return the port (the chosen one for port 0)."""
-    try:
-        return server.add_insecure_port(address)
-    except RuntimeError as exc:  # grpc raises RuntimeError("Failed to bind ...")
-        raise PortInUseError(f"cannot listen on {address}: the port is in use or the address is invalid") from exc
-
-
-async def create_server(adapter: EngineAdapter, address: str = "127.0.0.1:0") -> EngineServer:
-    """Serve ``adapter`` on ``address``; the adapter is not started here (see ``start_adapter``)."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+async def create_server(
+    adapter: EngineAdapter, address: str = "127.0.0.1:0", security: ServerSecurity | None = None
+) -> EngineServer:
+    """Serve ``adapter`` on ``address`` (with ``security``'s TLS and tokens); the adapter is not started here
+    (see ``start_adapter``)."""
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors(security))
     health_servicer = add_health_and_reflection(server, SERVICE_NAMES)
     servicer = EngineServicer(adapter, health_servicer)
     generation_pb2_grpc.add_TokenGenerateServicer_to_server(servicer, server)
     engine_pb2_grpc.add_EngineControlServicer_to_server(servicer, server)
-    port = bind(server, address)
+    port = bind(server, address, security, ENGINE_EXPOSES)
     await servicer.sync_health()
     await server.start()
     return EngineServer(server=server, port=port, servicer=servicer, adapter=adapter)
@@ -114,10 +118,11 @@ async def serve(
     address: str,
     drain_timeout_s: float = 30.0,
     on_listening: Callable[[int], None] | None = None,
+    security: ServerSecurity | None = None,
 ) -> None:
     """Run an engine server until SIGTERM or SIGINT, then drain and return."""
     stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on drains, never kills
-    engine_server = await create_server(adapter, address)
+    engine_server = await create_server(adapter, address, security)
     if on_listening is not None:
         on_listening(engine_server.port)
     loading = asyncio.create_task(start_adapter(engine_server))

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2
 
-from agentloop_grpc.engine_adapters.server import SERVER_OPTIONS, add_health_and_reflection, bind, stop_signal
+from agentloop_grpc.engine_adapters.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
+from agentloop_grpc.serving.security import ServerSecurity, bind, interceptors
 from agentloop_grpc.v1 import tool_pb2_grpc
 
 from .config import ToolServerConfig, build_tools
@@ -30,12 +31,18 @@ class ToolServer:
         await self.instances.close()
 
 
-async def create_tool_server(config: ToolServerConfig, address: str = "127.0.0.1:0") -> ToolServer:
+#: What a caller of a tool server can do (said when it listens beyond loopback without a token).
+TOOLS_EXPOSE = "run code in the python sandbox and call every tool this server serves"
+
+
+async def create_tool_server(
+    config: ToolServerConfig, address: str = "127.0.0.1:0", security: ServerSecurity | None = None
+) -> ToolServer:
     instances = InstanceManager(build_tools(config), config.limits)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors(security))
     health = add_health_and_reflection(server, (SERVICE_NAME,))
     tool_pb2_grpc.add_ToolExecuteServicer_to_server(ToolExecuteServicer(instances), server)
-    port = bind(server, address)
+    port = bind(server, address, security, TOOLS_EXPOSE)
     await server.start()
     instances.start()
     for name in ("", SERVICE_NAME):
@@ -44,11 +51,14 @@ async def create_tool_server(config: ToolServerConfig, address: str = "127.0.0.1
 
 
 async def serve_tools(
-    config: ToolServerConfig, address: str, on_listening: Callable[[int], None] | None = None
+    config: ToolServerConfig,
+    address: str,
+    on_listening: Callable[[int], None] | None = None,
+    security: ServerSecurity | None = None,
 ) -> None:
     """Run until SIGTERM or SIGINT, then stop (in-flight calls get a grace period) and release every instance."""
     stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on is a clean stop
-    tool_server = await create_tool_server(config, address)
+    tool_server = await create_tool_server(config, address, security)
     if on_listening is not None:
         on_listening(tool_server.port)
     await stop.wait()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentloop_grpc.security import ClientSecurity
+
 
 class RouterConfig(BaseModel):
     """How the Router spreads sessions over engine servers and recovers from failures."""
@@ -72,4 +74,8 @@ class RouterConfig(BaseModel):
     )
     weight_chunk_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="UpdateWeights splits tensors into messages of at most this size."
+    )
+    security: ClientSecurity | None = Field(
+        None, description="TLS and tokens for servers that require them (default: plaintext, no token; "
+        "Router.from_discovery_file takes the discovery file's when this is unset)."
     )

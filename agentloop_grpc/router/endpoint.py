@@ -15,6 +15,7 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from agentloop_grpc.security import open_channel
 from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 from .config import RouterConfig
@@ -36,7 +37,7 @@ class Endpoint:
         self.address = address
         self._config = config
         self._metrics = metrics
-        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.channel = open_channel(address, config.security, _CHANNEL_OPTIONS)
         self.generate = generation_pb2_grpc.TokenGenerateStub(self.channel)
         self.control = engine_pb2_grpc.EngineControlStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)

@@ -26,6 +26,7 @@ import grpc
 
 from agentloop_grpc.engine_adapters import convert
 from agentloop_grpc.engine_adapters.types import NamedTensor, TokenChunk
+from agentloop_grpc.security import ClientSecurity
 from agentloop_grpc.v1 import engine_pb2, generation_pb2
 
 from .attempts import Received, attempt_request, ended_before_resume
@@ -70,7 +71,12 @@ class Router:
 
     @classmethod
     def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Router:
-        """Servers from a launcher's discovery file (see ``discovery_addresses``)."""
+        """Servers from a launcher's discovery file (see ``discovery_addresses``), reached with the file's
+        security settings unless ``config`` has its own."""
+        config = config or RouterConfig()
+        security = discovery_security(path)
+        if config.security is None and security is not None:
+            config = config.model_copy(update={"security": security})
         return cls(discovery_addresses(path), config)
 
     async def __aenter__(self) -> Router:
@@ -541,4 +547,10 @@ def discovery_addresses(path: str | Path) -> list[str]:
     """The addresses in a launcher's discovery file: ``{"servers": [{"address": "host:port", ...}, ...]}``."""
     document = json.loads(Path(path).read_text())
     return [entry["address"] for entry in document["servers"]]
+
+
+def discovery_security(path: str | Path) -> ClientSecurity | None:
+    """How to reach a discovery file's servers (its optional ``security``: paths and variable names only)."""
+    document = json.loads(Path(path).read_text())
+    return ClientSecurity.model_validate(document["security"]) if document.get("security") else None
 

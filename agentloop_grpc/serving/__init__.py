@@ -1,0 +1,1 @@
+"""What every server of ours shares (engine servers and tool servers alike): authentication and TLS."""

@@ -1,0 +1,203 @@
+"""Server-side security: TLS (optionally requiring client certificates) and bearer tokens checked on every RPC but
+health.
+
+``ServerSecurity`` names where the certificate, key and tokens are (files, environment variables), never the
+secrets. ``AuthInterceptor`` answers a call without a token UNAUTHENTICATED, with a wrong token UNAUTHENTICATED,
+and a control call (``agentloop_grpc.security.CONTROL_METHODS``, Abort(all)) made with the user token
+PERMISSION_DENIED when an admin token is configured; the call's handler never runs, so nothing changes.
+``bind`` listens with TLS when configured and warns when a non-loopback address is exposed without a token.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import ipaddress
+import logging
+from pathlib import Path
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentloop_grpc.security import ABORT_METHOD, AUTHORIZATION, CONTROL_METHODS, read_secret
+
+log = logging.getLogger(__name__)
+
+#: Open to everyone: load balancers and launchers check health without credentials.
+_OPEN_PREFIX = "/grpc.health.v1.Health/"
+
+
+class PortInUseError(RuntimeError):
+    """The requested address could not be bound."""
+
+
+class ServerSecurity(BaseModel):
+    """TLS and tokens of one server (every field optional: plaintext and open by default)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cert_file: str | None = Field(None, description="PEM server certificate (with cert_file and key_file: TLS).")
+    key_file: str | None = Field(None, description="PEM private key of cert_file.")
+    client_ca_file: str | None = Field(
+        None, description="mTLS: require client certificates signed by this PEM CA."
+    )
+    token_file: str | None = Field(None, description="File holding the bearer token every RPC but health needs.")
+    token_env: str | None = Field(None, description="Environment variable holding that token.")
+    admin_token_file: str | None = Field(
+        None, description="File holding the admin token control RPCs need (it is accepted for every RPC)."
+    )
+    admin_token_env: str | None = Field(None, description="Environment variable holding the admin token.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServerSecurity:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise ValueError("client certificates (--tls-client-ca) need TLS (--tls-cert and --tls-key)")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.cert_file is not None
+
+    def credentials(self) -> grpc.ServerCredentials | None:
+        if not self.tls:
+            return None
+        pair = (Path(self.key_file).read_bytes(), Path(self.cert_file).read_bytes())
+        client_ca = Path(self.client_ca_file).read_bytes() if self.client_ca_file else None
+        return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
+
+    def interceptor(self) -> AuthInterceptor | None:
+        """The token check, or None when no token is configured (reads the secrets now: a missing one fails)."""
+        user = read_secret(self.token_file, self.token_env, "token")
+        admin = read_secret(self.admin_token_file, self.admin_token_env, "admin token")
+        return AuthInterceptor(user, admin) if (user or admin) else None
+
+    def cli_args(self) -> list[str]:
+        """The ``agentloop ... serve`` options that give a child server this security."""
+        flags = {
+            "--tls-cert": self.cert_file, "--tls-key": self.key_file, "--tls-client-ca": self.client_ca_file,
+            "--auth-token-file": self.token_file, "--auth-token-env": self.token_env,
+            "--admin-token-file": self.admin_token_file, "--admin-token-env": self.admin_token_env,
+        }
+        return [arg for flag, value in flags.items() if value is not None for arg in (flag, str(value))]
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Checks ``authorization: Bearer <token>`` on every RPC but health (see the module docstring)."""
+
+    def __init__(self, token: str | None, admin_token: str | None) -> None:
+        if not (token or admin_token):
+            raise ValueError("an AuthInterceptor needs a token or an admin token")
+        self._token = token.encode() if token else None
+        self._admin = admin_token.encode() if admin_token else None
+        #: Refused calls by status code name (what the metrics endpoint reports).
+        self.failures: collections.Counter[str] = collections.Counter()
+
+    def _role(self, metadata) -> str:
+        """'admin', 'user', 'none' (no token) or 'invalid' (a token that matches nothing)."""
+        value = next((v for k, v in metadata or () if k == AUTHORIZATION), None)
+        if value is None:
+            return "none"
+        value = value.encode() if isinstance(value, str) else value
+        scheme, _, presented = value.partition(b" ")
+        if scheme.lower() != b"bearer" or not presented:
+            return "invalid"
+        # both comparisons always run, in constant time, so timing tells nothing about either token
+        is_admin = self._admin is not None and hmac.compare_digest(presented, self._admin)
+        is_user = self._token is not None and hmac.compare_digest(presented, self._token)
+        return "admin" if is_admin else "user" if is_user else "invalid"
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        if method.startswith(_OPEN_PREFIX):
+            return await continuation(handler_call_details)
+        role = self._role(handler_call_details.invocation_metadata)
+        handler = await continuation(handler_call_details)
+        if handler is None:  # an unknown method: gRPC answers UNIMPLEMENTED
+            return None
+        if role == "invalid":
+            return self._deny(handler, grpc.StatusCode.UNAUTHENTICATED, "the bearer token is not valid")
+        if role == "none" and self._token is not None:
+            return self._deny(handler, grpc.StatusCode.UNAUTHENTICATED,
+                              f"this server requires a bearer token (metadata '{AUTHORIZATION}: Bearer <token>')")
+        if role == "admin" or self._admin is None:
+            return handler
+        # no token at all is UNAUTHENTICATED; the user token where the admin one is needed, PERMISSION_DENIED
+        refusal = grpc.StatusCode.UNAUTHENTICATED if role == "none" else grpc.StatusCode.PERMISSION_DENIED
+        if method in CONTROL_METHODS:
+            return self._deny(handler, refusal, f"{method} needs the admin token")
+        if method == ABORT_METHOD:
+            return self._guard_abort_all(handler, refusal)
+        return handler
+
+    def _deny(self, handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+        self.failures[code.name] += 1
+
+        async def refuse(_request, context: grpc.aio.ServicerContext):
+            await context.abort(code, message)
+
+        return _same_kind(handler, refuse)
+
+    def _guard_abort_all(self, handler: grpc.RpcMethodHandler, refusal: grpc.StatusCode) -> grpc.RpcMethodHandler:
+        behavior = handler.unary_unary
+
+        async def abort(request, context: grpc.aio.ServicerContext):
+            if request.all:
+                self.failures[refusal.name] += 1
+                await context.abort(refusal, "Abort(all) needs the admin token")
+            return await behavior(request, context)
+
+        return _same_kind(handler, abort)
+
+
+def _same_kind(handler: grpc.RpcMethodHandler, behavior) -> grpc.RpcMethodHandler:
+    """A handler of ``handler``'s kind (and (de)serializers) that runs ``behavior``."""
+    serializers = dict(request_deserializer=handler.request_deserializer,
+                       response_serializer=handler.response_serializer)
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(behavior, **serializers)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(behavior, **serializers)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(behavior, **serializers)
+    return grpc.stream_stream_rpc_method_handler(behavior, **serializers)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``host:port`` binds only this machine's loopback interface."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def bind(server: grpc.aio.Server, address: str, security: ServerSecurity | None = None, exposes: str = "") -> int:
+    """Listen on ``address`` (with TLS when ``security`` has a certificate); return the port (the chosen one for
+    port 0). Warns when a non-loopback address is open to anyone, saying what ``exposes`` (what a caller can do)."""
+    security = security or ServerSecurity()
+    has_token = any((security.token_file, security.token_env, security.admin_token_file, security.admin_token_env))
+    if not is_loopback(address):
+        if not has_token:
+            log.warning("listening on %s WITHOUT AUTHENTICATION: anyone who reaches this port can %s. Give a token "
+                        "(--auth-token-file/--auth-token-env, --admin-token-file) and TLS (--tls-cert, --tls-key).",
+                        address, exposes or "call every RPC")
+        elif not security.tls:
+            log.warning("listening on %s without TLS: tokens and data cross the network in plaintext "
+                        "(--tls-cert, --tls-key).", address)
+    try:
+        credentials = security.credentials()
+        if credentials is None:
+            return server.add_insecure_port(address)
+        return server.add_secure_port(address, credentials)
+    except RuntimeError as exc:  # grpc raises RuntimeError("Failed to bind ...")
+        raise PortInUseError(f"cannot listen on {address}: the port is in use or the address is invalid") from exc
+
+
+def interceptors(security: ServerSecurity | None) -> list[grpc.aio.ServerInterceptor]:
+    """The server interceptors ``security`` asks for (pass to ``grpc.aio.server``)."""
+    interceptor = security.interceptor() if security is not None else None
+    return [interceptor] if interceptor is not None else []
