@@ -13,6 +13,7 @@ from agentloop_grpc.agent.config import AgentLoopConfig, SamplingConfig
 from agentloop_grpc.agent.spec import ComponentSpec
 from agentloop_grpc.rollout.config import ArithmeticDataset, Dataset, Engines, LaunchEngines, RolloutConfig, Tools
 from agentloop_grpc.router import RouterConfig
+from agentloop_grpc.security import ClientSecurity
 from agentloop_grpc.train.config import GrpoSettings, TrainConfig
 
 SECTIONS: list[tuple[type[BaseModel], str]] = [
@@ -25,6 +26,7 @@ SECTIONS: list[tuple[type[BaseModel], str]] = [
     (AgentLoopConfig, "loop."),
     (SamplingConfig, "loop.sampling."),
     (RouterConfig, "router."),
+    (ClientSecurity, "router.security. / tools.security."),
     (ComponentSpec, "reward. / interactions.NAME."),
 ]
 

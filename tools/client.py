@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import grpc
 
 from agentloop_grpc.engine_adapters.errors import EngineError
+from agentloop_grpc.security import ClientSecurity, open_channel
 from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
 
 from . import convert
@@ -44,10 +45,11 @@ _REQUEST_CODES = {grpc.StatusCode.INVALID_ARGUMENT}
 
 
 class GrpcToolClient:
-    """ToolClient over a ToolExecute server; every call has a deadline."""
+    """ToolClient over a ToolExecute server (with TLS and a token when ``security`` says so); every call has a
+    deadline."""
 
-    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
-        self._channel = grpc.aio.insecure_channel(address)
+    def __init__(self, address: str, timeout_s: float = 60.0, security: ClientSecurity | None = None) -> None:
+        self._channel = open_channel(address, security)
         self._stub = tool_pb2_grpc.ToolExecuteStub(self._channel)
         self._timeout = timeout_s
 

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentloop_grpc.router import Router, RouterConfig
+from agentloop_grpc.security import ClientSecurity
 
 from .chat import ChatCodec
 from .config import AgentLoopConfig
@@ -46,6 +47,7 @@ class WorkerSpec(BaseModel):
     engines: tuple[str, ...] = Field((), description="Engine server addresses (host:port).")
     discovery_file: str | None = Field(None, description="A launcher's discovery file, instead of engines.")
     tool_server: str | None = Field(None, description="ToolExecute server address; None: no tools.")
+    tool_security: ClientSecurity | None = Field(None, description="TLS and token of the tool server.")
     model_dir: str | None = Field(None, description="Folder of the tokenizer; None: the default model's.")
     loop: AgentLoopConfig = Field(default_factory=AgentLoopConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
@@ -76,7 +78,7 @@ async def build_worker(spec: WorkerSpec, stack: AsyncExitStack, index: int = 0) 
     router = await stack.enter_async_context(spec.make_router())
     tools, specs = None, {}
     if spec.tool_server:
-        tools = GrpcToolClient(spec.tool_server)
+        tools = GrpcToolClient(spec.tool_server, security=spec.tool_security)
         stack.push_async_callback(tools.close)
         specs = {s.name: s for s in await tools.list_tools()}
     tracer = None

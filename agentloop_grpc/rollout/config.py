@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agentloop_grpc.agent.config import AgentLoopConfig
 from agentloop_grpc.agent.spec import ComponentSpec
 from agentloop_grpc.router import RouterConfig
+from agentloop_grpc.security import ClientSecurity
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
@@ -54,11 +55,16 @@ class Tools(BaseModel):
 
     address: str | None = Field(None, description="A running ToolExecute server (host:port).")
     launch: str | None = Field("builtin", description="A tools.yaml to serve for this run ('builtin': the built-ins).")
+    security: ClientSecurity | None = Field(
+        None, description="TLS and token of the running server at address (file paths or variable names)."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Tools:
         if self.address is not None and self.launch is not None:
             raise ValueError("tools: give address or launch, not both (set launch: null to use address)")
+        if self.security is not None and self.address is None:
+            raise ValueError("tools: security is how to reach the running server at address")
         return self
 
 

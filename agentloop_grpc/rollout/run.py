@@ -118,7 +118,8 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
         trace = out / "trace.jsonl"
         trace.unlink(missing_ok=True)
         spec = WorkerSpec(
-            engines=tuple(addresses), tool_server=tool_address, model_dir=model_dir, loop=config.loop,
+            engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
+            model_dir=model_dir, loop=config.loop,
             router=config.router, max_concurrency=config.max_concurrency, reward=config.reward,
             interactions=config.interactions, trace_path=str(trace) if config.trace else None,
         )

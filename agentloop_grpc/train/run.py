@@ -123,7 +123,8 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
         echo("starting engine and tool servers")
         (addresses, model_dir), tool_address = servers.run(_gather(start_engines(config.engines, stack, out),
                                                                     start_tools(config.tools, stack, out)))
-        spec = WorkerSpec(engines=tuple(addresses), tool_server=tool_address, model_dir=model_dir,
+        spec = WorkerSpec(engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
+                          model_dir=model_dir,
                           loop=config.loop, router=config.router)
         # 3. the rollout and the trainer, on the engines' checkpoint
         checkpoint = model_store.resolve(model_dir)

@@ -88,3 +88,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     admin.write_text(ADMIN_TOKEN + "\n")
     return Pki(ca_path, server_cert, server_key, client_cert, client_key, rogue_path, rogue_cert, rogue_client_key,
                token, admin)
+
+
+BUILTIN_TOOLS = Path(__file__).resolve().parents[2] / "tools" / "builtin.yaml"

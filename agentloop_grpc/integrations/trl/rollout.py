@@ -155,7 +155,7 @@ class AgentLoopRollout:
         from agentloop_grpc.agent.parsers import HermesParser
         from agentloop_grpc.tools.client import GrpcToolClient
 
-        tools = GrpcToolClient(self.spec.tool_server)
+        tools = GrpcToolClient(self.spec.tool_server, security=self.spec.tool_security)
         try:
             specs = {s.name: s.openai() for s in await tools.list_tools()}
         finally:
