@@ -5,6 +5,7 @@
  * `make protos` also writes TypeScript types for these messages into ../generated (proto-loader-gen-types),
  * so TypeScript users get typed requests and responses: see README.md.
  */
+const fs = require('node:fs');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
@@ -21,13 +22,58 @@ function loadAgentloop(protoRoot = PROTO_ROOT) {
   return grpc.loadPackageDefinition(definition).agentloop.v1;
 }
 
-/** Clients for one server: { generate: TokenGenerate, control: EngineControl, tools: ToolExecute }. */
-function connect(address, credentials = grpc.credentials.createInsecure()) {
+/** Calls that need the admin token where a server has one (Abort too: its `all` flag is in the message, sent
+ * after the token, so every Abort carries the admin token when the client has one). */
+const CONTROL_METHODS = new Set(['Sleep', 'WakeUp', 'Pause', 'Resume', 'UpdateWeights', 'FlushCache']
+  .map((name) => `/agentloop.v1.EngineControl/${name}`).concat(['/agentloop.v1.TokenGenerate/Abort']));
+
+/** A secret from a file (trimmed) or an environment variable, as the Python client reads it. */
+function readSecret(file, env, what) {
+  if (file && env) throw new Error(`${what}: give a file or an environment variable, not both`);
+  const value = file ? fs.readFileSync(file, 'utf8').trim() : env ? (process.env[env] || '').trim() : undefined;
+  if ((file || env) && !value) throw new Error(`${what}: ${file ? `the file ${file} is empty` : `${env} is not set`}`);
+  return value;
+}
+
+/**
+ * Channel credentials and client options from a security object with the fields of the Python ClientSecurity
+ * (and of a discovery file's "security"): tls, ca_file, cert_file, key_file, server_name, token_file, token_env,
+ * admin_token_file, admin_token_env. Tokens go in `authorization: Bearer ...` metadata on every call.
+ */
+function securityOptions(security = {}) {
+  const tls = Boolean(security.tls || security.ca_file || security.cert_file || security.server_name);
+  const read = (file) => (file ? fs.readFileSync(file) : null);
+  const credentials = tls
+    ? grpc.credentials.createSsl(read(security.ca_file), read(security.key_file), read(security.cert_file))
+    : grpc.credentials.createInsecure();
+  const options = security.server_name ? { 'grpc.ssl_target_name_override': security.server_name } : {};
+  const user = readSecret(security.token_file, security.token_env, 'token');
+  const admin = readSecret(security.admin_token_file, security.admin_token_env, 'admin token');
+  if (user || admin) {
+    const addToken = (callOptions, nextCall) => new grpc.InterceptingCall(nextCall(callOptions), {
+      start(metadata, listener, next) {
+        const control = CONTROL_METHODS.has(callOptions.method_definition.path);
+        metadata.set('authorization', `Bearer ${control ? admin || user : user || admin}`);
+        next(metadata, listener);
+      },
+    });
+    options.interceptors = [addToken];
+  }
+  return { credentials, options };
+}
+
+/**
+ * Clients for one server: { generate: TokenGenerate, control: EngineControl, tools: ToolExecute }.
+ * `security` is grpc.ChannelCredentials, or a security object (see securityOptions) for TLS and tokens.
+ */
+function connect(address, security = grpc.credentials.createInsecure()) {
   const v1 = loadAgentloop();
+  const { credentials, options } = security instanceof grpc.ChannelCredentials
+    ? { credentials: security, options: {} } : securityOptions(security);
   return {
-    generate: new v1.TokenGenerate(address, credentials),
-    control: new v1.EngineControl(address, credentials),
-    tools: new v1.ToolExecute(address, credentials),
+    generate: new v1.TokenGenerate(address, credentials, options),
+    control: new v1.EngineControl(address, credentials, options),
+    tools: new v1.ToolExecute(address, credentials, options),
     close() {
       this.generate.close();
       this.control.close();
@@ -75,4 +121,12 @@ function generate(client, request, seconds = 120) {
   });
 }
 
-module.exports = { PROTO_ROOT, LOADER_OPTIONS, loadAgentloop, connect, unary, generate, deadline, grpc };
+/** The servers of a discovery file (`agentloop engine launch`): { addresses, security } for connect(). */
+function readDiscovery(file) {
+  const document = JSON.parse(fs.readFileSync(file, 'utf8'));
+  return { addresses: document.servers.map((server) => server.address), security: document.security || {} };
+}
+
+module.exports = {
+  PROTO_ROOT, LOADER_OPTIONS, loadAgentloop, connect, securityOptions, readDiscovery, unary, generate, deadline, grpc,
+};
