@@ -13,6 +13,7 @@ import enum
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 # Before torch is imported (the embedded engine imports it lazily): libgomp's default spin-waiting makes two
@@ -49,6 +50,17 @@ _ADMIN_FILE = typer.Option(
     None, "--admin-token-file", help="File holding the admin token control RPCs need (UpdateWeights, Sleep, ...)."
 )
 _ADMIN_ENV = typer.Option(None, "--admin-token-env", help="Environment variable holding the admin token.")
+_METRICS_PORT = typer.Option(
+    None, "--metrics-port", min=0, max=65535,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port and prints it).",
+)
+
+
+def _announce_metrics(kind: str, host: str) -> Callable[[int], None]:
+    def announce(port: int) -> None:
+        print(f"agentloop {kind} metrics at http://{host}:{port}/metrics", flush=True)
+
+    return announce
 
 
 def _server_security(**fields: str | None) -> ServerSecurity:
@@ -113,6 +125,7 @@ def engine_serve(
     auth_token_env: str = _TOKEN_ENV,
     admin_token_file: str = _ADMIN_FILE,
     admin_token_env: str = _ADMIN_ENV,
+    metrics_port: int = _METRICS_PORT,
     log_level: str = typer.Option("INFO", help="Python logging level."),
 ) -> None:
     """Serve one engine over agentloop.v1 (TokenGenerate, EngineControl, health, reflection)."""
@@ -171,7 +184,8 @@ def engine_serve(
         print(f"agentloop engine listening on {host}:{bound_port} (adapter {adapter.value})", flush=True)
 
     try:
-        asyncio.run(serve(engine, f"{host}:{port}", drain_timeout, on_listening=announce, security=security))
+        asyncio.run(serve(engine, f"{host}:{port}", drain_timeout, on_listening=announce, security=security,
+                          metrics_port=metrics_port, on_metrics=_announce_metrics("engine", host)))
     except (PortInUseError, ValueError, OSError) as exc:  # ValueError, OSError: a token or certificate unreadable
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -199,6 +213,7 @@ def tools_serve(
     auth_token_env: str = _TOKEN_ENV,
     admin_token_file: str = _ADMIN_FILE,
     admin_token_env: str = _ADMIN_ENV,
+    metrics_port: int = _METRICS_PORT,
     log_level: str = typer.Option("INFO", help="Python logging level."),
 ) -> None:
     """Serve the tools a config names over agentloop.v1.ToolExecute (with health and reflection)."""
@@ -222,7 +237,8 @@ def tools_serve(
         print(f"agentloop tools listening on {host}:{bound_port}", flush=True)
 
     try:
-        asyncio.run(serve_tools(tool_config, f"{host}:{port}", on_listening=announce, security=security))
+        asyncio.run(serve_tools(tool_config, f"{host}:{port}", on_listening=announce, security=security,
+                                metrics_port=metrics_port, on_metrics=_announce_metrics("tools", host)))
     except (PortInUseError, ValueError, ImportError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -18,11 +18,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from agentloop_grpc.serving.security import ServerSecurity, bind, interceptors
+from agentloop_grpc.serving.interceptors import server_interceptors
+from agentloop_grpc.serving.metrics import GaugesCollector, GaugeSample, ServerMetrics, serve_metrics
+from agentloop_grpc.serving.security import ServerSecurity, bind
 from agentloop_grpc.v1 import engine_pb2_grpc, generation_pb2_grpc
 
 from .protocol import EngineAdapter
 from .servicer import SERVICE_NAMES, EngineServicer
+from .types import EngineState
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +85,42 @@ def add_health_and_reflection(server: grpc.aio.Server, service_names: tuple[str,
     return health_servicer
 
 
+def engine_gauges(adapter: EngineAdapter) -> GaugesCollector:
+    """What the engine reports of itself (GetLoad and GetServerInfo figures), read when scraped."""
+
+    def read() -> list[GaugeSample]:
+        info = adapter.info()
+        gauges: list[GaugeSample] = [("agentloop_engine_weight_version", "Weight version loaded", {},
+                                      info.weight_version)]
+        gauges += [("agentloop_engine_state", "1 for the engine's current state", {"state": state.value},
+                    1.0 if state is info.state else 0.0) for state in EngineState]
+        try:
+            load = adapter.load()
+        except Exception:  # noqa: BLE001 (an engine that is loading or asleep may have no load to report)
+            return gauges
+        return gauges + [
+            ("agentloop_engine_running_requests", "Requests being decoded", {}, load.running_requests),
+            ("agentloop_engine_waiting_requests", "Requests queued", {}, load.waiting_requests),
+            ("agentloop_engine_max_running_requests", "Batch capacity", {}, load.max_running_requests),
+            ("agentloop_engine_kv_cache_usage", "Fraction of the KV cache in use", {}, load.kv_cache_usage),
+            ("agentloop_engine_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache, as a fraction",
+             {}, load.prefix_cache_hit_rate),
+        ]
+
+    return GaugesCollector(read)
+
+
 async def create_server(
-    adapter: EngineAdapter, address: str = "127.0.0.1:0", security: ServerSecurity | None = None
+    adapter: EngineAdapter,
+    address: str = "127.0.0.1:0",
+    security: ServerSecurity | None = None,
+    metrics: ServerMetrics | None = None,
 ) -> EngineServer:
-    """Serve ``adapter`` on ``address`` (with ``security``'s TLS and tokens); the adapter is not started here
-    (see ``start_adapter``)."""
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors(security))
+    """Serve ``adapter`` on ``address`` (with ``security``'s TLS and tokens, counting into ``metrics``); the
+    adapter is not started here (see ``start_adapter``)."""
+    if metrics is not None:
+        metrics.registry.register(engine_gauges(adapter))
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=server_interceptors(security, metrics))
     health_servicer = add_health_and_reflection(server, SERVICE_NAMES)
     servicer = EngineServicer(adapter, health_servicer)
     generation_pb2_grpc.add_TokenGenerateServicer_to_server(servicer, server)
@@ -119,12 +152,20 @@ async def serve(
     drain_timeout_s: float = 30.0,
     on_listening: Callable[[int], None] | None = None,
     security: ServerSecurity | None = None,
+    metrics_port: int | None = None,
+    on_metrics: Callable[[int], None] | None = None,
 ) -> None:
-    """Run an engine server until SIGTERM or SIGINT, then drain and return."""
+    """Run an engine server until SIGTERM or SIGINT, then drain and return. With ``metrics_port``, Prometheus
+    metrics are served on the same host at that port (0: a free one, told to ``on_metrics``)."""
     stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on drains, never kills
-    engine_server = await create_server(adapter, address, security)
+    metrics = ServerMetrics() if metrics_port is not None else None
+    engine_server = await create_server(adapter, address, security, metrics)
     if on_listening is not None:
         on_listening(engine_server.port)
+    if metrics is not None:
+        http = serve_metrics(metrics.registry, address.rsplit(":", 1)[0].strip("[]"), metrics_port)
+        if on_metrics is not None:
+            on_metrics(http.server_port)
     loading = asyncio.create_task(start_adapter(engine_server))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -10,7 +10,9 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from agentloop_grpc.engine_adapters.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
-from agentloop_grpc.serving.security import ServerSecurity, bind, interceptors
+from agentloop_grpc.serving.interceptors import server_interceptors
+from agentloop_grpc.serving.metrics import ServerMetrics, serve_metrics
+from agentloop_grpc.serving.security import ServerSecurity, bind
 from agentloop_grpc.v1 import tool_pb2_grpc
 
 from .config import ToolServerConfig, build_tools
@@ -36,10 +38,13 @@ TOOLS_EXPOSE = "run code in the python sandbox and call every tool this server s
 
 
 async def create_tool_server(
-    config: ToolServerConfig, address: str = "127.0.0.1:0", security: ServerSecurity | None = None
+    config: ToolServerConfig,
+    address: str = "127.0.0.1:0",
+    security: ServerSecurity | None = None,
+    metrics: ServerMetrics | None = None,
 ) -> ToolServer:
     instances = InstanceManager(build_tools(config), config.limits)
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors(security))
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=server_interceptors(security, metrics))
     health = add_health_and_reflection(server, (SERVICE_NAME,))
     tool_pb2_grpc.add_ToolExecuteServicer_to_server(ToolExecuteServicer(instances), server)
     port = bind(server, address, security, TOOLS_EXPOSE)
@@ -55,11 +60,19 @@ async def serve_tools(
     address: str,
     on_listening: Callable[[int], None] | None = None,
     security: ServerSecurity | None = None,
+    metrics_port: int | None = None,
+    on_metrics: Callable[[int], None] | None = None,
 ) -> None:
-    """Run until SIGTERM or SIGINT, then stop (in-flight calls get a grace period) and release every instance."""
+    """Run until SIGTERM or SIGINT, then stop (in-flight calls get a grace period) and release every instance.
+    With ``metrics_port``, Prometheus metrics are served on the same host at that port (0: a free one)."""
     stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on is a clean stop
-    tool_server = await create_tool_server(config, address, security)
+    metrics = ServerMetrics() if metrics_port is not None else None
+    tool_server = await create_tool_server(config, address, security, metrics)
     if on_listening is not None:
         on_listening(tool_server.port)
+    if metrics is not None:
+        http = serve_metrics(metrics.registry, address.rsplit(":", 1)[0].strip("[]"), metrics_port)
+        if on_metrics is not None:
+            on_metrics(http.server_port)
     await stop.wait()
     await tool_server.stop()

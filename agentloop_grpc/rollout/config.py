@@ -124,6 +124,10 @@ class RolloutConfig(BaseModel):
     output_dir: str = Field("runs/rollout", description="Where trajectories, trace, batch and report go.")
     trace: bool = Field(True, description="Write the per-turn trace (trace.jsonl).")
     report: bool = Field(True, description="Write report.html with plots.")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve the Router's Prometheus metrics at http://127.0.0.1:PORT/metrics "
+        "while the rollout runs (0: a free port, printed). With several or Ray workers, the control router's."
+    )
     prompt_length: int | None = Field(None, ge=1, description="Pad prompts to this length in batch.pt (default: longest).")
     response_length: int | None = Field(None, ge=1, description="Pad responses to this length (default: longest).")
 

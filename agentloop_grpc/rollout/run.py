@@ -22,6 +22,7 @@ from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.engine_adapters.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
 from agentloop_grpc.router import NoHealthyServerError
 from agentloop_grpc.router.router import discovery_addresses
+from agentloop_grpc.serving.metrics import serve_metrics
 
 from .config import Engines, RolloutConfig, Tools
 from .dataset import read_rows, to_samples
@@ -130,6 +131,10 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
         except NoHealthyServerError:
             down = [a for a, e in manager.control.servers.items() if not e.healthy]
             raise RolloutError(f"engine server(s) {', '.join(down)} did not answer as SERVING") from None
+        if config.metrics_port is not None:
+            http = serve_metrics(manager.control.metrics.registry, "127.0.0.1", config.metrics_port)
+            stack.callback(http.shutdown)
+            progress.status(f"router metrics at http://127.0.0.1:{http.server_port}/metrics")
         # 4. the rollout
         progress.start(len(samples))
         sampler = asyncio.create_task(_sample_load(manager, record))

@@ -10,10 +10,10 @@ PERMISSION_DENIED when an admin token is configured; the call's handler never ru
 
 from __future__ import annotations
 
-import collections
 import hmac
 import ipaddress
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -67,11 +67,11 @@ class ServerSecurity(BaseModel):
         client_ca = Path(self.client_ca_file).read_bytes() if self.client_ca_file else None
         return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
-    def interceptor(self) -> AuthInterceptor | None:
+    def interceptor(self, on_refusal: Callable[[str], None] | None = None) -> AuthInterceptor | None:
         """The token check, or None when no token is configured (reads the secrets now: a missing one fails)."""
         user = read_secret(self.token_file, self.token_env, "token")
         admin = read_secret(self.admin_token_file, self.admin_token_env, "admin token")
-        return AuthInterceptor(user, admin) if (user or admin) else None
+        return AuthInterceptor(user, admin, on_refusal) if (user or admin) else None
 
     def cli_args(self) -> list[str]:
         """The ``agentloop ... serve`` options that give a child server this security."""
@@ -86,13 +86,15 @@ class ServerSecurity(BaseModel):
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Checks ``authorization: Bearer <token>`` on every RPC but health (see the module docstring)."""
 
-    def __init__(self, token: str | None, admin_token: str | None) -> None:
+    def __init__(
+        self, token: str | None, admin_token: str | None, on_refusal: Callable[[str], None] | None = None
+    ) -> None:
         if not (token or admin_token):
             raise ValueError("an AuthInterceptor needs a token or an admin token")
         self._token = token.encode() if token else None
         self._admin = admin_token.encode() if admin_token else None
-        #: Refused calls by status code name (what the metrics endpoint reports).
-        self.failures: collections.Counter[str] = collections.Counter()
+        #: Told the status code name of every refused call (the metrics count them).
+        self._on_refusal = on_refusal or (lambda code: None)
 
     def _role(self, metadata) -> str:
         """'admin', 'user', 'none' (no token) or 'invalid' (a token that matches nothing)."""
@@ -132,7 +134,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
     def _deny(self, handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-        self.failures[code.name] += 1
+        self._on_refusal(code.name)
 
         async def refuse(_request, context: grpc.aio.ServicerContext):
             await context.abort(code, message)
@@ -144,7 +146,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
         async def abort(request, context: grpc.aio.ServicerContext):
             if request.all:
-                self.failures[refusal.name] += 1
+                self._on_refusal(refusal.name)
                 await context.abort(refusal, "Abort(all) needs the admin token")
             return await behavior(request, context)
 
@@ -196,8 +198,3 @@ def bind(server: grpc.aio.Server, address: str, security: ServerSecurity | None 
     except RuntimeError as exc:  # grpc raises RuntimeError("Failed to bind ...")
         raise PortInUseError(f"cannot listen on {address}: the port is in use or the address is invalid") from exc
 
-
-def interceptors(security: ServerSecurity | None) -> list[grpc.aio.ServerInterceptor]:
-    """The server interceptors ``security`` asks for (pass to ``grpc.aio.server``)."""
-    interceptor = security.interceptor() if security is not None else None
-    return [interceptor] if interceptor is not None else []
