@@ -20,6 +20,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .handlers import behavior_of, with_behavior
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -65,7 +67,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                     grpc.StatusCode.UNKNOWN if error is not None else grpc.StatusCode.OK
             requests.labels(method, code.name if isinstance(code, grpc.StatusCode) else str(code)).inc()
 
-        behavior = _behavior(handler)
+        behavior = behavior_of(handler)
         if inspect.isasyncgenfunction(behavior):
             async def observed(request, context):
                 in_flight.inc()
@@ -90,26 +92,10 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                 finally:
                     finished(context, started, error)
 
-        return _with_behavior(handler, observed)
+        return with_behavior(handler, observed)
 
 
 _CANCELLED = (GeneratorExit, asyncio.CancelledError)
-
-
-def _behavior(handler: grpc.RpcMethodHandler) -> Callable:
-    return handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
-
-
-def _with_behavior(handler: grpc.RpcMethodHandler, behavior: Callable) -> grpc.RpcMethodHandler:
-    serializers = dict(request_deserializer=handler.request_deserializer,
-                       response_serializer=handler.response_serializer)
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(behavior, **serializers)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(behavior, **serializers)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(behavior, **serializers)
-    return grpc.stream_stream_rpc_method_handler(behavior, **serializers)
 
 
 #: One gauge sample: name, help, labels, value.

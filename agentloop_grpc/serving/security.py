@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentloop_grpc.security import ABORT_METHOD, AUTHORIZATION, CONTROL_METHODS, read_secret
 
+from .handlers import with_behavior
+
 log = logging.getLogger(__name__)
 
 #: Open to everyone: load balancers and launchers check health without credentials.
@@ -139,7 +141,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         async def refuse(_request, context: grpc.aio.ServicerContext):
             await context.abort(code, message)
 
-        return _same_kind(handler, refuse)
+        return with_behavior(handler, refuse)
 
     def _guard_abort_all(self, handler: grpc.RpcMethodHandler, refusal: grpc.StatusCode) -> grpc.RpcMethodHandler:
         behavior = handler.unary_unary
@@ -150,20 +152,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(refusal, "Abort(all) needs the admin token")
             return await behavior(request, context)
 
-        return _same_kind(handler, abort)
-
-
-def _same_kind(handler: grpc.RpcMethodHandler, behavior) -> grpc.RpcMethodHandler:
-    """A handler of ``handler``'s kind (and (de)serializers) that runs ``behavior``."""
-    serializers = dict(request_deserializer=handler.request_deserializer,
-                       response_serializer=handler.response_serializer)
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(behavior, **serializers)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(behavior, **serializers)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(behavior, **serializers)
-    return grpc.stream_stream_rpc_method_handler(behavior, **serializers)
+        return with_behavior(handler, abort)
 
 
 def is_loopback(address: str) -> bool:
