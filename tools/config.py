@@ -4,7 +4,7 @@
       - function: agentloop_grpc.tools.builtin.calculator:calculator   # a typed function; schema inferred
       - class: agentloop_grpc.tools.builtin.python_tool:PythonTool     # a Tool class
         kwargs: {wall_timeout_s: 10}
-    limits: {max_instances: 1024, max_concurrent_executions: 64, instance_ttl_s: 600}
+    limits: {max_instances: 1024, max_concurrent_executions: 64, instance_ttl_s: 600, function_timeout_s: 10}
 
 Tools are built once at start-up into a ToolSet (an explicit object: no global registry); a name collision or
 an import failure is a start-up error.
@@ -53,6 +53,12 @@ class ToolLimits(BaseModel):
     instance_ttl_s: float = Field(
         600.0, gt=0, description="An instance idle this long is released (a client that died leaks nothing)."
     )
+    function_timeout_s: float = Field(
+        10.0, gt=0, description="A function tool's call running longer is stopped; the model reads a TIMEOUT error."
+    )
+    function_workers: int = Field(
+        4, ge=1, description="Worker processes per sync function tool: calls running at once; more wait their turn."
+    )
 
 
 class ToolServerConfig(BaseModel):
@@ -74,7 +80,9 @@ def build_tools(config: ToolServerConfig) -> dict[str, Tool]:
     tools: dict[str, Tool] = {}
     for entry in config.tools:
         if entry.function is not None:
-            tool: Tool = FunctionTool(_import(entry.function), name=entry.name)
+            tool: Tool = FunctionTool(_import(entry.function), name=entry.name,
+                                      timeout_s=config.limits.function_timeout_s,
+                                      workers=config.limits.function_workers)
         else:
             tool = _import(entry.class_)(**entry.kwargs)
             if entry.name:

@@ -26,8 +26,8 @@ import jsonschema
 from agentloop_grpc.engine_adapters.errors import EngineOverloadedError, InvalidRequestError, NotFoundError
 
 from .config import ToolLimits
-from .result import RewardResult, ToolErrorKind, ToolResult, ToolSpec
-from .tool import Tool, exception_result
+from .result import RewardResult, ToolErrorKind, ToolResult, ToolSpec, exception_result
+from .tool import Tool
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,8 @@ class InstanceManager:
                 await self._reaper
         for instance_id in list(self._instances):
             await self.release(instance_id)
+        for tool in self._tools.values():
+            await tool.close()
 
     async def create(self, tool_name: str, trajectory_id: str, kwargs_json: str = "") -> str:
         _check_id("tool_name", tool_name)

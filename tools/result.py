@@ -1,4 +1,8 @@
-"""What a tool call returns: text for the model, optional images, and a tool-error mark when the work failed."""
+"""What a tool call returns: text for the model, optional images, and a tool-error mark when the work failed.
+
+A tool's exceptions and time-outs become tool-error results through the formatters at the end, in one place, so
+the model reads them and the server never turns them into gRPC errors.
+"""
 
 from __future__ import annotations
 
@@ -57,3 +61,17 @@ class ToolSpec:
     def openai(self) -> dict:
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": self.parameters}}
+
+
+def to_result(value: object) -> ToolResult:
+    """A tool function's return value as a result: a ToolResult as it is, anything else as its text."""
+    return value if isinstance(value, ToolResult) else ToolResult(content=str(value))
+
+
+def exception_result(error: BaseException) -> ToolResult:
+    """The one formatter of a tool's exception into what the model reads."""
+    return ToolResult.error(ToolErrorKind.EXCEPTION, f"{type(error).__name__}: {error}")
+
+
+def timeout_result(name: str, timeout_s: float) -> ToolResult:
+    return ToolResult.error(ToolErrorKind.TIMEOUT, f"{name} ran longer than {timeout_s:g} s and was stopped")

@@ -1,7 +1,7 @@
 """The Tool protocol (a tool with per-trajectory instances) and FunctionTool (a plain typed function as a tool).
 
-Exceptions raised by a tool's work become tool-error results here, in one place, so the model reads them; the
-server itself never turns them into gRPC errors.
+Exceptions raised by a tool's work become tool-error results (``result.exception_result``), so the model reads
+them; the server itself never turns them into gRPC errors.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .result import RewardResult, ToolErrorKind, ToolResult, ToolSpec
+from .result import RewardResult, ToolResult, ToolSpec, exception_result, timeout_result, to_result
 from .schema import function_schema
+from .workers import WorkerPool
 
 
 class Tool(Protocol):
-    """A tool. ``create`` makes the state of one instance (one trajectory); the other calls receive it."""
+    """A tool. ``create`` makes the state of one instance (one trajectory); the other calls receive it. ``close``
+    frees what the tool holds for the server's lifetime (worker processes, folders) when the server stops."""
 
     spec: ToolSpec
 
@@ -28,36 +30,47 @@ class Tool(Protocol):
 
     async def release(self, state: Any) -> None: ...
 
-
-def exception_result(error: BaseException) -> ToolResult:
-    """The one formatter of a tool's exception into what the model reads."""
-    return ToolResult.error(ToolErrorKind.EXCEPTION, f"{type(error).__name__}: {error}")
+    async def close(self) -> None: ...
 
 
 class FunctionTool:
-    """A stateless tool from a typed function (sync or async) whose return value is the response text."""
+    """A stateless tool from a typed function (sync or async) whose return value is the response text.
 
-    def __init__(self, function: Callable[..., Any], name: str | None = None) -> None:
+    A sync function runs in worker processes (``workers.py``), so CPU-heavy work cannot stall the caller's event
+    loop; it must therefore be defined at a module's top level. An async function runs on the event loop and must
+    not block it. Either is stopped after ``timeout_s`` and the model reads a TIMEOUT tool error.
+    """
+
+    def __init__(self, function: Callable[..., Any], name: str | None = None, timeout_s: float = 10.0,
+                 workers: int = 4) -> None:
         description, parameters = function_schema(function)
         self.spec = ToolSpec(name=name or function.__name__, description=description, parameters=parameters)
         self._function = function
+        self._timeout_s = timeout_s
+        self._pool = None if inspect.iscoroutinefunction(function) else WorkerPool(
+            function, self.spec.name, workers, timeout_s
+        )
 
     async def create(self, trajectory_id: str, kwargs: dict[str, Any]) -> None:
         if kwargs:
             raise ValueError(f"tool {self.spec.name!r} takes no creation arguments, got {sorted(kwargs)}")
 
     async def execute(self, state: None, arguments: dict[str, Any]) -> ToolResult:
+        if self._pool is not None:
+            return await self._pool.call(arguments)
+        deadline = asyncio.timeout(self._timeout_s)
         try:
-            if inspect.iscoroutinefunction(self._function):
-                value = await self._function(**arguments)
-            else:
-                value = await asyncio.to_thread(self._function, **arguments)
+            async with deadline:
+                return to_result(await self._function(**arguments))
         except Exception as error:  # noqa: BLE001 - the tool's failure is the model's to read
-            return exception_result(error)
-        return value if isinstance(value, ToolResult) else ToolResult(content=str(value))
+            return timeout_result(self.spec.name, self._timeout_s) if deadline.expired() else exception_result(error)
 
     async def reward(self, state: None) -> RewardResult:
         return RewardResult(0.0)
 
     async def release(self, state: None) -> None:
         return None
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()

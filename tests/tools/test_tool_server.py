@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agentloop_grpc.tools.client import InProcessToolClient, ToolInfrastructureError, ToolRequestError
-from agentloop_grpc.tools.config import build_tools, load_config
+from agentloop_grpc.tools.client import GrpcToolClient, InProcessToolClient, ToolInfrastructureError, ToolRequestError
+from agentloop_grpc.tools.config import ToolServerConfig, build_tools, load_config
 from agentloop_grpc.tools.instances import InstanceManager
+from agentloop_grpc.tools.server import create_tool_server
 from agentloop_grpc.tools.result import ToolErrorKind
 from agentloop_grpc.v1 import tool_pb2
 
@@ -109,10 +113,6 @@ async def test_in_process_client_has_the_same_interface() -> None:
 
 
 async def test_images_cross_the_contract() -> None:
-    from agentloop_grpc.tools.client import GrpcToolClient
-    from agentloop_grpc.tools.config import ToolServerConfig
-    from agentloop_grpc.tools.server import create_tool_server
-
     config = ToolServerConfig.model_validate({"tools": [{"function": "tests.tools.image_tool:plot"}]})
     server = await create_tool_server(config, "127.0.0.1:0")
     client = GrpcToolClient(f"127.0.0.1:{server.port}")
@@ -166,3 +166,34 @@ async def test_ids_over_the_bound_are_invalid_argument_and_not_echoed(tools) -> 
     for call in (tools.calc_reward(huge), tools.release(huge)):
         with pytest.raises(ToolRequestError, match="INVALID_ARGUMENT.*instance_id is 100000 bytes"):
             await call
+
+
+async def test_a_call_burning_cpu_stalls_neither_health_nor_other_calls() -> None:
+    """A function tool ran in a thread of the server: one C call holding the GIL (a huge integer power) froze
+    Health and every other trajectory's calls until it finished. The call is also bounded by its time limit."""
+    config = ToolServerConfig.model_validate(
+        {"tools": [{"function": "tests.tools.spin_tool:spin"},
+                   {"function": "agentloop_grpc.tools.builtin.calculator:calculator"}],
+         "limits": {"function_timeout_s": 3}}
+    )
+    server = await create_tool_server(config, "127.0.0.1:0")
+    client = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=60)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        spinner = await client.create_instance("spin", "burning")
+        calc = await client.create_instance("calculator", "other")
+        started = time.monotonic()
+        burning = asyncio.create_task(client.execute(spinner, json.dumps({"seconds": 30})))
+        await asyncio.sleep(1.0)  # measured from before: a stalled server stalls this process's loop too
+        health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=60)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        assert time.monotonic() - started < 6
+        assert (await client.execute(calc, json.dumps({"expression": "6 * 7"}))).content == "42"
+        assert time.monotonic() - started < 12
+        result = await burning
+        assert result.error_kind is ToolErrorKind.TIMEOUT and result.content == "spin ran longer than 3 s and was stopped"
+        assert time.monotonic() - started < 15
+    finally:
+        await channel.close()
+        await client.close()
+        await server.stop(grace_s=1)

@@ -68,3 +68,6 @@ class CheckAnswer:
 
     async def release(self, state: _State) -> None:
         return None
+
+    async def close(self) -> None:
+        return None

@@ -104,3 +104,6 @@ class PythonTool:
 
     async def release(self, state: PythonSession) -> None:
         await state.close()
+
+    async def close(self) -> None:
+        return None
