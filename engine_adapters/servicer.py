@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2
 
 from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
-from . import convert
+from . import convert, validation
 from .errors import DuplicateRequestError, EngineUnavailableError, FailedPreconditionError, InvalidRequestError
 from .protocol import EngineAdapter
 from .sampling_cache import SamplingCache
@@ -87,9 +87,11 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         """Check the state and the request, and register its id (``_run`` releases it)."""
         info = self._adapter.info()
         self._check_serving(info.state)
+        validation.check_id("session_id", request.session_id)
         domain = convert.request_from_proto(request, info, self._sampling)
         if domain.request_id in self._in_flight:
-            raise DuplicateRequestError(f"request_id {domain.request_id!r} is already in flight on this server")
+            quoted = validation.quote(domain.request_id)
+            raise DuplicateRequestError(f"request_id {quoted} is already in flight on this server")
         self._in_flight.add(domain.request_id)
         self._idle.clear()
         return domain
@@ -163,6 +165,8 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
     async def Abort(self, request, context):
         if not request.all and not request.request_ids:
             raise InvalidRequestError("Abort needs request_ids or all = true")
+        for index, request_id in enumerate(request.request_ids):
+            validation.check_id(f"request_ids[{index}]", request_id)
         aborted = await self._adapter.abort(None if request.all else list(request.request_ids))
         return generation_pb2.AbortResponse(aborted_request_ids=aborted)
 

@@ -1,7 +1,12 @@
 """The catalogue of request validation: every message a client can get back as INVALID_ARGUMENT.
 
 All checks run in the servicer, before an adapter sees the request, so every engine rejects the same inputs
-with the same words. Each message names the field and the bound that was violated.
+with the same words. Each message names the field and the bound that was violated, and quotes at most a short
+prefix of the input (``quote``): a message is sent as status metadata, which gRPC bounds.
+
+Sizes are bounded in UTF-8 bytes, as the contract documents them (generation.proto): ids at 256 bytes (a uuid is
+36; an id is stored per request and quoted in errors), constraints at 64 KiB each (a tool-call schema is a few
+KB, and an engine's compile work grows with the constraint).
 """
 
 from __future__ import annotations
@@ -18,9 +23,14 @@ from .types import SamplingParams, ServerInfo, StructuredOutput
 
 MAX_TOP_LOGPROBS = 20
 PENALTY_BOUND = 2.0
+MAX_ID_BYTES = 256
+MAX_CONSTRAINT_BYTES = 64 * 1024
+#: Characters of an input an error message quotes at most.
+QUOTE_CHARS = 64
 
 # The catalogue. Keep one entry per rule; tests match on these texts.
 REQUEST_ID_REQUIRED = "request_id is required (a unique id per call; Abort uses it)"
+ID_TOO_LONG = "{field} has {length} bytes; at most {bound} bytes are allowed (it starts {prefix})"
 PROMPT_EMPTY = "prompt_ids must not be empty"
 PROMPT_BOTH_FORMS = "set prompt_ids or prompt_ids_raw, not both"
 PROMPT_RAW_LENGTH = "prompt_ids_raw has {length} bytes; it holds little-endian int32 ids, so a multiple of 4"
@@ -44,6 +54,7 @@ REGEX_INVALID = "structured_output.regex does not compile: {reason}"
 GRAMMAR_EMPTY = "structured_output.ebnf_grammar is empty"
 GRAMMAR_NO_ROOT = "structured_output.ebnf_grammar has no `root ::= ...` rule"
 MIN_CHUNK_TOKENS_INVALID = "stream_options.min_chunk_tokens = {value} must be >= 0"
+CONSTRAINT_TOO_LONG = "structured_output.{kind} has {length} bytes; at most {bound} bytes are allowed"
 STRUCTURED_EMPTY = "structured_output is set but names no constraint (json_schema, regex or ebnf_grammar)"
 
 _ROOT_RULE = re.compile(r"^\s*root\s*::=", re.MULTILINE)
@@ -53,9 +64,26 @@ def _fail(template: str, **values: object) -> InvalidRequestError:
     return InvalidRequestError(template.format(**values))
 
 
+def quote(text: str, limit: int = QUOTE_CHARS) -> str:
+    """``text`` as an error message shows it: its repr, cut after ``limit`` characters."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}..."
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def check_id(field: str, value: str) -> None:
+    """An id (request_id, session_id, an Abort's request_ids[i]) within MAX_ID_BYTES."""
+    length = _utf8_len(value)
+    if length > MAX_ID_BYTES:
+        raise _fail(ID_TOO_LONG, field=field, length=length, bound=MAX_ID_BYTES, prefix=quote(value))
+
+
 def check_request_id(request_id: str) -> None:
     if not request_id:
         raise _fail(REQUEST_ID_REQUIRED)
+    check_id("request_id", request_id)
 
 
 def check_prompt(prompt_ids: Sequence[int] | np.ndarray, info: ServerInfo, field: str = "prompt_ids") -> None:
@@ -123,6 +151,9 @@ def check_structured_output(spec: StructuredOutput | None) -> None:
     """Syntax checks every engine shares; engines compile the constraint and may reject it further."""
     if spec is None:
         return
+    length = _utf8_len(spec.spec)
+    if length > MAX_CONSTRAINT_BYTES:
+        raise _fail(CONSTRAINT_TOO_LONG, kind=spec.kind, length=length, bound=MAX_CONSTRAINT_BYTES)
     if spec.kind == "json_schema":
         try:
             schema = json.loads(spec.spec)

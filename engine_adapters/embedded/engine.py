@@ -45,7 +45,7 @@ from ..types import (
     TokenChunk,
     WeightUpdateResult,
 )
-from ..validation import check_prompt, check_sampling
+from ..validation import check_prompt, check_sampling, quote
 from . import memory, model_store, weight_update
 from .config import EmbeddedEngineConfig
 from .prefix_cache import PrefixCache
@@ -197,7 +197,7 @@ class EmbeddedEngine:
         if loaded is None or self._released:
             raise EngineUnavailableError("the embedded engine is " + ("loading" if loaded is None else "asleep"))
         if request.request_id in self._live:
-            raise DuplicateRequestError(f"request_id {request.request_id!r} is already in flight on this engine")
+            raise DuplicateRequestError(f"request_id {quote(request.request_id)} is already in flight on this engine")
         # The servicer validated already; checking again keeps direct (in-process) callers from feeding the core
         # a request that would fail a whole batch step.
         info = self.info()

@@ -63,7 +63,7 @@ from ..types import (
     ServerInfo,
     WeightUpdateResult,
 )
-from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling
+from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling, quote
 from . import outputs, sampling, weights
 from .config import VllmEngineConfig
 from .stats import SchedulerLoad, recorder_factory
@@ -229,7 +229,7 @@ class VllmEngine:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
         loaded = self._serving()
         if request.request_id in self._streams:
-            raise DuplicateRequestError(f"request_id {request.request_id!r} is already in flight on this engine")
+            raise DuplicateRequestError(f"request_id {quote(request.request_id)} is already in flight on this engine")
         info = self.info()  # the servicer validated already; direct (in-process) callers are checked here too
         check_prompt(request.prompt_ids, info)
         check_sampling(request.sampling, info)

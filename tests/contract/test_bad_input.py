@@ -156,3 +156,77 @@ async def test_bad_input_does_not_disturb_other_streams(engine: ContractTarget) 
     assert {e.code() for e in errors} == {INVALID}
     result = await running
     assert len(result.tokens) == engine.long_tokens // 10
+
+
+# -- size bounds: ids and constraints are bounded in bytes, and error messages quote a bounded prefix ----------
+
+ID_BOUND = 256
+SPEC_BOUND = 64 * 1024
+#: What an error message may carry at most (gRPC's metadata limit is 8 KiB; a message quoting an input whole broke
+#: it, and the client saw RESOURCE_EXHAUSTED instead of the server's status).
+DETAILS_BOUND = 1024
+
+
+def _overlong_id(name: str) -> str:
+    return f"{name}-" + "x" * 100_000
+
+
+@pytest.mark.parametrize("field", ["request_id", "session_id"])
+async def test_an_id_over_its_bound_is_invalid_and_quoted_by_a_prefix(engine: ContractTarget, field: str) -> None:
+    req = request(engine, max_new_tokens=2)
+    setattr(req, field, _overlong_id(field))
+    error = await generate_error(engine, req)
+    assert error.code() == INVALID, error.details()
+    assert field in error.details() and f"at most {ID_BOUND} bytes" in error.details()
+    assert len(error.details().encode()) <= DETAILS_BOUND
+    assert (await engine.wait_no_requests()).running_requests == 0
+
+
+async def test_an_id_bound_counts_utf8_bytes(engine: ContractTarget) -> None:
+    at_bound = await collect(engine, request(engine, request_id="é" * (ID_BOUND // 2), max_new_tokens=2))
+    assert at_bound.complete.completion_tokens == 2
+    error = await generate_error(engine, request(engine, request_id="é" * (ID_BOUND // 2 + 1), max_new_tokens=2))
+    assert error.code() == INVALID and f"has {ID_BOUND + 2} bytes" in error.details()
+
+
+async def test_a_duplicate_of_an_overlong_id_is_invalid_not_resource_exhausted(engine: ContractTarget) -> None:
+    """Echoed whole, the duplicate's 100 KB id overflowed the status metadata: the client read RESOURCE_EXHAUSTED,
+    which routers retry."""
+    first = request(engine, request_id=_overlong_id("dup"), max_new_tokens=engine.long_tokens // 10, ignore_eos=True)
+    running = asyncio.create_task(collect(engine, first))
+    await asyncio.sleep(0.2)
+    error = await generate_error(engine, request(engine, request_id=first.request_id, max_new_tokens=2))
+    assert error.code() == INVALID, error.details()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # the first was refused too: it never ran
+        await running
+    assert refused.value.code() == INVALID
+
+
+async def test_a_duplicate_at_the_id_bound_is_already_exists(engine: ContractTarget) -> None:
+    first = request(engine, request_id="d" * ID_BOUND, max_new_tokens=engine.long_tokens // 10, ignore_eos=True)
+    running = asyncio.create_task(collect(engine, first))
+    await engine.wait_running()
+    error = await generate_error(engine, request(engine, request_id=first.request_id, max_new_tokens=2))
+    assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "d" * 32 in error.details() and len(error.details().encode()) <= DETAILS_BOUND
+    assert len((await running).tokens) == engine.long_tokens // 10
+
+
+async def test_abort_refuses_an_id_over_the_bound(engine: ContractTarget) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await engine.generate.Abort(generation_pb2.AbortRequest(request_ids=["ok", _overlong_id("abort")]), timeout=10)
+    assert error.value.code() == INVALID
+    assert "request_ids[1]" in error.value.details() and len(error.value.details().encode()) <= DETAILS_BOUND
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "regex", "ebnf_grammar"])
+async def test_a_constraint_over_its_bound_is_invalid(engine: ContractTarget, kind: str) -> None:
+    # valid in its language, so only the size is wrong: a JSON object, a regex and a grammar padded with blanks
+    pad = " " * SPEC_BOUND
+    spec = {"json_schema": "{}" + pad, "regex": "a" + "b?" * (SPEC_BOUND // 2), "ebnf_grammar": 'root ::= "a"' + pad}
+    req = request(engine, max_new_tokens=2)
+    setattr(req.structured_output, kind, spec[kind])
+    error = await generate_error(engine, req)
+    assert error.code() == INVALID, error.details()
+    assert f"structured_output.{kind}" in error.details() and f"at most {SPEC_BOUND} bytes" in error.details()
+    assert len(error.details().encode()) <= DETAILS_BOUND
