@@ -194,3 +194,19 @@ async def test_grammar_vllm_cannot_compile_is_invalid_argument(engine: ContractT
     assert "vLLM rejected" in error.details()
     good = await collect(engine, request(engine, max_new_tokens=2, ignore_eos=True))
     assert len(good.tokens) == 2
+
+
+async def test_metrics_endpoint_keeps_vllms_own_metrics(engine: ContractTarget) -> None:
+    """`--metrics-port` serves the process's default registry, where vLLM's stat logger registers its metrics."""
+    import urllib.request
+
+    from agentloop_grpc.serving.metrics import ServerMetrics, serve_metrics
+
+    await collect(engine, request(engine, max_new_tokens=2))
+    http = serve_metrics(ServerMetrics().registry, "127.0.0.1", 0)
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{http.server_port}/metrics", timeout=10).read().decode()
+    finally:
+        http.shutdown()
+    assert re.search(r"^vllm:num_requests_running\{", text, re.MULTILINE), text[:2000]
+    assert "agentloop_server_requests" in text
