@@ -7,7 +7,13 @@ Isolation, in layers (each one tested by trying the escape):
   - rlimits (set by util-linux's prlimit, which execs the sandbox): address space (memory), CPU seconds,
     processes, file size, open files;
   - a wall-clock timeout per call (the session is killed and restarted; the model is told its variables are gone);
-  - bounded output: the runner keeps at most ``output_bytes`` of what the code prints;
+  - bounded output: the runner keeps at most ``output_bytes`` of what the code prints (UTF-8 bytes, so the reply
+    is bounded whatever the characters) and of a traceback;
+  - a reply channel the code cannot desynchronise: the runner answers each request with one frame, a header
+    "<nonce> <length>" then that many bytes of JSON, and the nonce is fresh per call. The code runs in the
+    runner's process, so it can write to the channel, but whatever it writes there (a forged reply, bytes without
+    end, a second frame) fails the header, the bound or the nonce, and the call ends at once in a tool error
+    with the session restarted, never a hang or a later call answered with an earlier call's reply;
   - a clean environment: nothing of the server's environment reaches the session (bwrap itself starts with an
     empty one, so not even /proc/1/environ shows it).
 Where bwrap cannot run, ``isolation()`` says so and the python tool's description carries that warning: the
@@ -17,9 +23,11 @@ session then still has rlimits, a uid and a timeout, but shares the host's netwo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -33,37 +41,42 @@ log = logging.getLogger(__name__)
 _RUNNER = r"""
 import ast, io, json, os, sys, traceback
 LIMIT = int(sys.argv[1])
-channel = os.fdopen(os.dup(1), "w")
+channel = os.fdopen(os.dup(1), "wb")
 requests = os.fdopen(os.dup(0), "r")
 null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)
 
+def utf8(text):
+    return text.encode("utf-8", "replace")
+
+def bounded(text):
+    return utf8(text[:LIMIT])[:LIMIT].decode("utf-8", "ignore")
+
 class Bounded(io.TextIOBase):
     def __init__(self):
-        self.parts, self.size, self.truncated = [], 0, False
+        self.parts, self.kept, self.size = [], 0, 0
     def writable(self):
         return True
     def write(self, text):
-        room = LIMIT - self.size
+        room = LIMIT - self.kept
         if room > 0:
-            self.parts.append(text[:room])
-        if len(text) > max(room, 0):
-            self.truncated = True
-        self.size += len(text)
+            self.parts.append(utf8(text[:room])[:room])
+            self.kept += len(self.parts[-1])
+        self.size += len(text) if text.isascii() else len(utf8(text))
         return len(text)
     def value(self):
-        return "".join(self.parts)
+        return b"".join(self.parts).decode("utf-8", "ignore")
 
 namespace = {"__name__": "__main__"}
 MAIN = os.getpid()
 for line in requests:
-    code = json.loads(line)["code"]
-    out, err = Bounded(), Bounded()
-    sys.stdout, sys.stderr = out, err
+    request = json.loads(line)
+    out = Bounded()
+    sys.stdout = sys.stderr = out
     error = None
     try:
-        tree = ast.parse(code, "<cell>", "exec")
+        tree = ast.parse(request["code"], "<cell>", "exec")
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         exec(compile(tree, "<cell>", "exec"), namespace)
         if last is not None:
@@ -72,14 +85,21 @@ for line in requests:
                 print(repr(value))
     except BaseException as exc:
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-        error = "".join(lines[-6:])
+        error = bounded("".join(lines[-6:]))
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     if os.getpid() != MAIN:  # a process the code forked: it must not answer for the session
         os._exit(0)
-    channel.write(json.dumps({"stdout": out.value(), "stderr": err.value(), "error": error,
-                              "truncated": out.truncated or err.truncated, "printed": out.size + err.size}) + "\n")
+    reply = json.dumps({"output": out.value(), "error": error, "truncated": out.size > out.kept,
+                        "printed": out.size}, ensure_ascii=False).encode()
+    channel.write(b"%s %d\n" % (request["nonce"].encode(), len(reply)) + reply)
     channel.flush()
 """
+#: The reply frame's header: "<nonce> <payload bytes>\n".
+_HEADER_BYTES = 128
+
+
+class _Malformed(Exception):
+    """The reply channel held something other than the runner's reply to this call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,36 +214,63 @@ class PythonSession:
             cwd=self.workdir,
             env={},
             start_new_session=True,
-            limit=4 * self._limits.output_bytes + 65536,
+            limit=_HEADER_BYTES,  # bounds a header line; a payload is read by its announced length
         )
 
     async def run(self, code: str) -> dict:
-        """Execute ``code``; return the runner's reply, or {"failure": kind, "message": ...} if the session died."""
+        """Execute ``code``; return the runner's reply, or {"failure": kind, "message": ...} if the session died,
+        timed out or answered out of turn."""
         restarted = False
         if self._process is None or self._process.returncode is not None:
             restarted = self._starts > 0
             self._process = await self._start()
         process = self._process
+        nonce = secrets.token_hex(16)
         try:
-            process.stdin.write((json.dumps({"code": code}) + "\n").encode())
-            await process.stdin.drain()
-            line = await asyncio.wait_for(process.stdout.readline(), self._limits.wall_timeout_s)
+            async with asyncio.timeout(self._limits.wall_timeout_s):
+                process.stdin.write((json.dumps({"code": code, "nonce": nonce}) + "\n").encode())
+                await process.stdin.drain()
+                reply = await self._reply(process, nonce)
         except TimeoutError:
             await self._kill()
             return {"failure": "timeout", "message": f"the code ran longer than {self._limits.wall_timeout_s:g} s "
                     "and was stopped; the session restarts (its variables are gone)"}
-        except (ConnectionError, ValueError, asyncio.LimitOverrunError):
-            detail = await self._stderr_tail(process)
+        except _Malformed as problem:
             await self._kill()
-            return {"failure": "resource_limit", "message": f"the session broke its output channel and was restarted{detail}"}
-        if not line:
-            code_ = await process.wait()
-            reason = _describe_exit(code_) + await self._stderr_tail(process)
-            self._process = None
+            return {"failure": "malformed", "message": f"the session's reply channel held {problem} (did the code "
+                    "write to a file descriptor it did not open?); the session restarts (its variables are gone)"}
+        except (ConnectionError, asyncio.IncompleteReadError):
+            reason = _describe_exit(await self._kill()) + await self._stderr_tail(process)
             return {"failure": "resource_limit", "message": f"the session died ({reason}); it restarts with "
                     "its variables gone"}
-        reply = json.loads(line)
+        except asyncio.CancelledError:  # the caller gave up: this call's reply must not answer the next one
+            await self._kill()
+            raise
         reply["restarted"] = restarted
+        return reply
+
+    async def _reply(self, process: asyncio.subprocess.Process, nonce: str) -> dict:
+        """The runner's framed reply to the request carrying ``nonce``; anything else is _Malformed."""
+        try:
+            header = await process.stdout.readuntil(b"\n")
+        except asyncio.IncompleteReadError as error:
+            if error.partial:
+                raise _Malformed(f"{len(error.partial)} bytes without a reply's header") from None
+            raise
+        except asyncio.LimitOverrunError:
+            raise _Malformed(f"a header longer than {_HEADER_BYTES} bytes") from None
+        parts = header.split()
+        bound = 12 * self._limits.output_bytes + 1024  # two bounded texts, each at most 6x when JSON-escaped
+        if len(parts) != 2 or parts[0] != nonce.encode() or not parts[1].isdigit() or int(parts[1]) > bound:
+            raise _Malformed("a header that is not this call's")
+        try:
+            reply = json.loads(await process.stdout.readexactly(int(parts[1])))
+        except ValueError:
+            raise _Malformed("a reply that is not JSON") from None
+        if not (isinstance(reply, dict) and isinstance(reply.get("output"), str)
+                and isinstance(reply.get("error"), str | None) and isinstance(reply.get("truncated"), bool)
+                and isinstance(reply.get("printed"), int)):
+            raise _Malformed("a reply of the wrong shape")
         return reply
 
     @staticmethod
@@ -234,21 +281,29 @@ class PythonSession:
             return ""
         return f": {text.decode(errors='replace').strip()}" if text.strip() else ""
 
-    async def _kill(self) -> None:
+    async def _kill(self) -> int | None:
+        """Kill the session; its exit status (None if there was none to kill)."""
         process, self._process = self._process, None
-        if process is not None and process.returncode is None:
-            try:
+        if process is None:
+            return None
+        if process.returncode is None:  # once reaped, its pid may belong to someone else
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            await process.wait()
+        # asyncio sees the process end only once its pipes are closed: read them to their end, a paused reader
+        # (a reply channel flooded by the code) would otherwise never see it
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                await asyncio.gather(process.stdout.read(), process.wait())
+        return process.returncode
 
     async def close(self) -> None:
         await self._kill()
         await asyncio.to_thread(shutil.rmtree, self.workdir, True)
 
 
-def _describe_exit(returncode: int) -> str:
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "exit status unknown"
     if returncode < 0:
         name = signal.Signals(-returncode).name
         hints = {"SIGXCPU": "CPU time limit", "SIGKILL": "killed, e.g. out of memory", "SIGXFSZ": "file size limit"}

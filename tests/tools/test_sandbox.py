@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -113,9 +114,54 @@ async def test_printing_100_mb_is_truncated() -> None:
         py = await client.create_instance("python", "t")
         result = await _run(client, py, "print('x' * (100 * 1024 * 1024))")
         assert not result.is_error
-        assert "[output truncated: 104857601 characters printed" in result.content
+        assert "[output truncated: 104857601 bytes printed" in result.content
         assert len(result.content) < 20_000
         await _healthy(client)
+
+
+_EVERY_FD = "import os\nfds = [int(fd) for fd in os.listdir('/proc/self/fd') if int(fd) > 2]\n"
+
+
+async def test_a_reply_forged_by_the_code_is_not_its_output_and_later_calls_stay_in_step() -> None:
+    """The code could write to the runner's reply channel: a forged reply became the call's output, and every
+    later call then returned the previous call's reply."""
+    forged = json.dumps({"stdout": "forged", "stderr": "", "error": None, "truncated": False, "printed": 6}) + "\n"
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        result = await _run(client, py, _EVERY_FD + "for fd in fds:\n    try:\n        os.write(fd, "
+                            f"{forged.encode()!r})\n    except OSError:\n        pass\n'real'")
+        assert "forged" not in result.content
+        assert result.content == "'real'" or (result.is_error and "reply channel" in result.content), result
+        assert (await _run(client, py, "1 + 1")).content.endswith("2")
+        assert (await _run(client, py, "'in step'")).content == "'in step'"
+        await _healthy(client)
+
+
+async def test_10_mb_without_a_newline_on_the_reply_channel_ends_the_call_at_once() -> None:
+    """A reply without its end hung the call until the client's deadline, reported as an infrastructure
+    failure; it is the code's fault, a tool error, and the session restarts."""
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        started = time.monotonic()
+        result = await _run(client, py, _EVERY_FD + "for fd in fds:\n    try:\n        os.write(fd, b'x' * 10_000_000)"
+                            "\n    except OSError:\n        pass")
+        assert result.is_error and "reply channel" in result.content
+        assert time.monotonic() - started < 10
+        assert (await _run(client, py, "'again'")).content.endswith("'again'")
+        await _healthy(client)
+
+
+async def test_large_unicode_output_is_truncated_in_bytes_and_the_session_keeps_its_variables() -> None:
+    """16,000 emoji are within the output bound in characters, but their JSON-escaped reply overflowed the
+    channel and killed the session with its variables."""
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        await _run(client, py, "kept = 1")
+        result = await _run(client, py, "print('\\U0001F600' * 16000)")
+        assert not result.is_error, result.content[-300:]
+        assert "[output truncated: 64001 bytes printed, 16384 kept]" in result.content
+        assert len(result.content.encode()) < 16384 + 200
+        assert (await _run(client, py, "kept")).content == "1"
 
 
 def test_killing_the_tool_server_mid_call_is_an_infrastructure_failure() -> None:
@@ -147,3 +193,16 @@ def test_killing_the_tool_server_mid_call_is_an_infrastructure_failure() -> None
         if process.poll() is None:
             process.kill()
         process.wait()
+
+
+async def test_a_call_its_caller_gave_up_on_does_not_answer_the_next_call() -> None:
+    async with tool_server() as (server, _):
+        impatient = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=1)
+        try:
+            py = await impatient.create_instance("python", "t")
+            with pytest.raises(ToolInfrastructureError, match="DEADLINE_EXCEEDED"):
+                await _run(impatient, py, "import time; time.sleep(2); 'late'")
+            await asyncio.sleep(2)
+            assert (await _run(impatient, py, "'next'")).content.endswith("'next'")
+        finally:
+            await impatient.close()

@@ -20,6 +20,8 @@ from ..sandbox import PythonSession, SandboxLimits, probe_isolation
 log = logging.getLogger(__name__)
 
 FIRST_SANDBOX_UID = 200_000
+_FAILURES = {"timeout": ToolErrorKind.TIMEOUT, "malformed": ToolErrorKind.EXCEPTION,
+             "resource_limit": ToolErrorKind.RESOURCE_LIMIT}
 
 
 def _uids_in_use() -> set[int]:
@@ -86,14 +88,13 @@ class PythonTool:
     async def execute(self, state: PythonSession, arguments: dict[str, Any]) -> ToolResult:
         reply = await state.run(arguments["code"])
         if "failure" in reply:
-            kind = ToolErrorKind.TIMEOUT if reply["failure"] == "timeout" else ToolErrorKind.RESOURCE_LIMIT
-            return ToolResult.error(kind, reply["message"])
-        text = reply["stdout"] + reply["stderr"]
+            return ToolResult.error(_FAILURES[reply["failure"]], reply["message"])
+        text = reply["output"]
         if reply["truncated"]:
-            text += f"\n[output truncated: {reply['printed']} characters printed, {self._limits.output_bytes} kept]"
+            text += f"\n[output truncated: {reply['printed']} bytes printed, {self._limits.output_bytes} kept]"
         if reply["restarted"]:
             text = "[the session was restarted; earlier variables are gone]\n" + text
-        metrics = {"printed_chars": float(reply["printed"])}
+        metrics = {"printed_bytes": float(reply["printed"])}
         if reply["error"]:
             kind = ToolErrorKind.RESOURCE_LIMIT if "MemoryError" in reply["error"] else ToolErrorKind.EXCEPTION
             return ToolResult(content=(text + reply["error"]).strip(), error_kind=kind, metrics=metrics)
