@@ -2,7 +2,9 @@
 
 Isolation, in layers (each one tested by trying the escape):
   - bubblewrap (``bwrap``): new mount, PID, IPC, UTS and network namespaces; the filesystem is /usr read-only
-    plus a private working folder mounted at /work; no network at all (a loopback of its own, nothing on it);
+    plus a private working folder /work and a /tmp, both tmpfs of the session's own with a total size quota
+    (``work_bytes``, ``tmp_bytes``: host memory, gone with the session, so nothing is left on the host's disk);
+    no network at all (a loopback of its own, nothing on it);
   - an unprivileged uid per instance (when the server runs as root), so RLIMIT_NPROC bounds a fork bomb;
   - rlimits (set by util-linux's prlimit, which execs the sandbox): address space (memory), CPU seconds,
     processes, file size, open files;
@@ -31,7 +33,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,12 +114,16 @@ class SandboxLimits:
     max_processes: int = 16
     file_bytes: int = 16 * 1024 * 1024
     open_files: int = 64
+    tmp_bytes: int = 64 * 1024 * 1024
+    work_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.wall_timeout_s <= 0 or self.cpu_seconds < 1 or self.memory_bytes < 64 * 1024 * 1024:
             raise ValueError("wall_timeout_s > 0, cpu_seconds >= 1 and memory_bytes >= 64 MiB required")
         if self.output_bytes < 1 or self.max_processes < 1 or self.file_bytes < 1 or self.open_files < 8:
             raise ValueError("output_bytes, max_processes and file_bytes >= 1, open_files >= 8 required")
+        if self.tmp_bytes < 1024 * 1024 or self.work_bytes < 1024 * 1024:
+            raise ValueError("tmp_bytes and work_bytes >= 1 MiB required")
 
 
 def _interpreter() -> str:
@@ -129,7 +134,7 @@ def _interpreter() -> str:
     return os.path.realpath(shutil.which("python3") or "python3")
 
 
-def _bwrap_args(workdir: Path, interpreter: str) -> list[str]:
+def _bwrap_args(interpreter: str, limits: SandboxLimits) -> list[str]:
     args = ["bwrap", "--ro-bind", "/usr", "/usr"]
     for link in ("lib", "lib64", "bin", "sbin"):
         if Path("/usr", link).exists():
@@ -138,8 +143,9 @@ def _bwrap_args(workdir: Path, interpreter: str) -> list[str]:
     if not prefix.startswith("/usr"):
         args += ["--ro-bind", prefix, prefix]
     return args + [
-        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-        "--bind", str(workdir), "/work", "--chdir", "/work",
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
+        "--size", str(limits.work_bytes), "--tmpfs", "/work", "--chdir", "/work",
         "--unshare-all", "--die-with-parent", "--new-session",
         "--clearenv", "--setenv", "HOME", "/work", "--setenv", "PATH", "/usr/bin:/bin",
     ]
@@ -149,28 +155,28 @@ def probe_isolation() -> str | None:
     """None when bwrap isolates here; otherwise why it cannot (said loudly by the server)."""
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed"
-    with tempfile.TemporaryDirectory() as workdir:
-        try:
-            result = subprocess.run(
-                [*_bwrap_args(Path(workdir), _interpreter()), _interpreter(), "-c", "pass"],
-                capture_output=True, text=True, timeout=30, env={},
-            )
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return f"bwrap failed to start: {error}"
+    try:
+        result = subprocess.run(
+            [*_bwrap_args(_interpreter(), SandboxLimits()), _interpreter(), "-c", "pass"],
+            capture_output=True, text=True, timeout=30, env={},
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"bwrap failed to start: {error}"
     return None if result.returncode == 0 else f"bwrap cannot create namespaces here: {result.stderr.strip()}"
 
 
 class PythonSession:
     """One sandboxed interpreter; ``run`` executes code in its persistent namespace."""
 
-    def __init__(self, limits: SandboxLimits, uids: Iterator[int] | None, isolated: bool, root: Path) -> None:
+    def __init__(self, limits: SandboxLimits, uids: Iterator[int] | None, workdir: Path | None) -> None:
         """``uids`` yields a fresh unprivileged uid for every (re)start (None: keep ours, when not root), so
-        processes of a killed session still exiting cannot eat the new one's process limit."""
+        processes of a killed session still exiting cannot eat the new one's process limit. ``workdir`` is None
+        for a session bwrap isolates (its folders are its own tmpfs), else the host folder an unisolated session
+        works in, removed by ``close``."""
         self._limits = limits
         self._uids = uids
         self._uid: int | None = None
-        self._isolated = isolated
-        self.workdir = Path(tempfile.mkdtemp(prefix="session-", dir=root))
+        self.workdir = workdir
         self._process: asyncio.subprocess.Process | None = None
         self._starts = 0
 
@@ -193,13 +199,14 @@ class PythonSession:
         self._starts += 1
         if self._uids is not None:
             self._uid = next(self._uids)
-            os.chown(self.workdir, self._uid, self._uid)
-            for entry in self.workdir.rglob("*"):
-                os.lchown(entry, self._uid, self._uid)
+            if self.workdir is not None:
+                os.chown(self.workdir, self._uid, self._uid)
+                for entry in self.workdir.rglob("*"):
+                    os.lchown(entry, self._uid, self._uid)
         interpreter = _interpreter()
         command = [interpreter, "-I", "-S", "-c", _RUNNER, str(self._limits.output_bytes)]
-        if self._isolated:
-            command = _bwrap_args(self.workdir, interpreter) + command
+        if self.workdir is None:
+            command = _bwrap_args(interpreter, self._limits) + command
         # The uid is dropped by util-linux's setpriv, not by subprocess's user=/group=: those make Python fork
         # instead of vfork, and a forked child of a process with gRPC's threads can crash before exec.
         identity = [] if self._uid is None else ["setpriv", f"--reuid={self._uid}", f"--regid={self._uid}",
@@ -211,7 +218,7 @@ class PythonSession:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # only bwrap writes here (the runner sends fd 2 to /dev/null)
-            cwd=self.workdir,
+            cwd=self.workdir or "/",
             env={},
             start_new_session=True,
             limit=_HEADER_BYTES,  # bounds a header line; a payload is read by its announced length
@@ -234,15 +241,15 @@ class PythonSession:
         except TimeoutError:
             await self._kill()
             return {"failure": "timeout", "message": f"the code ran longer than {self._limits.wall_timeout_s:g} s "
-                    "and was stopped; the session restarts (its variables are gone)"}
+                    "and was stopped; the session restarts (its variables and files are gone)"}
         except _Malformed as problem:
             await self._kill()
             return {"failure": "malformed", "message": f"the session's reply channel held {problem} (did the code "
-                    "write to a file descriptor it did not open?); the session restarts (its variables are gone)"}
+                    "write to a file descriptor it did not open?); the session restarts (its variables and files are gone)"}
         except (ConnectionError, asyncio.IncompleteReadError):
             reason = _describe_exit(await self._kill()) + await self._stderr_tail(process)
             return {"failure": "resource_limit", "message": f"the session died ({reason}); it restarts with "
-                    "its variables gone"}
+                    "its variables and files gone"}
         except asyncio.CancelledError:  # the caller gave up: this call's reply must not answer the next one
             await self._kill()
             raise
@@ -298,7 +305,8 @@ class PythonSession:
 
     async def close(self) -> None:
         await self._kill()
-        await asyncio.to_thread(shutil.rmtree, self.workdir, True)
+        if self.workdir is not None:
+            await asyncio.to_thread(shutil.rmtree, self.workdir, True)
 
 
 def _describe_exit(returncode: int | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError
 from agentloop_grpc.tools.result import ToolErrorKind
-from agentloop_grpc.tools.sandbox import probe_isolation
+from agentloop_grpc.tools.sandbox import SandboxLimits, probe_isolation
 
 from .conftest import BUILTIN, tool_server
 
@@ -206,3 +208,38 @@ async def test_a_call_its_caller_gave_up_on_does_not_answer_the_next_call() -> N
             assert (await _run(impatient, py, "'next'")).content.endswith("'next'")
         finally:
             await impatient.close()
+
+
+_FILL = """import errno, os
+def fill(folder):
+    written = 0
+    for i in range(64):
+        try:
+            with open(f'{folder}/fill-{i}', 'wb') as f:
+                f.write(b'x' * (4 * 1024 * 1024))
+        except OSError as error:
+            return written // 2**20, errno.errorcode[error.errno]
+        written += 4 * 1024 * 1024
+    return written // 2**20, None
+"""
+
+
+async def test_the_tmpfs_and_the_work_folder_have_total_quotas() -> None:
+    """One call wrote 320 MB to each (host RAM and host disk); a few sessions doing it exhaust the host."""
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        quota_mib = SandboxLimits().work_bytes // 2**20
+        assert SandboxLimits().tmp_bytes // 2**20 == quota_mib
+        other = await client.create_instance("python", "t2")  # the quota is each session's own
+        for instance, folder in ((py, "/tmp"), (py, "/work"), (other, "/work")):
+            written, error = ast.literal_eval((await _run(client, instance, _FILL + f"fill({folder!r})")).content)
+            assert quota_mib - 8 <= written <= quota_mib and error == "ENOSPC", (folder, written, error)
+        await _healthy(client)
+
+
+async def test_a_stopped_tool_server_leaves_no_sandbox_folder_behind() -> None:
+    before = set(Path(tempfile.gettempdir()).glob("agentloop-sandboxes-*"))
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        assert (await _run(client, py, "open('kept.txt', 'w').write('x')")).content == "1"
+    assert set(Path(tempfile.gettempdir()).glob("agentloop-sandboxes-*")) == before

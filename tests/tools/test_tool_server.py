@@ -197,3 +197,18 @@ async def test_a_call_burning_cpu_stalls_neither_health_nor_other_calls() -> Non
         await channel.close()
         await client.close()
         await server.stop(grace_s=1)
+
+
+async def test_an_unisolated_python_tool_removes_its_folders_when_closed(monkeypatch) -> None:
+    """Where bwrap cannot run, sessions work in host folders: the tool's close (at server stop) removes them."""
+    from agentloop_grpc.tools.builtin import python_tool
+
+    monkeypatch.setattr(python_tool, "probe_isolation", lambda: "bwrap is missing (test)")
+    tool = python_tool.PythonTool(wall_timeout_s=5)
+    session = await tool.create("t", {})
+    result = await tool.execute(session, {"code": "import os\nopen('kept.txt', 'w').write('x')\nos.listdir('.')"})
+    assert result.content == "['kept.txt']" and session.workdir.parent.name.startswith("agentloop-sandboxes-")
+    root = session.workdir.parent
+    await tool.release(session)
+    await tool.close()
+    assert not root.exists()

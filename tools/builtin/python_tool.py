@@ -6,9 +6,11 @@ model reads; the server is never at risk.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,19 +50,23 @@ class PythonTool:
     """The python tool."""
 
     def __init__(self, sandbox_root: str | None = None, **limits: Any) -> None:
-        """``limits`` are SandboxLimits fields (wall_timeout_s, cpu_seconds, memory_bytes, output_bytes, ...)."""
+        """``limits`` are SandboxLimits fields (wall_timeout_s, cpu_seconds, memory_bytes, output_bytes, ...).
+        ``sandbox_root`` holds unisolated sessions' folders (isolated ones have no folder on the host); without
+        it a temporary folder does, removed by ``close``."""
         self._limits = SandboxLimits(**limits)
-        self._root = Path(sandbox_root or tempfile.mkdtemp(prefix="agentloop-sandboxes-"))
-        self._root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self._root, 0o711)  # sessions of other uids can reach their own folder below it
         self._as_root = os.geteuid() == 0
         self._uids = _free_uids()
         self.isolation_problem = probe_isolation()
+        self._root: Path | None = None
+        self._own_root = sandbox_root is None
         if self.isolation_problem:
             log.warning("PYTHON SANDBOX IS NOT ISOLATED: %s. Sessions keep rlimits and time-outs but share this "
-                        "host's network and filesystem.", self.isolation_problem)
+                        "host's network and filesystem, with no quota on disk.", self.isolation_problem)
+            self._root = Path(sandbox_root or tempfile.mkdtemp(prefix="agentloop-sandboxes-"))
+            self._root.mkdir(parents=True, exist_ok=True)
+            os.chmod(self._root, 0o711)  # sessions of other uids can reach their own folder below it
         isolation = (
-            "Runs isolated: no network, only a private folder /work, limited CPU, memory and output."
+            "Runs isolated: no network, only a private folder /work, limited CPU, memory, disk and output."
             if not self.isolation_problem
             else f"WARNING: NOT ISOLATED ({self.isolation_problem}): has network and filesystem access."
         )
@@ -83,7 +89,8 @@ class PythonTool:
         if kwargs:
             raise ValueError(f"python takes no creation arguments, got {sorted(kwargs)}")
         uids = self._uids if self._as_root else None
-        return PythonSession(self._limits, uids, isolated=self.isolation_problem is None, root=self._root)
+        workdir = None if self._root is None else Path(tempfile.mkdtemp(prefix="session-", dir=self._root))
+        return PythonSession(self._limits, uids, workdir)
 
     async def execute(self, state: PythonSession, arguments: dict[str, Any]) -> ToolResult:
         reply = await state.run(arguments["code"])
@@ -107,4 +114,5 @@ class PythonTool:
         await state.close()
 
     async def close(self) -> None:
-        return None
+        if self._root is not None and self._own_root:
+            await asyncio.to_thread(shutil.rmtree, self._root, True)
