@@ -25,6 +25,10 @@ MAX_TOP_LOGPROBS = 20
 PENALTY_BOUND = 2.0
 MAX_ID_BYTES = 256
 MAX_CONSTRAINT_BYTES = 64 * 1024
+#: Levels of JSON arrays and objects (a schema), or of groups (a regex), a constraint may nest.
+MAX_NESTING = 128
+#: Characters of one number in a JSON schema (int64 needs 20).
+MAX_NUMBER_CHARS = 100
 #: Characters of an input an error message quotes at most.
 QUOTE_CHARS = 64
 
@@ -50,7 +54,12 @@ MAX_NEW_TOKENS_OVER_LIMIT = (
 STOP_ID_OUT_OF_RANGE = "sampling_params.stop_token_ids[{index}] = {value} is outside the vocabulary [0, {vocab_size})"
 TOP_LOGPROBS_INVALID = "sampling_params.top_logprobs = {value} must be in [0, {bound}]"
 JSON_SCHEMA_INVALID = "structured_output.json_schema is not a JSON Schema: {reason}"
+JSON_SCHEMA_TOO_DEEP = "structured_output.json_schema is nested more than {bound} levels deep (arrays and objects)"
+JSON_SCHEMA_NUMBER_TOO_LONG = (
+    "structured_output.json_schema has a number of {length} characters ({prefix}); at most {bound} are allowed"
+)
 REGEX_INVALID = "structured_output.regex does not compile: {reason}"
+REGEX_TOO_DEEP = "structured_output.regex is nested more than {bound} levels deep (groups)"
 GRAMMAR_EMPTY = "structured_output.ebnf_grammar is empty"
 GRAMMAR_NO_ROOT = "structured_output.ebnf_grammar has no `root ::= ...` rule"
 MIN_CHUNK_TOKENS_INVALID = "stream_options.min_chunk_tokens = {value} must be >= 0"
@@ -58,6 +67,9 @@ CONSTRAINT_TOO_LONG = "structured_output.{kind} has {length} bytes; at most {bou
 STRUCTURED_EMPTY = "structured_output is set but names no constraint (json_schema, regex or ebnf_grammar)"
 
 _ROOT_RULE = re.compile(r"^\s*root\s*::=", re.MULTILINE)
+# What in a regex holds parentheses that open no group: escapes, then character classes (a leading ] is literal).
+_REGEX_ESCAPE = re.compile(r"\\.", re.DOTALL)
+_REGEX_CLASS = re.compile(r"\[\^?\]?[^\]]*\]")
 
 
 def _fail(template: str, **values: object) -> InvalidRequestError:
@@ -147,25 +159,73 @@ def check_sampling(params: SamplingParams, info: ServerInfo) -> None:
         raise _fail(TOP_LOGPROBS_INVALID, value=params.top_logprobs, bound=MAX_TOP_LOGPROBS)
 
 
+def _checked_number(text: str) -> str:
+    """A JSON number of a schema, kept as its text: no int conversion, so Python's digit limit never applies."""
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _fail(JSON_SCHEMA_NUMBER_TOO_LONG, length=len(text), bound=MAX_NUMBER_CHARS, prefix=quote(text, 16))
+    return text
+
+
+def _json_too_deep(value: object) -> bool:
+    """Whether arrays and objects nest past MAX_NESTING in a parsed JSON value (iterative: no recursion limit)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > MAX_NESTING:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _check_json_schema(text: str) -> None:
+    try:
+        schema = json.loads(text, parse_int=_checked_number, parse_float=_checked_number)
+    except json.JSONDecodeError as exc:
+        raise _fail(JSON_SCHEMA_INVALID, reason=f"invalid JSON ({exc})") from exc
+    except RecursionError as exc:  # the decoder recurses per level: far past MAX_NESTING
+        raise _fail(JSON_SCHEMA_TOO_DEEP, bound=MAX_NESTING) from exc
+    if not isinstance(schema, (dict, bool)):
+        raise _fail(JSON_SCHEMA_INVALID, reason=f"a schema is a JSON object or boolean, got {type(schema).__name__}")
+    if _json_too_deep(schema):
+        raise _fail(JSON_SCHEMA_TOO_DEEP, bound=MAX_NESTING)
+
+
+def _regex_depth(pattern: str) -> int:
+    """How deep groups nest in a pattern that compiles: parentheses outside escapes and character classes.
+
+    Linear (numpy, no Python loop per character): the class pattern cannot backtrack across a compiled
+    pattern's classes, each of which is closed."""
+    plain = _REGEX_CLASS.sub("", _REGEX_ESCAPE.sub("x", pattern))
+    codes = np.frombuffer(plain.encode(), dtype=np.uint8)
+    steps = (codes == ord("(")).astype(np.int32) - (codes == ord(")"))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _check_regex(pattern: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise _fail(REGEX_INVALID, reason=str(exc)) from exc
+    except RecursionError as exc:  # the parser recurses per group: far past MAX_NESTING
+        raise _fail(REGEX_TOO_DEEP, bound=MAX_NESTING) from exc
+    if _regex_depth(pattern) > MAX_NESTING:
+        raise _fail(REGEX_TOO_DEEP, bound=MAX_NESTING)
+
+
 def check_structured_output(spec: StructuredOutput | None) -> None:
-    """Syntax checks every engine shares; engines compile the constraint and may reject it further."""
+    """Syntax and size checks every engine shares; engines compile the constraint and may reject it further."""
     if spec is None:
         return
     length = _utf8_len(spec.spec)
     if length > MAX_CONSTRAINT_BYTES:
         raise _fail(CONSTRAINT_TOO_LONG, kind=spec.kind, length=length, bound=MAX_CONSTRAINT_BYTES)
     if spec.kind == "json_schema":
-        try:
-            schema = json.loads(spec.spec)
-        except json.JSONDecodeError as exc:
-            raise _fail(JSON_SCHEMA_INVALID, reason=f"invalid JSON ({exc})") from exc
-        if not isinstance(schema, (dict, bool)):
-            raise _fail(JSON_SCHEMA_INVALID, reason=f"a schema is a JSON object or boolean, got {type(schema).__name__}")
+        _check_json_schema(spec.spec)
     elif spec.kind == "regex":
-        try:
-            re.compile(spec.spec)
-        except re.error as exc:
-            raise _fail(REGEX_INVALID, reason=str(exc)) from exc
+        _check_regex(spec.spec)
     elif spec.kind == "ebnf_grammar":
         if not spec.spec.strip():
             raise _fail(GRAMMAR_EMPTY)

@@ -14,6 +14,17 @@ from agentloop_grpc.v1 import generation_pb2
 from .target import ContractTarget, collect, generate_error, request
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
+#: Levels of JSON arrays and objects, or of regex groups, a constraint may nest.
+NESTING_BOUND = 128
+
+
+def _nested(opening: str, closing: str, depth: int, inner: str = "") -> str:
+    return opening * depth + inner + closing * depth
+
+
+def _deep_schema(depth: int) -> str:
+    """A valid JSON Schema whose objects nest ``depth`` levels deep (arrays of arrays ... of integers)."""
+    return _nested('{"type": "array", "items": ', "}", depth - 1, '{"type": "integer"}')
 
 
 def _with(target: ContractTarget, info, case: str) -> tuple[generation_pb2.GenerateRequest, str]:
@@ -57,6 +68,28 @@ def _with(target: ContractTarget, info, case: str) -> tuple[generation_pb2.Gener
         "grammar_empty": (generation_pb2.StructuredOutput(ebnf_grammar="  "), "ebnf_grammar"),
         "grammar_without_root": (generation_pb2.StructuredOutput(ebnf_grammar='item ::= "a"'), "root"),
         "structured_without_kind": (generation_pb2.StructuredOutput(), "structured_output"),
+        # Python's recursion and int-digit limits escaped the validators as INTERNAL at these depths and lengths
+        "json_schema_nested_5000": (generation_pb2.StructuredOutput(json_schema=_nested("[", "]", 5000)), "nested"),
+        "json_schema_nested_30000": (generation_pb2.StructuredOutput(json_schema=_nested("[", "]", 30_000)), "nested"),
+        "json_schema_nested_100000": (
+            generation_pb2.StructuredOutput(json_schema=_nested("[", "]", 100_000)),
+            "structured_output.json_schema",
+        ),
+        "json_schema_long_integer": (
+            generation_pb2.StructuredOutput(json_schema='{"type": "integer", "maximum": ' + "9" * 5000 + "}"),
+            "number",
+        ),
+        "regex_nested_5000": (generation_pb2.StructuredOutput(regex=_nested("(", ")", 5000, "a")), "nested"),
+        "regex_nested_30000": (generation_pb2.StructuredOutput(regex=_nested("(", ")", 30_000, "a")), "nested"),
+        # valid constraints just past the nesting bound, which an engine would compile (slowly, deeper still)
+        "json_schema_nested_past_bound": (
+            generation_pb2.StructuredOutput(json_schema=_deep_schema(NESTING_BOUND + 1)),
+            "nested more than 128",
+        ),
+        "regex_nested_past_bound": (
+            generation_pb2.StructuredOutput(regex=_nested("(", ")", NESTING_BOUND + 1, "a")),
+            "nested more than 128",
+        ),
     }
     raw = {
         "raw_and_repeated_prompt": (bytes(4), "prompt_ids or prompt_ids_raw, not both"),
@@ -108,6 +141,14 @@ CASES = [
     "grammar_empty",
     "grammar_without_root",
     "structured_without_kind",
+    "json_schema_nested_5000",
+    "json_schema_nested_30000",
+    "json_schema_nested_100000",
+    "json_schema_long_integer",
+    "regex_nested_5000",
+    "regex_nested_30000",
+    "json_schema_nested_past_bound",
+    "regex_nested_past_bound",
     "min_chunk_tokens_negative",
 ]
 
@@ -230,3 +271,14 @@ async def test_a_constraint_over_its_bound_is_invalid(engine: ContractTarget, ki
     assert error.code() == INVALID, error.details()
     assert f"structured_output.{kind}" in error.details() and f"at most {SPEC_BOUND} bytes" in error.details()
     assert len(error.details().encode()) <= DETAILS_BOUND
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "regex"])
+async def test_a_constraint_at_its_nesting_bound_is_accepted(engine: ContractTarget, kind: str) -> None:
+    spec = {"json_schema": _deep_schema(NESTING_BOUND), "regex": _nested("(", ")", NESTING_BOUND, "a")}
+    req = request(engine, max_new_tokens=2)
+    setattr(req.structured_output, kind, spec[kind])
+    if not (await engine.info()).supports_structured_output:
+        assert (await generate_error(engine, req)).code() == grpc.StatusCode.UNIMPLEMENTED
+        return
+    assert (await collect(engine, req)).complete.finish_reason != generation_pb2.FINISH_REASON_UNSPECIFIED
