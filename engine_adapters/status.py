@@ -1,8 +1,12 @@
 """One place that turns adapter exceptions into gRPC status codes, for unary, client- and server-streaming handlers.
 
-Handlers raise; this decorator aborts the call with the mapped code and the exception's message. An exception
-that is not an EngineError is an engine bug: it is logged with its traceback and reported as INTERNAL, and the
-server stays up.
+Handlers raise; this decorator aborts the call with the mapped code and the exception's message, cut to
+MAX_DETAILS_BYTES. An exception that is not an EngineError is an engine bug: it is logged with its traceback and
+reported as INTERNAL, and the server stays up.
+
+The cut keeps every code intact: gRPC sends the message as trailing metadata, and a client that receives more
+metadata than its limit reads RESOURCE_EXHAUSTED (which routers retry) instead of the server's status, as a
+duplicate request id quoted whole once did.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from .errors import (
 
 log = logging.getLogger(__name__)
 
+#: Bytes of a status message at most (percent-encoded, still far under gRPC's default metadata limit).
+MAX_DETAILS_BYTES = 1024
+
 _CODES = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (DuplicateRequestError, grpc.StatusCode.ALREADY_EXISTS),
@@ -44,11 +51,20 @@ def status_code_for(error: EngineError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def bounded(message: str) -> str:
+    """``message`` cut to MAX_DETAILS_BYTES of UTF-8 (at a character boundary), marked when cut."""
+    data = message.encode()
+    if len(data) <= MAX_DETAILS_BYTES:
+        return message
+    return data[: MAX_DETAILS_BYTES - 3].decode(errors="ignore") + "..."
+
+
 async def _abort(context: grpc.aio.ServicerContext, error: Exception, method: str) -> None:
     if isinstance(error, EngineError):
-        await context.abort(status_code_for(error), str(error))
+        await context.abort(status_code_for(error), bounded(str(error)))
     log.exception("%s failed with an unexpected error", method)
-    await context.abort(grpc.StatusCode.INTERNAL, f"{method}: internal engine error: {type(error).__name__}: {error}")
+    message = f"{method}: internal engine error: {type(error).__name__}: {error}"
+    await context.abort(grpc.StatusCode.INTERNAL, bounded(message))
 
 
 def map_errors(handler):

@@ -96,6 +96,7 @@ class EmbeddedEngine:
         self._paused = False
         self._hold_new = False  # new requests wait in _held (paused, or a PAUSE_MODE_WAIT in progress)
         self._live: dict[str, Sequence] = {}
+        self._compiling: set[str] = set()  # ids whose constraint compiles: in flight, not yet in _live
         self._held: list[Sequence] = []
         self._arrivals = itertools.count()
         self._work = asyncio.Event()
@@ -196,7 +197,7 @@ class EmbeddedEngine:
         loaded = self._loaded
         if loaded is None or self._released:
             raise EngineUnavailableError("the embedded engine is " + ("loading" if loaded is None else "asleep"))
-        if request.request_id in self._live:
+        if request.request_id in self._live or request.request_id in self._compiling:
             raise DuplicateRequestError(f"request_id {quote(request.request_id)} is already in flight on this engine")
         # The servicer validated already; checking again keeps direct (in-process) callers from feeding the core
         # a request that would fail a whole batch step.
@@ -205,7 +206,11 @@ class EmbeddedEngine:
         check_sampling(request.sampling, info)
         grammar = None
         if request.structured_output is not None:  # xgrammar's own threads, no torch: off the worker is fine
-            grammar = await asyncio.to_thread(loaded.grammars.compile, request.structured_output)
+            self._compiling.add(request.request_id)
+            try:
+                grammar = await asyncio.to_thread(loaded.grammars.compile, request.structured_output)
+            finally:
+                self._compiling.discard(request.request_id)
             if self._released:  # put to sleep while compiling
                 raise EngineUnavailableError("the embedded engine is asleep")
         if len(self._live) - self._running_count() >= self.config.max_waiting:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
 import pytest
 
-from agentloop_grpc.engine_adapters.errors import InvalidRequestError
+from agentloop_grpc.engine_adapters.errors import DuplicateRequestError, InvalidRequestError
 from agentloop_grpc.engine_adapters.types import StructuredOutput
 
-from .helpers import chat, generate
+from .helpers import chat, generate, make, run
 
 TOOLS = [
     {
@@ -71,3 +72,13 @@ async def test_constraints_that_do_not_compile_are_invalid(engine, tokenizer, ki
     with pytest.raises(InvalidRequestError, match=kind):
         await generate(engine, chat(tokenizer, "Hi"), StructuredOutput(kind, spec), max_new_tokens=4)
     assert engine.load().running_requests == 0
+
+
+async def test_a_duplicate_id_is_refused_while_the_first_compiles(engine, tokenizer) -> None:
+    """The id was registered only once compiled: a second request with it ran too, and took the first's place."""
+    request = make(chat(tokenizer, "Pick a number."), StructuredOutput("regex", r"[0-9]{2}"), max_new_tokens=4)
+    first = asyncio.create_task(run(engine, request))
+    await asyncio.sleep(0)  # the first is compiling now
+    with pytest.raises(DuplicateRequestError, match=request.request_id):
+        await run(engine, request)
+    assert (await first).complete.finish_reason.value == "stop"
