@@ -14,7 +14,6 @@ server's stderr.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import os
 import pickle
@@ -42,7 +41,6 @@ def importable(function: Callable[..., Any]) -> bool:
 class _Worker:
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
-        self.loop = asyncio.get_running_loop()
 
     async def call(self, request: bytes) -> ToolResult:
         self.process.stdin.write(_HEADER.pack(len(request)) + request)
@@ -73,7 +71,7 @@ class WorkerPool:
 
     async def call(self, arguments: dict[str, Any]) -> ToolResult:
         request = pickle.dumps((self._function, arguments))
-        self._follow_loop()
+        self._bind_loop()
         async with self._slots:
             worker = self._idle.pop() if self._idle else await self._start()
             self._busy.add(worker)
@@ -94,15 +92,13 @@ class WorkerPool:
             self._idle.append(worker)
             return result
 
-    def _follow_loop(self) -> None:
-        """Workers' pipes belong to one event loop: a call from another loop starts afresh."""
+    def _bind_loop(self) -> None:
+        """Workers' pipes belong to the event loop that started them: one loop at a time, until ``close``."""
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            for worker in self._idle:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.process.pid, signal.SIGKILL)
-            self._idle.clear()
+        if self._loop is None:
             self._loop, self._slots = loop, asyncio.Semaphore(self._size)
+        elif loop is not self._loop:
+            raise RuntimeError(f"{self._name}: its workers serve another event loop (close the tool first)")
 
     async def _start(self) -> _Worker:
         process = await asyncio.create_subprocess_exec(
@@ -119,6 +115,7 @@ class WorkerPool:
         workers, self._idle = [*self._idle, *self._busy], []
         for worker in workers:
             await worker.stop()
+        self._loop = None
 
 
 def _describe(returncode: int) -> str:
