@@ -36,6 +36,15 @@ class RouterConfig(BaseModel):
     health_retry_interval_s: float = Field(
         0.5, gt=0, description="Delay before re-watching the health of a server whose watch stream failed."
     )
+    liveness_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A healthy server whose GetLoad polls go unanswered this long (a wedged event loop, a stopped "
+        "process) is taken out of routing, and its in-flight generations fail over and resume elsewhere from "
+        "the tokens received; it is routed to again once its health watch says SERVING. Apart from this, each "
+        "channel pings its server when no data arrives and closes a connection whose ping goes unanswered (a "
+        "stopped process, a network partition), which fails its calls over the same way.",
+    )
     generate_timeout_s: float = Field(600.0, gt=0, description="Default deadline of a whole generate call.")
     control_timeout_s: float = Field(120.0, gt=0, description="Deadline of each control call (sleep, pause, ...).")
     max_attempts: int = Field(

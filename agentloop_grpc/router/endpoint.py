@@ -4,6 +4,13 @@ One HTTP/2 channel per server, reused by every call. Two background tasks keep t
 ``grpc.health.v1`` Watch stream (the server pushes SERVING / NOT_SERVING as it loads, sleeps or drains; a broken
 stream means the server is gone, and the watch is retried) and a periodic GetLoad that refines the locally
 counted in-flight requests with what the server itself reports (other clients' load included).
+
+A hung server is found two ways. The channel pings the server when nothing arrives for a while, and closes the
+connection when a ping goes unanswered (a stopped process, a partition: the peer's kernel may still acknowledge
+TCP, but nothing answers HTTP/2): every call on it fails UNAVAILABLE and fails over, and the watch sees the server
+gone. A server whose connection answers pings but whose handlers do not run (a wedged event loop) answers no
+GetLoad: when polls have gone unanswered for ``RouterConfig.liveness_timeout_s``, the server is taken out and the
+Router's generate calls on it are cancelled, to fail over as from a dead server.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -23,9 +31,20 @@ from .metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 
+_PING_AFTER_MS = 5_000
+_PING_TIMEOUT_MS = 5_000
 _CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # a ping after this long without data from the server, and the connection closed when its answer is late:
+    # a hung server's calls fail over instead of waiting out their deadlines
+    ("grpc.keepalive_time_ms", _PING_AFTER_MS),
+    ("grpc.keepalive_timeout_ms", _PING_TIMEOUT_MS),
+    # grpcio waits this long for a keepalive ping's answer, whatever keepalive_timeout_ms says
+    ("grpc.http2.ping_timeout_ms", _PING_TIMEOUT_MS),
+    # pings also while no call is open, and with no data sent: a health watch sends nothing for hours
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
 )
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -50,6 +69,11 @@ class Endpoint:
         self.info: engine_pb2.GetServerInfoResponse | None = None
         self._watch_task: asyncio.Task | None = None
         self._poll_task: asyncio.Task | None = None
+        # the Router's generate calls here, and those it cancelled because the server stopped answering
+        self._calls: set[grpc.aio.Call] = set()
+        self._abandoned: set[grpc.aio.Call] = set()
+        self._lost = False  # taken out for answering nothing, until it says SERVING again
+        self._answered_at = 0.0
         # the gauge reads the count when scraped: setting it on every begin and end cost each generate two lock
         # round trips (~10 k instructions, callgrind) for a value read once per scrape at most
         metrics.in_flight.labels(address).set_function(lambda: self.in_flight)
@@ -75,11 +99,28 @@ class Endpoint:
         last = self.in_flight
         self._metrics.in_flight.labels(self.address).set_function(lambda: last)
 
-    def begin_request(self) -> None:
+    def begin_request(self, call: grpc.aio.Call) -> None:
+        """A generate call started here (one started after the server was lost is cancelled at once)."""
         self.in_flight += 1
+        self._calls.add(call)
+        if self._lost:
+            self._abandon(call)
 
-    def end_request(self) -> None:
+    def end_request(self, call: grpc.aio.Call) -> None:
         self.in_flight -= 1
+        self._calls.discard(call)
+        if self._abandoned:
+            self._abandoned.discard(call)
+
+    def abandoned(self, call: grpc.aio.Call) -> bool:
+        """Whether ``call`` was cancelled because the server stopped answering, not by its caller's cancellation."""
+        task = asyncio.current_task()
+        return call in self._abandoned and not (task is not None and task.cancelling())
+
+    def hung_error(self) -> grpc.aio.AioRpcError:
+        """What an abandoned call failed with: UNAVAILABLE, as from a dead server."""
+        details = f"{self.address} answered no GetLoad for {self._config.liveness_timeout_s} s"
+        return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
     def mark_unavailable(self) -> None:
         """A call failed with UNAVAILABLE: stop routing here until the server says SERVING again."""
@@ -90,9 +131,28 @@ class Endpoint:
             self._watch_health(delay_s=self._config.health_retry_interval_s), name=f"health-{self.address}"
         )
 
+    def _lose(self) -> None:
+        """Take out a server that answers nothing, and cancel its generate calls so that they fail over."""
+        log.warning(
+            "server %s answered no GetLoad for %.1f s: taken out of routing; %d generate calls fail over",
+            self.address, self._config.liveness_timeout_s, len(self._calls),
+        )
+        self._metrics.servers_lost.labels(self.address).inc()
+        self._lost = True
+        for call in list(self._calls):
+            self._abandon(call)
+        self.mark_unavailable()
+
+    def _abandon(self, call: grpc.aio.Call) -> None:
+        self._abandoned.add(call)
+        call.cancel()
+
     def _set_healthy(self, healthy: bool) -> None:
         if healthy != self.healthy:
             log.info("server %s is %s", self.address, "serving" if healthy else "not serving")
+            if healthy:
+                self._lost = False
+                self._answered_at = time.monotonic()  # the time it was out does not count against it
         self.healthy = healthy
         self._metrics.server_healthy.labels(self.address).set(1 if healthy else 0)
 
@@ -113,15 +173,21 @@ class Endpoint:
             await asyncio.sleep(self._config.health_retry_interval_s)
 
     async def _poll_load(self) -> None:
+        liveness_s = self._config.liveness_timeout_s
+        # short polls, so that a hung server's time out one after another until the bound
+        timeout_s = min(liveness_s, max(1.0, self._config.load_poll_interval_s))
         while True:
             await asyncio.sleep(self._config.load_poll_interval_s)
             if not self.healthy:
                 continue
             try:
-                load = await self.generate.GetLoad(
-                    generation_pb2.GetLoadRequest(), timeout=max(1.0, self._config.load_poll_interval_s)
-                )
-            except grpc.aio.AioRpcError:
-                continue  # the health watch decides about the server's health
+                load = await self.generate.GetLoad(generation_pb2.GetLoadRequest(), timeout=timeout_s)
+            except grpc.aio.AioRpcError as error:
+                # polls unanswered for the whole bound: hung; any other failure is the health watch's to judge
+                hung = error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                if hung and self.healthy and time.monotonic() - self._answered_at >= liveness_s:
+                    self._lose()
+                continue
+            self._answered_at = time.monotonic()
             self.reported_load = load.running_requests + load.waiting_requests
             self._metrics.server_load.labels(self.address).set(self.reported_load)

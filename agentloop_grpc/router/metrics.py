@@ -23,6 +23,13 @@ class RouterMetrics:
         self.server_healthy = Gauge(
             "agentloop_router_server_healthy", "1 while the server reports SERVING", ["server"], registry=r
         )
+        self.servers_lost = Counter(
+            "agentloop_router_servers_lost",
+            "Times a server was taken out of routing for answering no GetLoad within liveness_timeout_s (its "
+            "generations failed over)",
+            ["server"],
+            registry=r,
+        )
         self.decisions = Counter(
             "agentloop_router_routing_decisions",
             "Routing decisions: new (first request of a session), sticky (same server), moved (rebalanced or "

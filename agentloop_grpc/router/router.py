@@ -253,13 +253,17 @@ class Router:
             request.request_id = attempt_id
             servers.append(endpoint.address)
             await endpoint.stream_slots.acquire()  # bounded calls per channel: beyond, requests wait here
-            self._begin_attempt(endpoint, session_id, attempt_id, unary=True)
             call = endpoint.generate.GenerateUnary(unary_request, timeout=max(0.001, deadline - time.monotonic()))
+            self._begin_attempt(endpoint, session_id, attempt_id, call, unary=True)
             response = None
             try:
                 response = await call
             except grpc.aio.AioRpcError as error:
                 self._attempt_failed(error, endpoint, base_id, attempt, deadline, failed, resumed=False)
+            except asyncio.CancelledError:  # the server stopped answering and its calls were cancelled: fail over
+                if not endpoint.abandoned(call):
+                    raise
+                self._attempt_failed(endpoint.hung_error(), endpoint, base_id, attempt, deadline, failed, resumed=False)
             finally:
                 self._end_attempt(endpoint, session_id, attempt_id, call, finished=response is not None)
             if response is not None:
@@ -332,8 +336,8 @@ class Router:
             )
             servers.append(endpoint.address)
             await endpoint.stream_slots.acquire()  # bounded calls per channel: beyond, requests wait here
-            self._begin_attempt(endpoint, session_id, attempt_id, unary=False)
             call = endpoint.generate.Generate(request, timeout=max(0.001, deadline - time.monotonic()))
+            self._begin_attempt(endpoint, session_id, attempt_id, call, unary=False)
             complete = None
             try:
                 # read() rather than ``async for``: one async-generator layer less per message
@@ -348,6 +352,11 @@ class Router:
                     raise InfrastructureError(f"{endpoint.address} ended the stream of {attempt_id} without a result")
             except grpc.aio.AioRpcError as error:
                 failovers += self._attempt_failed(error, endpoint, base_id, attempt, deadline, failed, bool(tokens))
+            except asyncio.CancelledError:  # the server stopped answering and its calls were cancelled: fail over
+                if not endpoint.abandoned(call):
+                    raise
+                hung = endpoint.hung_error()
+                failovers += self._attempt_failed(hung, endpoint, base_id, attempt, deadline, failed, bool(tokens))
             finally:
                 self._end_attempt(endpoint, session_id, attempt_id, call, finished=complete is not None)
             if complete is not None:
@@ -365,9 +374,11 @@ class Router:
         would be, for a fraction of its cost."""
         return f"{self._request_id_prefix}-{next(self._request_counter)}"
 
-    def _begin_attempt(self, endpoint: Endpoint, session_id: str, attempt_id: str, unary: bool) -> None:
-        """An attempt holding one of the endpoint's call slots is about to start."""
-        endpoint.begin_request()
+    def _begin_attempt(
+        self, endpoint: Endpoint, session_id: str, attempt_id: str, call: grpc.aio.Call, unary: bool
+    ) -> None:
+        """An attempt holding one of the endpoint's call slots has started ``call``."""
+        endpoint.begin_request(call)
         self._active.setdefault(session_id, {})[attempt_id] = endpoint
         self._attempt_counters[unary].inc()
 
@@ -377,7 +388,7 @@ class Router:
         """An attempt is over (finished, failed, cancelled or closed early): free its slot, and free the engine of
         it unless it finished."""
         endpoint.stream_slots.release()
-        endpoint.end_request()
+        endpoint.end_request(call)
         active = self._active.get(session_id, {})
         active.pop(attempt_id, None)
         if not active:

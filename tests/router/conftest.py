@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -45,12 +45,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`agentloop engine serve --adapter fake` in its own process, so a test can SIGKILL it."""
+    """`agentloop engine serve --adapter fake` in its own process, so a test can SIGKILL (or SIGSTOP) it.
+    ``program``: another command taking the same options and printing the same first line."""
 
-    def __init__(self, port: int = 0, token_latency_ms: float = 5.0) -> None:
+    def __init__(
+        self, port: int = 0, token_latency_ms: float = 5.0, program: Sequence[str] = (AGENTLOOP, "engine", "serve")
+    ) -> None:
         self.process = subprocess.Popen(
             [
-                AGENTLOOP, "engine", "serve", "--adapter", "fake", "--port", str(port),
+                *program, "--adapter", "fake", "--port", str(port),
                 "--fake-token-latency-ms", str(token_latency_ms), "--log-level", "WARNING",
             ],
             stdout=subprocess.PIPE,

@@ -30,6 +30,27 @@ async def _direct(address: str, prompt: list[int], tokens: int) -> list[int]:
         return [t async for m in stub.Generate(request, timeout=60) for t in m.chunk.token_ids]
 
 
+async def stream_to_end(
+    router: Router, session: str, prompt: list[int], received: dict[str, int], **options
+) -> GenerateResult:
+    """Stream a greedy generation of BUDGET tokens to its result, counting in ``received`` the session's tokens."""
+    async for event in router.stream(session, prompt, greedy(BUDGET), **options):
+        if isinstance(event, GenerateResult):
+            return event
+        received[session] = received.get(session, 0) + len(event.token_ids)
+    raise AssertionError("no result")
+
+
+async def assert_resumed(result: GenerateResult, prompt: list[int], survivor: str) -> None:
+    """``result`` holds the first server's tokens for ``prompt`` (at least 20), then the next one's continuation of
+    the prompt and those tokens: nothing lost, nothing twice (any server gives the same greedy tokens)."""
+    reference = await _direct(survivor, prompt, BUDGET)
+    split = next(i for i, (a, b) in enumerate(zip(result.token_ids, reference)) if a != b)
+    assert split >= 20
+    continuation = await _direct(survivor, prompt + list(result.token_ids[:split]), BUDGET - split)
+    assert list(result.token_ids[split:]) == continuation
+
+
 @pytest.mark.parametrize("min_chunk_tokens", [0, 8])  # every token as decoded; grouped (pending ones are lost)
 async def test_sigkill_mid_stream_every_generation_completes_elsewhere(server_processes, min_chunk_tokens) -> None:
     server_processes.extend(ServerProcess(token_latency_ms=5) for _ in range(3))
@@ -37,16 +58,11 @@ async def test_sigkill_mid_stream_every_generation_completes_elsewhere(server_pr
         await router.wait_ready(3)
         prompts = {f"traj{i}": [10 + i, 20 + i, 30 + i, 40 + i] for i in range(9)}
         received: dict[str, int] = {}
-
-        async def run(session: str):
-            options = generation_pb2.StreamOptions(min_chunk_tokens=min_chunk_tokens)
-            async for event in router.stream(session, prompts[session], greedy(BUDGET), stream_options=options):
-                if isinstance(event, GenerateResult):
-                    return event
-                received[session] = received.get(session, 0) + len(event.token_ids)
-            raise AssertionError("no result")
-
-        tasks = {s: asyncio.create_task(run(s)) for s in prompts}
+        options = generation_pb2.StreamOptions(min_chunk_tokens=min_chunk_tokens)
+        tasks = {
+            s: asyncio.create_task(stream_to_end(router, s, prompts[s], received, stream_options=options))
+            for s in prompts
+        }
         while len(received) < len(prompts) or min(received.values()) < 20:
             await asyncio.sleep(0.01)
         victim = server_processes[0]
@@ -63,12 +79,7 @@ async def test_sigkill_mid_stream_every_generation_completes_elsewhere(server_pr
             assert result.failovers == 0 and len(result.servers) == 1
             continue
         assert result.failovers == 1 and result.servers[0] == victim.address and len(result.servers) == 2
-        # before the kill: the victim's tokens for the prompt; after: the continuation of prompt + those tokens
-        reference = await _direct(survivor, prompts[session], BUDGET)
-        split = next(i for i, (a, b) in enumerate(zip(result.token_ids, reference)) if a != b)
-        assert split >= 20
-        continuation = await _direct(survivor, prompts[session] + list(result.token_ids[:split]), BUDGET - split)
-        assert list(result.token_ids[split:]) == continuation
+        await assert_resumed(result, prompts[session], survivor)
 
 
 async def test_restarted_server_is_used_again(server_processes) -> None:
