@@ -55,6 +55,7 @@ class AgentLoopManager:
         self._local: list = []
         self._actors: list = []
         self.control: Router | None = None
+        self._routers: list[Router] = []
         self._tokenizer_checked = False
         self._tokenizer = None  # the loops' tokenizer, loaded once for the check
 
@@ -78,11 +79,18 @@ class AgentLoopManager:
             await _gather_refs([a.start.remote() for a in self._actors])
             # the actors' own router is the data path; this one carries control calls (wake, sleep, weights)
             self.control = await self._control_router()
+            self._routers.append(self.control)
         else:
             for i in range(self.num_workers):
                 worker, router = await build_worker(self.spec, self._stack, i)
                 self._local.append(worker)
+                self._routers.append(router)
                 self.control = self.control or router
+
+    @property
+    def routers(self) -> tuple[Router, ...]:
+        """The Routers in this process: the in-process workers', or the control one (Ray workers have theirs)."""
+        return tuple(self._routers)
 
     async def _control_router(self) -> Router:
         return await self._stack.enter_async_context(self.spec.make_router())
@@ -136,7 +144,13 @@ class AgentLoopManager:
 
     async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int) -> None:
         """Update every engine's weights, also while ``generate`` runs (see ``update_weights_mid_rollout``)."""
-        await update_weights_mid_rollout(self.control, tensors, weight_version)
+        try:
+            await update_weights_mid_rollout(self.control, tensors, weight_version)
+        finally:
+            # the workers' Routers did not push: told the fleet's version now, they hold out an engine that
+            # missed it (or returns without it) before any of their generations could show them
+            for router in self._routers:
+                router.expect_weight_version(self.control.weight_version)
 
 
 async def update_weights_mid_rollout(control: Router, tensors: Sequence[NamedTensor], weight_version: int) -> None:

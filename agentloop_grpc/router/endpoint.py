@@ -11,6 +11,9 @@ TCP, but nothing answers HTTP/2): every call on it fails UNAVAILABLE and fails o
 gone. A server whose connection answers pings but whose handlers do not run (a wedged event loop) answers no
 GetLoad: when polls have gone unanswered for ``RouterConfig.liveness_timeout_s``, the server is taken out and the
 Router's generate calls on it are cancelled, to fail over as from a dead server.
+
+GetServerInfo is fetched each time the server becomes SERVING (it may have restarted with other weights) and at
+every poll while it is held out for an old weight version (see versions.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, gener
 
 from .config import RouterConfig
 from .metrics import RouterMetrics
+from .versions import WeightVersions
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +56,11 @@ _SERVING = health_pb2.HealthCheckResponse.SERVING
 class Endpoint:
     """One engine server: channel, stubs, health, load and server info."""
 
-    def __init__(self, address: str, config: RouterConfig, metrics: RouterMetrics) -> None:
+    def __init__(self, address: str, config: RouterConfig, metrics: RouterMetrics, versions: WeightVersions) -> None:
         self.address = address
         self._config = config
         self._metrics = metrics
+        self._versions = versions
         self.channel = open_channel(address, config.security, _CHANNEL_OPTIONS)
         self.generate = generation_pb2_grpc.TokenGenerateStub(self.channel)
         self.control = engine_pb2_grpc.EngineControlStub(self.channel)
@@ -162,15 +167,17 @@ class Endpoint:
             try:
                 async for response in self._health.Watch(health_pb2.HealthCheckRequest(service="")):
                     serving = response.status == _SERVING
-                    if serving and self.info is None:
-                        self.info = await self.control.GetServerInfo(
-                            engine_pb2.GetServerInfoRequest(), timeout=self._config.control_timeout_s
-                        )
+                    if serving and not self.healthy:  # (re)connected or woken: a restart brings other weights
+                        await self._refresh_info(self._config.control_timeout_s)
                     self._set_healthy(serving)
             except grpc.aio.AioRpcError as error:
                 log.debug("health watch of %s ended: %s", self.address, error.code().name)
             self._set_healthy(False)
             await asyncio.sleep(self._config.health_retry_interval_s)
+
+    async def _refresh_info(self, timeout_s: float) -> None:
+        self.info = await self.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=timeout_s)
+        self._versions.report(self.address, self.info.weight_version)
 
     async def _poll_load(self) -> None:
         liveness_s = self._config.liveness_timeout_s
@@ -181,6 +188,8 @@ class Endpoint:
             if not self.healthy:
                 continue
             try:
+                if self.address in self._versions.behind:  # held out: updated since by someone?
+                    await self._refresh_info(timeout_s)
                 load = await self.generate.GetLoad(generation_pb2.GetLoadRequest(), timeout=timeout_s)
             except grpc.aio.AioRpcError as error:
                 # polls unanswered for the whole bound: hung; any other failure is the health watch's to judge

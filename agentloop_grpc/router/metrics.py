@@ -23,6 +23,20 @@ class RouterMetrics:
         self.server_healthy = Gauge(
             "agentloop_router_server_healthy", "1 while the server reports SERVING", ["server"], registry=r
         )
+        self.server_weight_version = Gauge(
+            "agentloop_router_server_weight_version", "Weight version the server last reported", ["server"], registry=r
+        )
+        self.expected_weight_version = Gauge(
+            "agentloop_router_expected_weight_version",
+            "The fleet's weight version: the highest pushed or reported; servers below it are held out",
+            registry=r,
+        )
+        self.server_behind = Gauge(
+            "agentloop_router_server_behind",
+            "1 while the server is held out of routing for serving an older weight version than the fleet's",
+            ["server"],
+            registry=r,
+        )
         self.servers_lost = Counter(
             "agentloop_router_servers_lost",
             "Times a server was taken out of routing for answering no GetLoad within liveness_timeout_s (its "

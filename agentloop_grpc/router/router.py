@@ -6,7 +6,8 @@ the engine, and an explicit Abort follows in case the cancellation could not rea
 UNAVAILABLE (server killed, draining, asleep) or RESOURCE_EXHAUSTED resumes on another server from the tokens
 already received, so the caller sees one uninterrupted generation; other errors are the request's and are never
 retried. A generate() whose whole budget fits one grouped message is a unary GenerateUnary call instead: its
-stream could not have delivered anything earlier, and a unary call costs both ends less CPU.
+stream could not have delivered anything earlier, and a unary call costs both ends less CPU. Servers that serve an
+older weight version than the fleet's take no new requests (versions.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .metrics import RouterMetrics
 from .policy import Decision, choose_server
 from .prompts import PromptPacker, extended, prompt_length
 from .result import GenerateResult
+from .versions import WeightVersions
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class Router:
         self.config = config or RouterConfig()
         self.metrics = RouterMetrics()
         self._endpoints: dict[str, Endpoint] = {}
+        self._versions = WeightVersions(self.metrics)
         self._initial = list(servers)
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self._active: dict[str, dict[str, Endpoint]] = {}  # session -> request id -> endpoint
@@ -102,7 +105,7 @@ class Router:
     async def add_server(self, address: str) -> None:
         if address in self._endpoints:
             return
-        endpoint = Endpoint(address, self.config, self.metrics)
+        endpoint = Endpoint(address, self.config, self.metrics, self._versions)
         self._endpoints[address] = endpoint
         endpoint.start()
 
@@ -111,9 +114,24 @@ class Router:
         endpoint = self._endpoints.pop(address, None)
         if endpoint is not None:
             await endpoint.close()
+            self._versions.forget(address)
+
+    @property
+    def weight_version(self) -> int:
+        """The fleet's weight version as this Router knows it (see versions.py)."""
+        return self._versions.expected
+
+    @property
+    def held_out(self) -> frozenset[str]:
+        """Servers held out of routing for serving an older weight version than the fleet's."""
+        return self._versions.behind
+
+    def expect_weight_version(self, version: int) -> None:
+        """The fleet was updated to ``version`` through another Router: hold out servers below it from now on."""
+        self._versions.expect(version)
 
     async def wait_ready(self, min_servers: int = 1, timeout_s: float = 60.0) -> None:
-        """Wait until at least ``min_servers`` servers report SERVING."""
+        """Wait until at least ``min_servers`` servers report SERVING (whatever their weight version)."""
         deadline = time.monotonic() + timeout_s
         while sum(e.healthy for e in self._endpoints.values()) < min_servers:
             if time.monotonic() > deadline:
@@ -141,13 +159,15 @@ class Router:
         just failed this request), waiting a bounded time for one."""
         wait_until = min(deadline, time.monotonic() + self.config.no_server_wait_s)
         while True:
-            loads = {a: e.load for a, e in self._endpoints.items() if e.healthy}
+            behind = self._versions.behind
+            loads = {a: e.load for a, e in self._endpoints.items() if e.healthy and a not in behind}
             if avoid:
                 loads = {a: load for a, load in loads.items() if a not in avoid} or loads
             if loads:
                 break
             if time.monotonic() >= wait_until:
-                raise NoHealthyServerError(f"no healthy engine server among {sorted(self._endpoints)}")
+                held = f"; held out below weight version {self._versions.expected}: {sorted(behind)}" if behind else ""
+                raise NoHealthyServerError(f"no healthy engine server among {sorted(self._endpoints)}{held}")
             await asyncio.sleep(0.02)
         address, decision = choose_server(session_id, self._sessions.get(session_id), loads, self.config)
         self._decision_counters[decision].inc()
@@ -272,6 +292,7 @@ class Router:
         else:
             raise InfrastructureError(f"generate {base_id} exhausted its attempts")
         complete = response.complete
+        self._versions.advance(endpoint.address, complete.weight_version)
         received = Received()
         for chunk in response.chunks:
             received.add_proto(chunk)
@@ -361,6 +382,7 @@ class Router:
                 self._end_attempt(endpoint, session_id, attempt_id, call, finished=complete is not None)
             if complete is not None:
                 cached += complete.cached_prompt_tokens
+                self._versions.advance(endpoint.address, complete.weight_version)
                 break
             await self._backoff(attempt)
         else:
@@ -509,9 +531,11 @@ class Router:
         return result
 
     async def server_info(self) -> FanOutResult:
-        return await self._fan_out(
+        result = await self._fan_out(
             lambda e: e.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=self.config.control_timeout_s)
         )
+        self._report_versions(result)
+        return result
 
     async def sleep(self, level: int = engine_pb2.SLEEP_LEVEL_KV_CACHE) -> FanOutResult:
         return await self._fan_out(
@@ -541,7 +565,8 @@ class Router:
     async def update_weights(
         self, tensors: Iterable[NamedTensor], weight_version: int | None = None, flush_cache: bool = True
     ) -> FanOutResult:
-        """Stream the same tensors to every server concurrently; each applies them atomically on the commit."""
+        """Stream the same tensors to every server concurrently; each applies them atomically on the commit. The
+        version the servers answer becomes the fleet's: a server that missed it is held out until it has it."""
         messages = weight_update_messages(tensors, weight_version, flush_cache, self.config.weight_chunk_bytes)
 
         async def send(endpoint: Endpoint):
@@ -551,7 +576,15 @@ class Router:
 
             return await endpoint.control.UpdateWeights(stream(), timeout=self.config.control_timeout_s)
 
-        return await self._fan_out(send)
+        result = await self._fan_out(send)
+        self._report_versions(result)
+        return result
+
+    def _report_versions(self, result: FanOutResult) -> None:
+        """Record the weight versions in the answers of a fan-out (GetServerInfo, UpdateWeights)."""
+        for address, response in result.responses.items():
+            if address in self._endpoints:
+                self._versions.report(address, response.weight_version)
 
 
 def discovery_addresses(path: str | Path) -> list[str]:

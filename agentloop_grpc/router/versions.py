@@ -1,0 +1,78 @@
+"""Weight-version safety: the Router routes only to servers that hold the fleet's weights.
+
+A server that joins, restarts or wakes after a weight update holds the weights it started with; routing to it
+would mix an old policy's tokens into the batch. The fleet's version is the highest the Router knows of: what its
+own pushes answered, what servers report in GetServerInfo (fetched on every connect and while a server is held
+out), what finished generations carry, and what the caller says another Router pushed. A server below it takes no
+new request until it reports that version (the next push, or an update from elsewhere); requests it already has
+are left to finish.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .metrics import RouterMetrics
+
+log = logging.getLogger(__name__)
+
+
+class WeightVersions:
+    """The fleet's expected weight version and the servers held out of routing below it."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self.expected = 0
+        self.behind: frozenset[str] = frozenset()
+        self._versions: dict[str, int] = {}
+        self._metrics = metrics
+
+    def of(self, address: str) -> int | None:
+        """The version ``address`` last reported, if any."""
+        return self._versions.get(address)
+
+    def report(self, address: str, version: int) -> None:
+        """``address`` serves weight ``version`` now."""
+        if self._versions.get(address) == version:
+            return
+        self._versions[address] = version
+        self._metrics.server_weight_version.labels(address).set(version)
+        self._raise_expected(version)
+        self._hold_out()
+
+    def advance(self, address: str, version: int) -> None:
+        """``address`` produced tokens with weight ``version``: news only when higher than it last reported (a
+        message sent before an update may arrive after it; a restart is seen by GetServerInfo on reconnect)."""
+        if version > self._versions.get(address, -1):
+            self.report(address, version)
+
+    def expect(self, version: int) -> None:
+        """The fleet has reached ``version`` (a lower one changes nothing: versions only grow)."""
+        if version > self.expected:
+            self._raise_expected(version)
+            self._hold_out()
+
+    def forget(self, address: str) -> None:
+        """``address`` left the fleet."""
+        self._versions.pop(address, None)
+        self._metrics.server_behind.labels(address).set(0)
+        self._hold_out()
+
+    def _raise_expected(self, version: int) -> None:
+        if version > self.expected:
+            log.info("fleet weight version %d", version)
+            self.expected = version
+            self._metrics.expected_weight_version.set(version)
+
+    def _hold_out(self) -> None:
+        behind = frozenset(a for a, version in self._versions.items() if version < self.expected)
+        for address in sorted(behind - self.behind):
+            log.warning(
+                "server %s serves weight version %d, the fleet %d: held out of routing until it matches",
+                address, self._versions[address], self.expected,
+            )
+            self._metrics.server_behind.labels(address).set(1)
+        for address in sorted(self.behind - behind):
+            if address in self._versions:
+                log.info("server %s serves the fleet's weight version %d: routed to again", address, self.expected)
+            self._metrics.server_behind.labels(address).set(0)
+        self.behind = behind

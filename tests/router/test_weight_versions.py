@@ -1,0 +1,116 @@
+"""A server that returns after a weight update serves the old weights (issue 18, fault 2): the Router holds it out
+of routing until it has the fleet's version again, says so in its log and metrics, and routes to it after the
+next update."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from agentloop_grpc.engine_adapters.types import NamedTensor
+from agentloop_grpc.router import NoHealthyServerError, Router, RouterConfig
+from agentloop_grpc.router.metrics import RouterMetrics
+from agentloop_grpc.router.versions import WeightVersions
+
+from .conftest import ServerProcess, address, fake_servers, free_port
+from .test_liveness import _routed_to_again
+from .test_routing import FAST, _until, params
+
+TENSOR = NamedTensor("w", "float32", (1,), b"\0\0\0\0")
+
+
+def _behind(router: Router, server: str) -> float:
+    return router.metrics.value("agentloop_router_server_behind", server=server)
+
+
+async def _servers_of(router: Router, sessions: int, prefix: str) -> list[str]:
+    return [(await router.generate(f"{prefix}{i}", [1, 2, 3], params(2))).servers[0] for i in range(sessions)]
+
+
+async def test_a_server_restarted_after_an_update_is_held_out_until_the_next(server_processes, caplog):
+    port = free_port()
+    server_processes.append(ServerProcess(port=port, token_latency_ms=1))
+    server_processes.append(ServerProcess(token_latency_ms=1))
+    restarted, other = (p.address for p in server_processes)
+    async with Router([restarted, other], FAST) as pusher, Router([restarted, other], FAST) as observer:
+        await pusher.wait_ready(2)
+        await observer.wait_ready(2)
+        (await pusher.update_weights([TENSOR], weight_version=3)).raise_for_errors()
+        # the observer pushed nothing: it learns the fleet's version from what its generations carry
+        results = [await observer.generate(f"o{i}", [1, 2, 3], params(2)) for i in range(8)]
+        assert {v for r in results for v in r.weight_versions} == {3}
+        await _until(lambda: observer.weight_version == 3 and not observer.held_out)
+
+        server_processes[0].kill()
+        await _until(lambda: not pusher.servers[restarted].healthy and not observer.servers[restarted].healthy)
+        with caplog.at_level(logging.WARNING, logger="agentloop_grpc.router.versions"):
+            server_processes.append(ServerProcess(port=port, token_latency_ms=1))  # back at its initial weights
+            for router in (pusher, observer):
+                await _until(lambda: router.servers[restarted].healthy)  # SERVING again, but version 0
+                assert router.held_out == {restarted}
+                assert _behind(router, restarted) == 1 and _behind(router, other) == 0
+                assert router.metrics.value("agentloop_router_expected_weight_version") == 3
+                assert router.metrics.value("agentloop_router_server_weight_version", server=restarted) == 0
+                assert set(await _servers_of(router, 16, "during")) == {other}
+        assert any("held out of routing" in r.getMessage() and restarted in r.getMessage() for r in caplog.records)
+
+        (await pusher.update_weights([TENSOR], weight_version=4)).raise_for_errors()
+        assert not pusher.held_out and _behind(pusher, restarted) == 0
+        assert await _routed_to_again(pusher, restarted)
+        # the observer sees the update in its poll of the held-out server's info
+        await _until(lambda: not observer.held_out)
+        assert observer.weight_version == 4 and await _routed_to_again(observer, restarted)
+
+
+async def test_a_held_out_server_updated_by_someone_else_comes_back() -> None:
+    async with fake_servers(2) as servers, Router([address(s) for s in servers], FAST) as router:
+        await router.wait_ready(2)
+        stale, current = address(servers[0]), address(servers[1])
+        await servers[1].adapter.update_weights([TENSOR], 2, flush_cache=False)
+        await router.server_info()  # any fresh GetServerInfo shows the versions
+        assert router.weight_version == 2 and router.held_out == {stale}
+        assert set(await _servers_of(router, 8, "a")) == {current}
+        await servers[0].adapter.update_weights([TENSOR], 2, flush_cache=False)
+        await _until(lambda: not router.held_out)
+        assert await _routed_to_again(router, stale)
+
+
+async def test_when_every_server_is_behind_the_error_says_so() -> None:
+    config = RouterConfig(load_poll_interval_s=0.05, health_retry_interval_s=0.05, no_server_wait_s=0.2)
+    async with fake_servers(1) as servers, Router([address(servers[0])], config) as router:
+        await router.wait_ready()
+        router.expect_weight_version(5)  # e.g. the trainer pushed through another Router
+        assert router.held_out == {address(servers[0])}
+        with pytest.raises(NoHealthyServerError, match="held out below weight version 5"):
+            await router.generate("s", [1, 2, 3], params(2))
+
+
+def test_versions_only_grow_and_generations_never_lower_a_servers() -> None:
+    versions = WeightVersions(RouterMetrics())
+    versions.report("a", 3)
+    versions.report("b", 1)
+    assert versions.expected == 3 and versions.behind == {"b"}
+    versions.advance("a", 2)  # an old message arriving late
+    assert versions.of("a") == 3
+    versions.report("a", 0)  # GetServerInfo after a restart is the truth
+    assert versions.expected == 3 and versions.behind == {"a", "b"}
+    versions.expect(2)
+    assert versions.expected == 3
+    versions.forget("b")
+    assert versions.behind == {"a"}
+    versions.advance("a", 3)
+    assert not versions.behind
+
+
+async def test_an_update_during_generations_holds_no_server_out() -> None:
+    async with fake_servers(2, token_latency_s=0.002) as servers, Router([address(s) for s in servers], FAST) as router:
+        await router.wait_ready(2)
+        running = [asyncio.create_task(router.generate(f"r{i}", [1, 2, i], params(200))) for i in range(8)]
+        await asyncio.sleep(0.1)
+        (await router.update_weights([TENSOR], weight_version=1)).raise_for_errors()
+        results = await asyncio.gather(*running)
+        assert {r.weight_versions[-1] for r in results} == {1}  # every one of them switched mid-way
+        assert not router.held_out and router.weight_version == 1
+        assert set(await _servers_of(router, 16, "after")) == {address(s) for s in servers}
