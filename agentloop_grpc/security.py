@@ -10,7 +10,6 @@ no user token is given: a server accepts its admin token wherever it accepts the
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -97,27 +96,6 @@ class ClientSecurity(BaseModel):
         """(user token, admin token) as read now; a missing file or variable is a ValueError."""
         return (read_secret(self.token_file, self.token_env, "token"),
                 read_secret(self.admin_token_file, self.admin_token_env, "admin token"))
-
-    def channel(self, address: str, options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
-        """An asyncio channel to ``address`` with TLS and tokens as configured."""
-        options = list(options)
-        if self.server_name:
-            options.append(("grpc.ssl_target_name_override", self.server_name))
-        user, admin = self.tokens()
-        interceptors = token_interceptors(user, admin) if (user or admin) else None
-        credentials = self.credentials()
-        if credentials is None:
-            return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
-        return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
-
-
-def open_channel(
-    address: str, security: ClientSecurity | None, options: Sequence[tuple[str, object]] = ()
-) -> grpc.aio.Channel:
-    """A channel to ``address``: plaintext without ``security``, else as it says."""
-    if security is None:
-        return grpc.aio.insecure_channel(address, options=list(options))
-    return security.channel(address, options)
 
 
 class _Tokens:

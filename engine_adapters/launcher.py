@@ -28,7 +28,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agentloop_grpc.security import ClientSecurity, open_channel
+from agentloop_grpc.channels import open_channel
+from agentloop_grpc.security import ClientSecurity
 from agentloop_grpc.serving.security import ServerSecurity
 
 _LISTENING = re.compile(r"listening on (\S+)")

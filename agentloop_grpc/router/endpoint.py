@@ -26,7 +26,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agentloop_grpc.security import open_channel
+from agentloop_grpc.channels import open_channel
 from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 from .config import RouterConfig
@@ -35,20 +35,9 @@ from .versions import WeightVersions
 
 log = logging.getLogger(__name__)
 
-_PING_AFTER_MS = 5_000
-_PING_TIMEOUT_MS = 5_000
 _CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    # a ping after this long without data from the server, and the connection closed when its answer is late:
-    # a hung server's calls fail over instead of waiting out their deadlines
-    ("grpc.keepalive_time_ms", _PING_AFTER_MS),
-    ("grpc.keepalive_timeout_ms", _PING_TIMEOUT_MS),
-    # grpcio waits this long for a keepalive ping's answer, whatever keepalive_timeout_ms says
-    ("grpc.http2.ping_timeout_ms", _PING_TIMEOUT_MS),
-    # pings also while no call is open, and with no data sent: a health watch sends nothing for hours
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
 )
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 

@@ -12,7 +12,8 @@ import pytest
 from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
 from agentloop_grpc.router import Router, RouterConfig
-from agentloop_grpc.security import ClientSecurity, open_channel
+from agentloop_grpc.channels import open_channel
+from agentloop_grpc.security import ClientSecurity
 from agentloop_grpc.serving.security import ServerSecurity
 from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError
 from agentloop_grpc.tools.config import load_config

@@ -27,6 +27,14 @@ function loadAgentloop(protoRoot = PROTO_ROOT) {
 const CONTROL_METHODS = new Set(['Sleep', 'WakeUp', 'Pause', 'Resume', 'UpdateWeights', 'FlushCache']
   .map((name) => `/agentloop.v1.EngineControl/${name}`).concat(['/agentloop.v1.TokenGenerate/Abort']));
 
+/** Keepalive on every channel: a server that stops answering pings (stopped, partitioned) fails its calls in
+ * seconds instead of at their deadlines. Servers permit pings this frequent. */
+const KEEPALIVE_OPTIONS = {
+  'grpc.keepalive_time_ms': 5000,
+  'grpc.keepalive_timeout_ms': 5000,
+  'grpc.keepalive_permit_without_calls': 1,
+};
+
 /** A secret from a file (trimmed) or an environment variable, as the Python client reads it. */
 function readSecret(file, env, what) {
   if (file && env) throw new Error(`${what}: give a file or an environment variable, not both`);
@@ -68,8 +76,9 @@ function securityOptions(security = {}) {
  */
 function connect(address, security = grpc.credentials.createInsecure()) {
   const v1 = loadAgentloop();
-  const { credentials, options } = security instanceof grpc.ChannelCredentials
+  const { credentials, options: securityOpts } = security instanceof grpc.ChannelCredentials
     ? { credentials: security, options: {} } : securityOptions(security);
+  const options = { ...KEEPALIVE_OPTIONS, ...securityOpts };
   return {
     generate: new v1.TokenGenerate(address, credentials, options),
     control: new v1.EngineControl(address, credentials, options),
