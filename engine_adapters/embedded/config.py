@@ -27,8 +27,14 @@ class EmbeddedEngineConfig:
     prefix_cache_tokens: int = 32_768
     #: torch intra-op threads (this project's reference machine has 2 cores).
     threads: int = 2
-    #: Memory bound of xgrammar's cache of compiled grammars (reused across requests with the same spec).
+    #: Memory bound of the cache of compiled grammars (reused across requests with the same spec).
     grammar_cache_bytes: int = 64 * 1024 * 1024
+    #: Processes that compile grammars (each compiles one at a time; a compilation is stopped by killing its process).
+    grammar_workers: int = 2
+    #: Longest a grammar may compile; past it the request is refused (INVALID_ARGUMENT) and the compilation killed.
+    grammar_compile_timeout_s: float = 60.0
+    #: Largest compiled grammar (its token masks) a request may use; larger ones are refused (INVALID_ARGUMENT).
+    grammar_max_bytes: int = 16 * 1024 * 1024
     dp_rank: int = 0
     dp_size: int = 1
 
@@ -41,5 +47,7 @@ class EmbeddedEngineConfig:
             raise ValueError("prefill_chunk >= 1, prefix_block_size >= 1 and prefix_cache_tokens >= 0 required")
         if self.threads < 1 or self.grammar_cache_bytes < 1:
             raise ValueError("threads and grammar_cache_bytes must be >= 1")
+        if self.grammar_workers < 1 or self.grammar_compile_timeout_s <= 0 or self.grammar_max_bytes < 1:
+            raise ValueError("grammar_workers >= 1, grammar_compile_timeout_s > 0 and grammar_max_bytes >= 1 required")
         if not 0 <= self.dp_rank < self.dp_size:
             raise ValueError("dp_rank must be in [0, dp_size)")

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -54,6 +55,9 @@ from .scheduler import Emission, Scheduler
 from .sequence import Sequence
 from .streaming import stream
 from .structured import GrammarCompiler
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +100,8 @@ class EmbeddedEngine:
         self._paused = False
         self._hold_new = False  # new requests wait in _held (paused, or a PAUSE_MODE_WAIT in progress)
         self._live: dict[str, Sequence] = {}
-        self._compiling: set[str] = set()  # ids whose constraint compiles: in flight, not yet in _live
+        # requests whose constraint compiles (in flight, not yet in _live), each with a future Abort sets
+        self._compiling: dict[str, asyncio.Future[None]] = {}
         self._held: list[Sequence] = []
         self._arrivals = itertools.count()
         self._work = asyncio.Event()
@@ -110,6 +115,7 @@ class EmbeddedEngine:
 
     async def start(self) -> None:
         self._loaded = await self._on_worker(self._load)
+        await self._loaded.grammars.start()
         self._loop_task = asyncio.create_task(self._run(), name="embedded-engine-scheduler")
 
     def _load(self) -> _Loaded:
@@ -123,7 +129,7 @@ class EmbeddedEngine:
         eos = eos_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)
         vocab = model.config.vocab_size
         scheduler = Scheduler(runner, self._prefix_cache, eos, cfg.max_running, max_len, cfg.prefill_chunk, vocab)
-        grammars = GrammarCompiler(tokenizer, vocab, cfg.grammar_cache_bytes, cfg.threads)
+        grammars = GrammarCompiler(tokenizer, vocab, cfg)
         offload = weight_update.WeightOffload(model, (cfg.cache_dir or model_store.cache_root()) / "offload")
         model_id = model_store.DEFAULT_MODEL_ID if cfg.model is None else folder.name
         log.info("embedded engine: %s from %s, %d slots x %d tokens", model_id, folder, cfg.max_running, max_len)
@@ -147,6 +153,8 @@ class EmbeddedEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         self._executor.shutdown(wait=True)
+        if self._loaded is not None:
+            await self._loaded.grammars.close()
 
     async def _on_worker(self, function, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
@@ -185,7 +193,7 @@ class EmbeddedEngine:
         loaded = self._loaded
         return LoadInfo(
             running_requests=running,
-            waiting_requests=len(self._live) - running,
+            waiting_requests=len(self._live) - running + len(self._compiling),
             kv_cache_usage=loaded.scheduler.kv_usage if loaded and loaded.runner.kv.allocated else 0.0,
             prefix_cache_hit_rate=self._prefix_cache.hit_rate,
             max_running_requests=self.config.max_running,
@@ -205,12 +213,11 @@ class EmbeddedEngine:
         check_prompt(request.prompt_ids, info)
         check_sampling(request.sampling, info)
         grammar = None
-        if request.structured_output is not None:  # xgrammar's own threads, no torch: off the worker is fine
-            self._compiling.add(request.request_id)
-            try:
-                grammar = await asyncio.to_thread(loaded.grammars.compile, request.structured_output)
-            finally:
-                self._compiling.discard(request.request_id)
+        if request.structured_output is not None:
+            grammar = await self._compile(request)
+            if grammar is None:  # aborted while compiling
+                yield self._aborted_before_start(request)
+                return
             if self._released:  # put to sleep while compiling
                 raise EngineUnavailableError("the embedded engine is asleep")
         if len(self._live) - self._running_count() >= self.config.max_waiting:
@@ -227,6 +234,27 @@ class EmbeddedEngine:
         finally:
             if not sequence.closed:
                 self._close(sequence, FinishReason.ABORT)
+
+    async def _compile(self, request: GenerateRequest) -> xgr.CompiledGrammar | None:
+        """The request's compiled constraint; None if Abort came first. Whichever way the request ends first
+        (Abort, cancellation), its compilation is stopped."""
+        aborted = self._compiling[request.request_id] = asyncio.get_running_loop().create_future()
+        compiling = asyncio.ensure_future(self._loaded.grammars.compile(request.structured_output))
+        try:
+            await asyncio.wait((compiling, aborted), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            del self._compiling[request.request_id]
+            compiling.cancel()  # nothing once compiled; else no request waits for it and its process is killed
+        return None if aborted.done() else compiling.result()
+
+    def _aborted_before_start(self, request: GenerateRequest) -> GenerateComplete:
+        return GenerateComplete(
+            finish_reason=FinishReason.ABORT,
+            prompt_tokens=len(request.prompt_ids),
+            completion_tokens=0,
+            weight_version=self._weight_version,
+            cached_prompt_tokens=0,
+        )
 
     def _submit(self, sequence: Sequence) -> None:
         self._loaded.scheduler.submit(sequence)
@@ -264,6 +292,10 @@ class EmbeddedEngine:
             if wanted is None or sequence.request_id in wanted:
                 self._close(sequence, FinishReason.ABORT)
                 aborted.append(sequence.request_id)
+        for request_id, compile_aborted in self._compiling.items():
+            if (wanted is None or request_id in wanted) and not compile_aborted.done():
+                compile_aborted.set_result(None)
+                aborted.append(request_id)
         return aborted
 
     # -- the scheduling loop ---------------------------------------------------------------------------------
@@ -321,6 +353,7 @@ class EmbeddedEngine:
         loaded = self._loaded
         async with self._step_lock:
             await self._on_worker(self._release, loaded, level)
+        await loaded.grammars.release()
         self._released |= {Resource.KV_CACHE} if level == 1 else {Resource.KV_CACHE, Resource.WEIGHTS}
         return True
 
