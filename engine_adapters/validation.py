@@ -25,8 +25,9 @@ MAX_TOP_LOGPROBS = 20
 PENALTY_BOUND = 2.0
 MAX_ID_BYTES = 256
 MAX_CONSTRAINT_BYTES = 64 * 1024
-#: Levels of JSON arrays and objects (a schema), or of groups (a regex), a constraint may nest.
-MAX_NESTING = 128
+#: Levels of JSON arrays and objects (a schema), or of groups (a regex), a constraint may nest: vLLM refuses
+#: schemas deeper than 64 itself (OpenAI allows 10 levels of schema nesting).
+MAX_NESTING = 64
 #: Characters of one number in a JSON schema (int64 needs 20).
 MAX_NUMBER_CHARS = 100
 #: Characters of an input an error message quotes at most.

@@ -15,7 +15,7 @@ from .target import ContractTarget, collect, generate_error, request
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 #: Levels of JSON arrays and objects, or of regex groups, a constraint may nest.
-NESTING_BOUND = 128
+NESTING_BOUND = 64
 
 
 def _nested(opening: str, closing: str, depth: int, inner: str = "") -> str:
@@ -84,11 +84,11 @@ def _with(target: ContractTarget, info, case: str) -> tuple[generation_pb2.Gener
         # valid constraints just past the nesting bound, which an engine would compile (slowly, deeper still)
         "json_schema_nested_past_bound": (
             generation_pb2.StructuredOutput(json_schema=_deep_schema(NESTING_BOUND + 1)),
-            "nested more than 128",
+            "nested more than 64",
         ),
         "regex_nested_past_bound": (
             generation_pb2.StructuredOutput(regex=_nested("(", ")", NESTING_BOUND + 1, "a")),
-            "nested more than 128",
+            "nested more than 64",
         ),
     }
     raw = {
