@@ -44,6 +44,8 @@ SERVER_OPTIONS = (
     # aborted in the engine) instead of decoding for nobody
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    # grpcio waits this long for a keepalive ping's answer, whatever keepalive_timeout_ms says
+    ("grpc.http2.ping_timeout_ms", 10_000),
 )
 #: What a caller of an engine server can do (said when it listens beyond loopback without a token).
 ENGINE_EXPOSES = ("generate, pause or abort everyone's generations (Pause, Abort all), replace the policy "
