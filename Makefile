@@ -9,7 +9,7 @@ BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
-.PHONY: setup sandbox protos protos-python protos-lint protos-breaking demo train test test-python test-node bench clean
+.PHONY: setup sandbox protos protos-python protos-lint protos-breaking demo train test test-python test-node test-faults bench clean
 
 setup: $(VENV)/.installed $(VENV)/.vllm-installed $(NODE_DIR)/node_modules/.installed sandbox
 
@@ -85,6 +85,10 @@ test: protos protos-lint protos-breaking test-python test-node
 
 test-python: protos
 	$(PY) -m pytest
+
+## test-faults: only the fault-injection suite (tests/FAULTS.md; `make test` runs it too)
+test-faults: protos
+	$(PY) -m pytest -m fault
 
 test-node: protos
 	cd $(NODE_DIR) && AGENTLOOP_BIN="$(CURDIR)/$(VENV)/bin/agentloop" npm test

@@ -126,6 +126,7 @@ def test_truncate(side, expected):
     assert truncate(text, 26, side) == text
 
 
+@pytest.mark.fault
 def test_a_call_nested_past_the_decoder_is_a_malformed_call_not_a_crash():
     """RecursionError (100,000 brackets) and the int digit limit escaped the parser and failed the trajectory."""
     parser = HermesParser()

@@ -16,6 +16,8 @@ from agentloop_grpc.v1 import engine_pb2
 from ..router.conftest import free_port
 from .conftest import TextScript, scripted_engine
 
+pytestmark = pytest.mark.fault
+
 
 async def test_an_update_with_one_engine_dead_resumes_the_live_ones(codec):
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
+import pytest
+
 from agentloop_grpc.agent import AgentLoopManager, WorkerSpec
 from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
@@ -13,6 +15,8 @@ from agentloop_grpc.engine_adapters.types import NamedTensor
 from ..router.conftest import free_port
 from ..router.test_routing import _until
 from .conftest import EOS, VOCAB, TextScript, scripted_engine
+
+pytestmark = pytest.mark.fault
 
 
 async def _engine(script: TextScript, address: str) -> EngineServer:

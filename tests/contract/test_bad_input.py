@@ -153,6 +153,7 @@ CASES = [
 ]
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("case", CASES)
 async def test_bad_input_is_invalid_argument_naming_the_field(engine: ContractTarget, case: str) -> None:
     info = await engine.info()
@@ -171,6 +172,7 @@ async def test_missing_request_id_is_invalid(engine: ContractTarget) -> None:
     assert error.code() == INVALID and "request_id" in error.details()
 
 
+@pytest.mark.fault
 async def test_duplicate_request_id_in_flight_is_refused_and_first_goes_on(engine: ContractTarget) -> None:
     first = request(engine, max_new_tokens=engine.long_tokens // 10, ignore_eos=True)
     running = asyncio.create_task(collect(engine, first))
@@ -212,6 +214,7 @@ def _overlong_id(name: str) -> str:
     return f"{name}-" + "x" * 100_000
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("field", ["request_id", "session_id"])
 async def test_an_id_over_its_bound_is_invalid_and_quoted_by_a_prefix(engine: ContractTarget, field: str) -> None:
     req = request(engine, max_new_tokens=2)
@@ -223,6 +226,7 @@ async def test_an_id_over_its_bound_is_invalid_and_quoted_by_a_prefix(engine: Co
     assert (await engine.wait_no_requests()).running_requests == 0
 
 
+@pytest.mark.fault
 async def test_an_id_bound_counts_utf8_bytes(engine: ContractTarget) -> None:
     at_bound = await collect(engine, request(engine, request_id="é" * (ID_BOUND // 2), max_new_tokens=2))
     assert at_bound.complete.completion_tokens == 2
@@ -230,6 +234,7 @@ async def test_an_id_bound_counts_utf8_bytes(engine: ContractTarget) -> None:
     assert error.code() == INVALID and f"has {ID_BOUND + 2} bytes" in error.details()
 
 
+@pytest.mark.fault
 async def test_a_duplicate_of_an_overlong_id_is_invalid_not_resource_exhausted(engine: ContractTarget) -> None:
     """Echoed whole, the duplicate's 100 KB id overflowed the status metadata: the client read RESOURCE_EXHAUSTED,
     which routers retry."""
@@ -243,6 +248,7 @@ async def test_a_duplicate_of_an_overlong_id_is_invalid_not_resource_exhausted(e
     assert refused.value.code() == INVALID
 
 
+@pytest.mark.fault
 async def test_a_duplicate_at_the_id_bound_is_already_exists(engine: ContractTarget) -> None:
     first = request(engine, request_id="d" * ID_BOUND, max_new_tokens=engine.long_tokens // 10, ignore_eos=True)
     running = asyncio.create_task(collect(engine, first))
@@ -253,6 +259,7 @@ async def test_a_duplicate_at_the_id_bound_is_already_exists(engine: ContractTar
     assert len((await running).tokens) == engine.long_tokens // 10
 
 
+@pytest.mark.fault
 async def test_abort_refuses_an_id_over_the_bound(engine: ContractTarget) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await engine.generate.Abort(generation_pb2.AbortRequest(request_ids=["ok", _overlong_id("abort")]), timeout=10)
@@ -260,6 +267,7 @@ async def test_abort_refuses_an_id_over_the_bound(engine: ContractTarget) -> Non
     assert "request_ids[1]" in error.value.details() and len(error.value.details().encode()) <= DETAILS_BOUND
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("kind", ["json_schema", "regex", "ebnf_grammar"])
 async def test_a_constraint_over_its_bound_is_invalid(engine: ContractTarget, kind: str) -> None:
     # valid in its language, so only the size is wrong: a JSON object, a regex and a grammar padded with blanks
@@ -273,6 +281,7 @@ async def test_a_constraint_over_its_bound_is_invalid(engine: ContractTarget, ki
     assert len(error.details().encode()) <= DETAILS_BOUND
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("kind", ["json_schema", "regex"])
 async def test_a_constraint_at_its_nesting_bound_is_accepted(engine: ContractTarget, kind: str) -> None:
     spec = {"json_schema": _deep_schema(NESTING_BOUND), "regex": _nested("(", ")", NESTING_BOUND, "a")}

@@ -85,6 +85,7 @@ async def test_constraints_that_do_not_compile_are_invalid(engine, tokenizer, ki
     assert engine.load().running_requests == 0
 
 
+@pytest.mark.fault
 async def test_a_duplicate_id_is_refused_while_the_first_compiles(engine, tokenizer) -> None:
     """The id was registered only once compiled: a second request with it ran too, and took the first's place."""
     request = make(chat(tokenizer, "Pick a number."), StructuredOutput("regex", r"[0-9]{2}"), max_new_tokens=4)
@@ -105,6 +106,7 @@ def _cpu_s() -> float:
     return used
 
 
+@pytest.mark.fault
 async def test_a_compilation_stops_when_its_request_is_cancelled(engine, tokenizer) -> None:
     """A compilation ran on after its caller gave up, using both cores, and GetLoad did not show it."""
     task = asyncio.create_task(run(engine, make(chat(tokenizer, "Hi"), PATHOLOGICAL, max_new_tokens=4)))
@@ -125,6 +127,7 @@ async def test_a_compilation_stops_when_its_request_is_cancelled(engine, tokeniz
     assert re.fullmatch("[0-7]{2}", tokenizer.decode(digits.tokens[:-1]))
 
 
+@pytest.mark.fault
 async def test_abort_ends_a_request_while_it_compiles(engine, tokenizer) -> None:
     request = make(chat(tokenizer, "Hi"), PATHOLOGICAL, max_new_tokens=4)
     task = asyncio.create_task(run(engine, request))
@@ -149,6 +152,7 @@ async def test_requests_sharing_a_constraint_share_its_compilation(engine, token
     assert re.fullmatch("[1-6]{2}", tokenizer.decode(result.tokens[:-1]))
 
 
+@pytest.mark.fault
 async def test_a_compilation_past_its_time_or_size_bound_is_invalid(engine, tokenizer) -> None:
     config = EmbeddedEngineConfig(grammar_workers=1, grammar_compile_timeout_s=1, grammar_max_bytes=1 << 20)
     compiler = GrammarCompiler(tokenizer, engine.info().vocab_size, config)
@@ -185,6 +189,7 @@ async def test_sleep_stops_the_compiler_processes_and_a_constraint_compiles_afte
     assert re.fullmatch("[3-6]{2}", tokenizer.decode(result.tokens[:-1]))
 
 
+@pytest.mark.fault
 async def test_a_compilation_cancelled_while_its_process_starts_leaves_no_process(engine, tokenizer) -> None:
     engines = _compiler_processes()
     compiler = GrammarCompiler(tokenizer, engine.info().vocab_size, EmbeddedEngineConfig(grammar_workers=1))

@@ -14,6 +14,8 @@ from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 
 from .conftest import ServerProcess, free_port
 
+pytestmark = pytest.mark.fault
+
 FAST = RouterConfig(load_poll_interval_s=0.05, health_retry_interval_s=0.05, backoff_initial_s=0.01)
 BUDGET = 300
 

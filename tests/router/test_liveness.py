@@ -11,11 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from agentloop_grpc.router import GenerateResult, Router, RouterConfig
 
 from .conftest import ServerProcess
 from .test_failover import BUDGET, assert_resumed, stream_to_end
 from .test_routing import _until, params
+
+pytestmark = pytest.mark.fault
 
 WEDGEABLE = (sys.executable, str(Path(__file__).with_name("wedgeable_engine.py")))
 #: Each generation's deadline: without liveness checks, a hung server held its generations this long.

@@ -18,6 +18,8 @@ from .conftest import ServerProcess, address, fake_servers, free_port
 from .test_liveness import _routed_to_again
 from .test_routing import FAST, _until, params
 
+pytestmark = pytest.mark.fault
+
 TENSOR = NamedTensor("w", "float32", (1,), b"\0\0\0\0")
 
 

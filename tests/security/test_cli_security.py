@@ -17,6 +17,8 @@ from agentloop_grpc.v1 import generation_pb2
 
 from .conftest import ADMIN_TOKEN, TOKEN, Pki
 
+pytestmark = pytest.mark.fault
+
 AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
 
 

@@ -18,6 +18,8 @@ from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, gener
 
 from .conftest import ADMIN_TOKEN, TOKEN, Pki
 
+pytestmark = pytest.mark.fault
+
 RUNNING = engine_pb2.ENGINE_STATE_RUNNING
 
 

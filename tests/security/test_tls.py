@@ -22,6 +22,8 @@ from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 
 from .conftest import BUILTIN_TOOLS, Pki
 
+pytestmark = pytest.mark.fault
+
 PARAMS = generation_pb2.SamplingParams(max_new_tokens=3, ignore_eos=True)
 
 

@@ -15,6 +15,8 @@ from agentloop_grpc.engine_adapters.server import EngineServer, create_server, s
 from agentloop_grpc.router import RequestError, Router, RouterConfig
 from agentloop_grpc.v1 import generation_pb2
 
+pytestmark = pytest.mark.fault
+
 FAST = RouterConfig(load_poll_interval_s=0.05, health_retry_interval_s=0.05, backoff_initial_s=0.01)
 
 

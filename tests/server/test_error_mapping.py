@@ -25,6 +25,7 @@ class FakeEngineWithABug(FakeEngine):
                 raise ZeroDivisionError("engine bug")
 
 
+@pytest.mark.fault
 async def test_unexpected_adapter_error_is_internal_and_server_stays_up() -> None:
     engine = FakeEngineWithABug()
     server = await create_server(engine, "127.0.0.1:0")
@@ -77,6 +78,7 @@ class FakeEngineQuotingItsInput(FakeEngine):
         (ValueError("an engine bug quoting " + "x" * 100_000), grpc.StatusCode.INTERNAL),
     ],
 )
+@pytest.mark.fault
 async def test_a_status_keeps_its_code_whatever_its_message_quotes(error: Exception, code: grpc.StatusCode) -> None:
     """Sent whole, a message over gRPC's metadata limit reached the client as RESOURCE_EXHAUSTED (which the Router
     retries) instead of the server's status."""

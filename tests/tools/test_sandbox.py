@@ -124,6 +124,7 @@ async def test_printing_100_mb_is_truncated() -> None:
 _EVERY_FD = "import os\nfds = [int(fd) for fd in os.listdir('/proc/self/fd') if int(fd) > 2]\n"
 
 
+@pytest.mark.fault
 async def test_a_reply_forged_by_the_code_is_not_its_output_and_later_calls_stay_in_step() -> None:
     """The code could write to the runner's reply channel: a forged reply became the call's output, and every
     later call then returned the previous call's reply."""
@@ -139,6 +140,7 @@ async def test_a_reply_forged_by_the_code_is_not_its_output_and_later_calls_stay
         await _healthy(client)
 
 
+@pytest.mark.fault
 async def test_10_mb_without_a_newline_on_the_reply_channel_ends_the_call_at_once() -> None:
     """A reply without its end hung the call until the client's deadline, reported as an infrastructure
     failure; it is the code's fault, a tool error, and the session restarts."""
@@ -153,6 +155,7 @@ async def test_10_mb_without_a_newline_on_the_reply_channel_ends_the_call_at_onc
         await _healthy(client)
 
 
+@pytest.mark.fault
 async def test_large_unicode_output_is_truncated_in_bytes_and_the_session_keeps_its_variables() -> None:
     """16,000 emoji are within the output bound in characters, but their JSON-escaped reply overflowed the
     channel and killed the session with its variables."""
@@ -197,6 +200,7 @@ def test_killing_the_tool_server_mid_call_is_an_infrastructure_failure() -> None
         process.wait()
 
 
+@pytest.mark.fault
 async def test_a_call_its_caller_gave_up_on_does_not_answer_the_next_call() -> None:
     async with tool_server() as (server, _):
         impatient = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=1)
@@ -224,6 +228,7 @@ def fill(folder):
 """
 
 
+@pytest.mark.fault
 async def test_the_tmpfs_and_the_work_folder_have_total_quotas() -> None:
     """One call wrote 320 MB to each (host RAM and host disk); a few sessions doing it exhaust the host."""
     async with tool_server() as (_, client):
@@ -237,6 +242,7 @@ async def test_the_tmpfs_and_the_work_folder_have_total_quotas() -> None:
         await _healthy(client)
 
 
+@pytest.mark.fault
 async def test_a_stopped_tool_server_leaves_no_sandbox_folder_behind() -> None:
     before = set(Path(tempfile.gettempdir()).glob("agentloop-sandboxes-*"))
     async with tool_server() as (_, client):

@@ -67,6 +67,7 @@ def test_calculator_rejects_what_is_not_arithmetic(expression: str, message: str
         calculator(expression)
 
 
+@pytest.mark.fault
 def test_calculator_refuses_huge_results_before_computing_them() -> None:
     """Each exponent is within its bound, but the result would be gigabits: computing it held the GIL for minutes
     and froze the whole tool server. Run in a child process so the fault, were it back, ends in the timeout."""

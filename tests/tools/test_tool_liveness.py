@@ -12,6 +12,8 @@ import pytest
 
 from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError
 
+pytestmark = pytest.mark.fault
+
 AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
 
 

@@ -135,6 +135,7 @@ DEEP = 100_000
      ('{"expression": ' + "1" * 5_000 + "}", "4300 digits")],
     ids=["5000-deep", "100000-deep", "5000-digits"],
 )
+@pytest.mark.fault
 async def test_arguments_past_the_json_decoders_limits_are_invalid_argument(tools, arguments_json, needle) -> None:
     """Python's recursion and int-digit limits escaped the decoder as INTERNAL, which the client reports as an
     infrastructure failure; they are bad model output, like any other JSON that does not parse."""
@@ -147,6 +148,7 @@ async def test_arguments_past_the_json_decoders_limits_are_invalid_argument(tool
             tool_name="check_answer", trajectory_id="t", create_kwargs_json=arguments_json))
 
 
+@pytest.mark.fault
 async def test_schema_violations_quote_a_bounded_prefix_of_the_arguments(tools) -> None:
     calc = await tools.create_instance("calculator", "t")
     for value in ("[" * 900 + "]" * 900, json.dumps(["x" * 100] * 1000)):
@@ -155,6 +157,7 @@ async def test_schema_violations_quote_a_bounded_prefix_of_the_arguments(tools) 
         assert len(result.content) < 1000
 
 
+@pytest.mark.fault
 async def test_ids_over_the_bound_are_invalid_argument_and_not_echoed(tools) -> None:
     huge = "x" * 100_000
     calls = {"tool_name": tools.create_instance(huge, "t"), "trajectory_id": tools.create_instance("calculator", huge),
@@ -168,6 +171,7 @@ async def test_ids_over_the_bound_are_invalid_argument_and_not_echoed(tools) -> 
             await call
 
 
+@pytest.mark.fault
 async def test_a_call_burning_cpu_stalls_neither_health_nor_other_calls() -> None:
     """A function tool ran in a thread of the server: one C call holding the GIL (a huge integer power) froze
     Health and every other trajectory's calls until it finished. The call is also bounded by its time limit."""
@@ -199,6 +203,7 @@ async def test_a_call_burning_cpu_stalls_neither_health_nor_other_calls() -> Non
         await server.stop(grace_s=1)
 
 
+@pytest.mark.fault
 async def test_an_unisolated_python_tool_removes_its_folders_when_closed(monkeypatch) -> None:
     """Where bwrap cannot run, sessions work in host folders: the tool's close (at server stop) removes them."""
     from agentloop_grpc.tools.builtin import python_tool

@@ -17,6 +17,8 @@ from agentloop_grpc.tools.tool import FunctionTool
 
 from .spin_tool import spin
 
+pytestmark = pytest.mark.fault
+
 
 def _workers() -> list[psutil.Process]:
     return [p for p in psutil.Process().children() if "agentloop_grpc.tools.workers" in " ".join(p.cmdline())]

@@ -8,6 +8,8 @@ from agentloop_grpc.engine_adapters.errors import InvalidRequestError
 from agentloop_grpc.engine_adapters.types import StructuredOutput
 from agentloop_grpc.engine_adapters.validation import MAX_NESTING, check_structured_output
 
+pytestmark = pytest.mark.fault
+
 
 @pytest.mark.parametrize(
     "pattern",
