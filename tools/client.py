@@ -88,10 +88,14 @@ class GrpcToolClient:
 
 
 class InProcessToolClient:
-    """The same interface over tools in this process (functions that need no isolation)."""
+    """The same interface over tools in this process (functions that need no isolation); ``close`` stops the
+    tools' worker processes."""
 
     def __init__(self, instances: InstanceManager) -> None:
         self._instances = instances
+
+    async def close(self) -> None:
+        await self._instances.close()
 
     async def _call(self, coroutine):
         try:

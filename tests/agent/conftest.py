@@ -95,7 +95,9 @@ async def loop_context(
         address = await stack.enter_async_context(scripted_engine(script, **(engine or {})))
         router = await stack.enter_async_context(Router([address], RouterConfig(no_server_wait_s=1)))
         await router.wait_ready()
-        tools = tools if tools is not None else local_tools()
+        if tools is None:
+            tools = local_tools()
+            stack.push_async_callback(tools.close)  # its function tools' worker processes
         specs = {s.name: s for s in await tools.list_tools()}
         ctx = LoopContext(
             generator=router, codec=codec, config=config or AgentLoopConfig(), tools=tools, tool_specs=specs,

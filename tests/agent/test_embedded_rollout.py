@@ -71,7 +71,10 @@ async def test_constrained_tool_trajectory_logprobs_match_a_recompute(embedded_s
         await router.wait_ready()
         specs = {s.name: s for s in await tools.list_tools()}
         context = LoopContext(generator=router, codec=codec, config=config, tools=tools, tool_specs=specs)
-        [t] = await AgentLoopWorker(LoopRegistry.default(context)).run([sample])
+        try:
+            [t] = await AgentLoopWorker(LoopRegistry.default(context)).run([sample])
+        finally:
+            await tools.close()
     assert not t.failed, t.error
     assert t.constrained and t.assistant_turns >= 2 and t.tool_calls >= 2 and t.malformed_tool_calls == 0
     assert 0 in t.response_mask and t.response_mask.count(1) > 20

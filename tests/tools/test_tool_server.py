@@ -7,6 +7,7 @@ import json
 import time
 
 import grpc
+import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -103,13 +104,18 @@ async def test_limits_answer_resource_exhausted() -> None:
         assert not (await slow).is_error
 
 
-async def test_in_process_client_has_the_same_interface() -> None:
-    instances = InstanceManager(build_tools(load_config(BUILTIN)))
-    client = InProcessToolClient(instances)
+async def test_in_process_client_has_the_same_interface_and_close_stops_its_workers() -> None:
+    def workers() -> set[int]:
+        return {p.pid for p in psutil.Process().children() if "agentloop_grpc.tools.workers" in " ".join(p.cmdline())}
+
+    before = workers()
+    client = InProcessToolClient(InstanceManager(build_tools(load_config(BUILTIN))))
     calc = await client.create_instance("calculator", "t")
     assert (await client.execute(calc, json.dumps({"expression": "2 + 2"}))).content == "4"
     assert {s.name for s in await client.list_tools()} == {"calculator", "check_answer", "python"}
-    await instances.close()
+    assert workers() - before  # the calculator ran in a worker process
+    await client.close()
+    assert not workers() - before
 
 
 async def test_images_cross_the_contract() -> None:

@@ -20,34 +20,37 @@ from .spin_tool import spin
 pytestmark = pytest.mark.fault
 
 
-def _workers() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children() if "agentloop_grpc.tools.workers" in " ".join(p.cmdline())]
+def _workers(others: frozenset[int] = frozenset()) -> list[psutil.Process]:
+    """This process's tool workers, but for ``others`` (those of servers other tests in this process left)."""
+    return [p for p in psutil.Process().children()
+            if p.pid not in others and "agentloop_grpc.tools.workers" in " ".join(p.cmdline())]
 
 
-async def _gone(deadline_s: float = 10.0) -> bool:
+async def _gone(others: frozenset[int] = frozenset(), deadline_s: float = 10.0) -> bool:
     stop = time.monotonic() + deadline_s
-    while _workers() and time.monotonic() < stop:
+    while _workers(others) and time.monotonic() < stop:
         await asyncio.sleep(0.1)
-    return not _workers()
+    return not _workers(others)
 
 
 async def test_work_its_caller_gave_up_on_stops_and_the_server_stop_ends_every_worker() -> None:
     config = ToolServerConfig.model_validate(
         {"tools": [{"function": "tests.tools.spin_tool:spin"}], "limits": {"function_timeout_s": 60}}
     )
+    others = frozenset(p.pid for p in _workers())
     server = await create_tool_server(config, "127.0.0.1:0")
     impatient = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=2)
     try:
         instance = await impatient.create_instance("spin", "t")
         with pytest.raises(ToolInfrastructureError, match="DEADLINE_EXCEEDED"):
             await impatient.execute(instance, json.dumps({"seconds": 60}))
-        assert await _gone(), "the abandoned call's worker still burns CPU"
+        assert await _gone(others), "the abandoned call's worker still burns CPU"
         assert (await impatient.execute(instance, json.dumps({"seconds": 0}))).content.isdigit()
-        assert _workers()  # kept for the next call
+        assert _workers(others)  # kept for the next call
     finally:
         await impatient.close()
         await server.stop(grace_s=1)
-    assert await _gone()
+    assert await _gone(others)
 
 
 async def test_an_async_function_tool_is_bounded_in_time_too() -> None:
