@@ -18,7 +18,7 @@ from pathlib import Path
 
 # Before torch is imported (the embedded engine imports it lazily): libgomp's default spin-waiting makes two
 # engine processes on one node stall each other (a decode step went from 31 ms to 352 ms); 10000 keeps a lone
-# engine as fast (34 ms) and a contended one usable (104 ms). See engine_adapters/embedded/NOTES.md.
+# engine as fast (34 ms) and a contended one usable (104 ms). See agentloop_grpc/engine_adapters/embedded/NOTES.md.
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import typer
@@ -196,14 +196,14 @@ def model_prepare(
     cache_dir: Path = typer.Option(None, help="Cache folder (default: $AGENTLOOP_CACHE or ~/.cache/agentloop)."),
 ) -> None:
     """Convert the bundled SmolLM2-135M-Instruct GGUF to an fp32 checkpoint once; print its folder."""
-    from agentloop_grpc.engine_adapters.embedded import model_store
+    from agentloop_grpc.common import model_store
 
     typer.echo(str(model_store.prepare(cache_dir)))
 
 
 @tools_app.command("serve")
 def tools_serve(
-    config: Path = typer.Option(..., exists=True, dir_okay=False, help="tools.yaml (see tools/builtin.yaml)."),
+    config: Path = typer.Option(..., exists=True, dir_okay=False, help="tools.yaml (see agentloop_grpc/tools/builtin.yaml)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(50061, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
     tls_cert: str = _TLS_CERT,
@@ -278,7 +278,7 @@ def engine_launch(
     """Start one engine server per DP group (on this node, or over a Ray cluster with --ray), wait until all serve,
     write the discovery file; stop them all on Ctrl-C or SIGTERM. With TLS or tokens, the discovery file says how
     to reach the servers (certificate and token paths, variable names), never a secret."""
-    from agentloop_grpc.engine_adapters.launcher import EngineLaunch, EngineLauncher, LaunchError
+    from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, LaunchError
     from agentloop_grpc.security import ClientSecurity
 
     absolute = lambda path: str(Path(path).absolute()) if path else None  # noqa: E731  (servers run elsewhere)
@@ -302,7 +302,7 @@ def engine_launch(
                               security=security if protected else None,
                               client_security=client_security if protected else None)
         if use_ray:
-            from agentloop_grpc.engine_adapters.ray_launcher import RayEngineLauncher, RayResources
+            from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources
 
             resources = RayResources(cpus_per_server=cpus_per_server, gpus_per_server=gpus_per_server)
     except ValueError as exc:

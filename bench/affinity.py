@@ -25,7 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agentloop_grpc.engine_adapters.embedded import model_store  # noqa: E402
+from agentloop_grpc.common import model_store  # noqa: E402
 from agentloop_grpc.router import Router, RouterConfig  # noqa: E402
 from agentloop_grpc.v1 import generation_pb2  # noqa: E402
 

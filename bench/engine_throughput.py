@@ -30,9 +30,11 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would f
 
 import torch  # noqa: E402
 
-from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig, model_store  # noqa: E402
+from agentloop_grpc.common import model_store  # noqa: E402
+
+from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
 from agentloop_grpc.engine_adapters.protocol import EngineAdapter  # noqa: E402
-from agentloop_grpc.engine_adapters.types import GenerateComplete, GenerateRequest, SamplingParams  # noqa: E402
+from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams  # noqa: E402
 
 NEW_TOKENS = 64
 REPEATS = 3

@@ -20,8 +20,10 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig, model_store  # noqa: E402
-from agentloop_grpc.engine_adapters.types import GenerateComplete, GenerateRequest, SamplingParams  # noqa: E402
+from agentloop_grpc.common import model_store  # noqa: E402
+
+from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
+from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams  # noqa: E402
 
 SESSIONS = 32
 TURNS = 6

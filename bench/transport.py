@@ -202,7 +202,7 @@ async def _bench_router(
 
 async def _engine_call(engine, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
     """One generate on an engine adapter, answered as a plain dict: what a verl-style actor method returns."""
-    from agentloop_grpc.engine_adapters.types import GenerateComplete, GenerateRequest, SamplingParams
+    from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
 
     request = GenerateRequest(request_id, tuple(prompt_ids), SamplingParams(**sampling))
     tokens: list[int] = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from agentloop_grpc.engine_adapters.types import FinishReason
+from agentloop_grpc.common.types import FinishReason
 from agentloop_grpc.v1 import generation_pb2
 
 from .builder import TrajectoryBuilder

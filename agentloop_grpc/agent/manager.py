@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from agentloop_grpc.engine_adapters.types import NamedTensor
+from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.router import Router
 from agentloop_grpc.v1 import engine_pb2
 

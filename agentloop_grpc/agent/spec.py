@@ -65,7 +65,7 @@ class WorkerSpec(BaseModel):
 
 
 def load_codec(model_dir: str | None) -> ChatCodec:
-    from agentloop_grpc.engine_adapters.embedded import model_store
+    from agentloop_grpc.common import model_store
 
     folder = Path(model_dir) if model_dir else model_store.prepare()
     return ChatCodec(model_store.load_tokenizer(folder))

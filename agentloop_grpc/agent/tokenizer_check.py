@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from agentloop_grpc.tokenizer_fingerprint import tokenizer_fingerprint
+from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 from agentloop_grpc.v1 import engine_pb2
 
 

@@ -13,7 +13,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
-from agentloop_grpc.engine_adapters.launcher import LaunchError
+from agentloop_grpc.launch.launcher import LaunchError
 
 from .config import load_config
 from .dataset import DatasetError

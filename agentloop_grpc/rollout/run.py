@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agentloop_grpc.agent import AgentLoopManager, Trajectory, WorkerSpec, to_batch, write_parquet
 from agentloop_grpc.agent.metrics import RolloutMetrics
-from agentloop_grpc.engine_adapters.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
+from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
 from agentloop_grpc.router import NoHealthyServerError
 from agentloop_grpc.router.router import discovery_addresses
 from agentloop_grpc.serving.metrics import serve_metrics

@@ -3,8 +3,8 @@ before a failure already end the generation, and the tokens received so far."""
 
 from __future__ import annotations
 
-from agentloop_grpc.engine_adapters import convert
-from agentloop_grpc.engine_adapters.types import FinishReason, TokenChunk
+from agentloop_grpc.common import wire
+from agentloop_grpc.common.types import FinishReason, TokenChunk
 from agentloop_grpc.v1 import generation_pb2
 
 from .endpoint import Endpoint
@@ -55,7 +55,7 @@ def attempt_request(
     request = generation_pb2.GenerateRequest() if into is None else into
     request.request_id = request_id
     request.session_id = session_id
-    raw = prompt if isinstance(prompt, bytes) else convert.prompt_to_raw(prompt)
+    raw = prompt if isinstance(prompt, bytes) else wire.prompt_to_raw(prompt)
     if raw is None:
         request.prompt_ids.extend(prompt)  # ids outside int32: refused here (ValueError)
     else:

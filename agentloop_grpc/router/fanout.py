@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from agentloop_grpc.engine_adapters.types import NamedTensor
-from agentloop_grpc.engine_adapters.weights import DTYPES
+from agentloop_grpc.common.types import NamedTensor
+from agentloop_grpc.common.wire import DTYPES
 from agentloop_grpc.v1 import engine_pb2
 
 from .errors import InfrastructureError

@@ -21,8 +21,8 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from agentloop_grpc.engine_adapters import convert
-from agentloop_grpc.engine_adapters.prompt import PromptIds
+from agentloop_grpc.common import wire
+from agentloop_grpc.common.prompt import PromptIds
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
@@ -61,11 +61,11 @@ class PromptPacker:
             tail = prompt_ids[len(ids) :]
             ids += tail  # the remembered copy is ours to extend: comparing it whole copies nothing more
             if ids == prompt_ids:
-                packed_tail = convert.prompt_to_raw(tail) if tail else b""
+                packed_tail = wire.prompt_to_raw(tail) if tail else b""
                 raw = None if packed_tail is None else known_raw + packed_tail
         if raw is None:
             ids = list(prompt_ids)
-            raw = convert.prompt_to_raw(ids)
+            raw = wire.prompt_to_raw(ids)
         if raw is None:
             return ids
         self._remember(session_id, ids, raw)
@@ -87,7 +87,7 @@ class PromptPacker:
 
 
 def _packed(ids: list[int]) -> WirePrompt:
-    raw = convert.prompt_to_raw(ids)
+    raw = wire.prompt_to_raw(ids)
     return ids if raw is None else raw
 
 
@@ -96,7 +96,7 @@ def extended(prompt: WirePrompt, tokens: list[int]) -> WirePrompt:
     if not tokens:
         return prompt
     if isinstance(prompt, bytes):
-        return prompt + convert.prompt_to_raw(tokens)  # generated ids are int32 (the wire's type)
+        return prompt + wire.prompt_to_raw(tokens)  # generated ids are int32 (the wire's type)
     return prompt + tokens
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import grpc
 
-from agentloop_grpc.engine_adapters import convert
-from agentloop_grpc.engine_adapters.types import NamedTensor, TokenChunk
+from agentloop_grpc.common import wire
+from agentloop_grpc.common.types import NamedTensor, TokenChunk
 from agentloop_grpc.security import ClientSecurity
 from agentloop_grpc.v1 import engine_pb2, generation_pb2
 
@@ -334,7 +334,7 @@ class Router:
         def absorb(message: generation_pb2.TokenChunk) -> TokenChunk:
             """Add a received chunk to the result (every attempt's tokens, in order)."""
             nonlocal first_token_seen
-            chunk = convert.chunk_from_proto(message)
+            chunk = wire.chunk_from_proto(message)
             received.add(chunk)
             if not first_token_seen:
                 first_token_seen = True
@@ -346,7 +346,7 @@ class Router:
             ended = ended_before_resume(tokens, params, endpoint) if attempt > 1 else None
             if ended is not None:  # the lost stream had in fact finished: only its final message was missing
                 reason, matched = ended
-                complete = generation_pb2.GenerateComplete(finish_reason=convert.FINISH_REASONS[reason])
+                complete = generation_pb2.GenerateComplete(finish_reason=wire.FINISH_REASONS[reason])
                 if matched is not None:
                     complete.matched_stop_token_id = matched
                 break
@@ -473,7 +473,7 @@ class Router:
             logprobs=tuple(received.logprobs),
             top_logprobs=tuple(received.top_logprobs),
             weight_versions=tuple(received.weight_versions),
-            finish_reason=convert.FINISH_REASONS_FROM_PROTO[complete.finish_reason],
+            finish_reason=wire.FINISH_REASONS_FROM_PROTO[complete.finish_reason],
             matched_stop_token_id=(
                 complete.matched_stop_token_id if complete.HasField("matched_stop_token_id") else None
             ),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from agentloop_grpc.engine_adapters.launcher import LaunchError
+from agentloop_grpc.launch.launcher import LaunchError
 from agentloop_grpc.rollout.command import _fail, load_settings
 from agentloop_grpc.rollout.dataset import DatasetError
 

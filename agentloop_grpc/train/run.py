@@ -108,7 +108,7 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
     import torch
     from trl import GRPOConfig, GRPOTrainer
 
-    from agentloop_grpc.engine_adapters.embedded import model_store
+    from agentloop_grpc.common import model_store
 
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from agentloop_grpc.agent.interaction import RetryOnWrongAnswer
 from agentloop_grpc.agent.spec import load_codec
 from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-from agentloop_grpc.engine_adapters.types import GenerateRequest
+from agentloop_grpc.common.types import GenerateRequest
 from agentloop_grpc.router import GenerateResult, Router, RouterConfig
 from agentloop_grpc.tools.builtin.calculator import calculator
 from agentloop_grpc.tools.builtin.check_answer import CheckAnswer

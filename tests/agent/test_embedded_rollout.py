@@ -12,7 +12,7 @@ from agentloop_grpc.agent import (
     AgentLoopConfig, AgentLoopWorker, LoopContext, LoopRegistry, Sample, SamplingConfig, Termination,
 )
 from agentloop_grpc.agent.manager import update_weights_mid_rollout
-from agentloop_grpc.engine_adapters.types import NamedTensor
+from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.integrations.logprob_check import recompute_logprobs
 from agentloop_grpc.router import Router
 
@@ -34,7 +34,7 @@ async def embedded_server():
 
 @pytest.fixture(scope="module")
 def model():
-    from agentloop_grpc.engine_adapters.embedded import model_store
+    from agentloop_grpc.common import model_store
 
     loaded, _ = model_store.load(model_store.prepare())
     return loaded
@@ -89,7 +89,7 @@ async def test_constrained_tool_trajectory_logprobs_match_a_recompute(embedded_s
 async def test_partial_rollout_keeps_every_token_across_a_weight_update(embedded_server, codec):
     from safetensors import safe_open
 
-    from agentloop_grpc.engine_adapters.embedded import model_store
+    from agentloop_grpc.common import model_store
 
     with safe_open(str(model_store.prepare() / "model.safetensors"), framework="pt") as weights:
         norm = weights.get_tensor("model.norm.weight")  # its current value: greedy outputs stay comparable

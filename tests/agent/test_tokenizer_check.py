@@ -9,7 +9,7 @@ import pytest
 
 from agentloop_grpc.agent import AgentLoopManager, Sample, WorkerSpec
 from agentloop_grpc.agent.tokenizer_check import TokenizerMismatchError, check_engine_tokenizers
-from agentloop_grpc.tokenizer_fingerprint import tokenizer_fingerprint
+from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 from agentloop_grpc.v1 import engine_pb2
 
 from .conftest import TextScript, scripted_engine

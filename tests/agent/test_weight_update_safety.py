@@ -8,7 +8,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from agentloop_grpc.agent.manager import update_weights_mid_rollout
-from agentloop_grpc.engine_adapters.types import NamedTensor
+from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.router import Router, RouterConfig
 from agentloop_grpc.router.errors import InfrastructureError
 from agentloop_grpc.v1 import engine_pb2

@@ -54,7 +54,7 @@ def _default_model_norm() -> engine_pb2.TensorChunk:
     """The default model's final norm weight at its current value: an update that changes no output."""
     from safetensors import safe_open
 
-    from agentloop_grpc.engine_adapters.embedded import model_store
+    from agentloop_grpc.common import model_store
 
     with safe_open(str(model_store.prepare() / "model.safetensors"), framework="pt") as weights:
         norm = weights.get_tensor("model.norm.weight")

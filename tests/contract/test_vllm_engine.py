@@ -42,7 +42,7 @@ async def embedded():
 
 
 async def _embedded_greedy(engine, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
-    from agentloop_grpc.engine_adapters.types import GenerateRequest, SamplingParams, TokenChunk
+    from agentloop_grpc.common.types import GenerateRequest, SamplingParams, TokenChunk
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, logprobs=True)
     tokens, logprobs = [], []
@@ -91,7 +91,7 @@ async def test_prefix_cache_hits_show_in_cached_prompt_tokens(engine: ContractTa
 
 
 def _checkpoint_tensor(name: str) -> np.ndarray:
-    from agentloop_grpc.engine_adapters.embedded import model_store
+    from agentloop_grpc.common import model_store
 
     with safe_open(str(model_store.prepare() / "model.safetensors"), framework="np") as weights:
         return weights.get_tensor(name)
@@ -170,7 +170,7 @@ def _structured(engine: ContractTarget, **constraint) -> generation_pb2.Generate
 
 
 async def test_structured_output_constrains_the_tokens(engine: ContractTarget) -> None:
-    from agentloop_grpc.engine_adapters.embedded import model_store
+    from agentloop_grpc.common import model_store
 
     tokenizer = model_store.load_tokenizer(model_store.prepare())
     schema = {

@@ -21,8 +21,10 @@ from collections.abc import AsyncIterator  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig, model_store  # noqa: E402
-from agentloop_grpc.engine_adapters.types import ALL_RESOURCES  # noqa: E402
+from agentloop_grpc.common import model_store  # noqa: E402
+
+from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
+from agentloop_grpc.common.types import ALL_RESOURCES  # noqa: E402
 
 
 @pytest.fixture(scope="session")

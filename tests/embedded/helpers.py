@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from agentloop_grpc.engine_adapters.types import (
+from agentloop_grpc.common.types import (
     GenerateComplete,
     GenerateRequest,
     SamplingParams,

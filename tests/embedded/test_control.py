@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from agentloop_grpc.engine_adapters.errors import (
+from agentloop_grpc.common.errors import (
     EngineOverloadedError,
     EngineUnavailableError,
     FailedPreconditionError,
     InvalidRequestError,
 )
-from agentloop_grpc.engine_adapters.types import ALL_RESOURCES, EngineState, NamedTensor, PauseMode, Resource
+from agentloop_grpc.common.types import ALL_RESOURCES, EngineState, NamedTensor, PauseMode, Resource
 
 from .helpers import chat, generate, make, run
 

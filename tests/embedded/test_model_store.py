@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agentloop_grpc.engine_adapters.embedded import model_store
+from agentloop_grpc.common import model_store
 
 
 def test_prepare_is_idempotent_and_offline(checkpoint) -> None:

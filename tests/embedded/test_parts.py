@@ -11,7 +11,7 @@ from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.engine_adapters.embedded.kv_cache import KVShape, SlotKVCache
 from agentloop_grpc.engine_adapters.embedded.prefix_cache import PrefixCache
 from agentloop_grpc.engine_adapters.embedded.sampling import RequestSampler
-from agentloop_grpc.engine_adapters.types import SamplingParams
+from agentloop_grpc.common.types import SamplingParams
 
 
 def _kv(value: float, block: int = 4) -> torch.Tensor:

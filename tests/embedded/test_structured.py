@@ -13,8 +13,8 @@ import pytest
 
 from agentloop_grpc.engine_adapters.embedded import EmbeddedEngineConfig
 from agentloop_grpc.engine_adapters.embedded.structured import GrammarCompiler
-from agentloop_grpc.engine_adapters.errors import DuplicateRequestError, InvalidRequestError
-from agentloop_grpc.engine_adapters.types import ALL_RESOURCES, FinishReason, StructuredOutput
+from agentloop_grpc.common.errors import DuplicateRequestError, InvalidRequestError
+from agentloop_grpc.common.types import ALL_RESOURCES, FinishReason, StructuredOutput
 
 from .helpers import chat, generate, make, run
 

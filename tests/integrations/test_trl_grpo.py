@@ -42,7 +42,7 @@ def grpo_config(tmp_path, max_steps: int):
 
 @pytest.fixture
 def model():
-    from agentloop_grpc.engine_adapters.embedded import model_store
+    from agentloop_grpc.common import model_store
 
     loaded, tokenizer = model_store.load(model_store.prepare())
     train_top_layers(loaded, 2)  # the top two layers: a step takes seconds on two cores

@@ -72,7 +72,7 @@ def test_tensor_parallel_needs_a_real_adapter(tmp_path):
 _STARTER = """
 import asyncio, sys
 from pathlib import Path
-from agentloop_grpc.engine_adapters.launcher import EngineLaunch, ServerProcess
+from agentloop_grpc.launch.launcher import EngineLaunch, ServerProcess
 
 async def main():
     command = EngineLaunch(adapter="fake", extra_args=("--log-level", "WARNING")).command(0)

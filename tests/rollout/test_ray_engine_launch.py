@@ -17,8 +17,8 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
-from agentloop_grpc.engine_adapters.launcher import EngineLaunch
-from agentloop_grpc.engine_adapters.ray_launcher import RayEngineLauncher, RayResources
+from agentloop_grpc.launch.launcher import EngineLaunch
+from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources
 from agentloop_grpc.router import Router
 from agentloop_grpc.v1 import generation_pb2
 
@@ -89,7 +89,7 @@ async def test_a_killed_host_actor_takes_its_server_with_it(local_ray, tmp_path)
 
 
 async def test_no_room_in_the_cluster_is_a_clear_error(local_ray, tmp_path) -> None:
-    from agentloop_grpc.engine_adapters.launcher import LaunchError
+    from agentloop_grpc.launch.launcher import LaunchError
 
     launch = EngineLaunch(adapter="fake", dp=1)
     launcher = RayEngineLauncher(launch, tmp_path, RayResources(cpus_per_server=64, ready_timeout_s=1))

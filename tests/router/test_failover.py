@@ -8,7 +8,7 @@ import asyncio
 import grpc
 import pytest
 
-from agentloop_grpc.engine_adapters.types import FinishReason
+from agentloop_grpc.common.types import FinishReason
 from agentloop_grpc.router import GenerateResult, Router, RouterConfig
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 

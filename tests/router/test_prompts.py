@@ -9,7 +9,7 @@ from array import array
 
 import pytest
 
-from agentloop_grpc.engine_adapters.prompt import PromptIds
+from agentloop_grpc.common.prompt import PromptIds
 from agentloop_grpc.router import Router, RouterConfig
 from agentloop_grpc.router.prompts import PromptPacker, extended, prompt_length
 

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from agentloop_grpc.engine_adapters.types import ALL_RESOURCES, FinishReason, NamedTensor
+from agentloop_grpc.common.types import ALL_RESOURCES, FinishReason, NamedTensor
 from agentloop_grpc.router import InfrastructureError, NoHealthyServerError, RequestError, Router, RouterConfig
 from agentloop_grpc.v1 import engine_pb2, generation_pb2, generation_pb2_grpc
 

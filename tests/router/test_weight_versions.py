@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from agentloop_grpc.engine_adapters.types import NamedTensor
+from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.router import NoHealthyServerError, Router, RouterConfig
 from agentloop_grpc.router.metrics import RouterMetrics
 from agentloop_grpc.router.versions import WeightVersions

@@ -90,4 +90,4 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
                token, admin)
 
 
-BUILTIN_TOOLS = Path(__file__).resolve().parents[2] / "tools" / "builtin.yaml"
+BUILTIN_TOOLS = Path(__file__).resolve().parents[2] / "agentloop_grpc" / "tools" / "builtin.yaml"

@@ -34,7 +34,7 @@ def first_lines(args: list[str], env: dict[str, str] | None = None) -> tuple[str
 
 
 @pytest.mark.parametrize("command", [["engine", "serve", "--adapter", "fake"], ["tools", "serve", "--config",
-                                                                               "tools/builtin.yaml"]])
+                                                                               "agentloop_grpc/tools/builtin.yaml"]])
 def test_binding_every_interface_without_a_token_warns_what_is_exposed(command: list[str], pki: Pki) -> None:
     line, err = first_lines([*AGENTLOOP, *command, "--host", "0.0.0.0", "--port", "0"])
     assert "listening on 0.0.0.0:" in line

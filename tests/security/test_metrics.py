@@ -60,7 +60,7 @@ async def test_engine_server_counts_calls_codes_refusals_and_reports_its_state(p
 
 
 @pytest.mark.parametrize("command", [["engine", "serve", "--adapter", "fake"],
-                                     ["tools", "serve", "--config", "tools/builtin.yaml"]])
+                                     ["tools", "serve", "--config", "agentloop_grpc/tools/builtin.yaml"]])
 def test_metrics_port_serves_prometheus_text(command: list[str]) -> None:
     process = subprocess.Popen([*AGENTLOOP, *command, "--port", "0", "--metrics-port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

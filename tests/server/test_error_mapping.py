@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from agentloop_grpc.engine_adapters.errors import DuplicateRequestError, InvalidRequestError
+from agentloop_grpc.common.errors import DuplicateRequestError, InvalidRequestError
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-from agentloop_grpc.engine_adapters.types import GenerateEvent, GenerateRequest
+from agentloop_grpc.common.types import GenerateEvent, GenerateRequest
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentloop_grpc.engine_adapters.sglang.outputs import OutputReader, StreamEnd
-from agentloop_grpc.engine_adapters.types import FinishReason
+from agentloop_grpc.common.types import FinishReason
 
 TOKENS = [5, 6, 7, 8, 9]
 

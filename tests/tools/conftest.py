@@ -12,7 +12,7 @@ from agentloop_grpc.tools.client import GrpcToolClient
 from agentloop_grpc.tools.config import ToolServerConfig, load_config
 from agentloop_grpc.tools.server import ToolServer, create_tool_server
 
-BUILTIN = Path(__file__).resolve().parents[2] / "tools" / "builtin.yaml"
+BUILTIN = Path(__file__).resolve().parents[2] / "agentloop_grpc" / "tools" / "builtin.yaml"
 
 
 @asynccontextmanager

@@ -19,7 +19,7 @@ AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
 
 @pytest.mark.slow
 async def test_a_stopped_tool_server_fails_calls_in_seconds_not_at_the_deadline() -> None:
-    server = subprocess.Popen([*AGENTLOOP, "tools", "serve", "--config", "tools/builtin.yaml", "--port", "0"],
+    server = subprocess.Popen([*AGENTLOOP, "tools", "serve", "--config", "agentloop_grpc/tools/builtin.yaml", "--port", "0"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     client = None
     try:

@@ -7,10 +7,10 @@ import asyncio
 import grpc
 import pytest
 
-from agentloop_grpc.engine_adapters.errors import EngineOverloadedError
+from agentloop_grpc.common.errors import EngineOverloadedError
 from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig, StepClock
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-from agentloop_grpc.engine_adapters.types import GenerateComplete, GenerateRequest, SamplingParams
+from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 
 from .hash_seeds import outputs_under_hash_seeds
@@ -168,7 +168,7 @@ def test_the_token_stream_is_the_same_in_every_process() -> None:
     script = (
         "import asyncio\n"
         "from agentloop_grpc.engine_adapters.fake import FakeEngine\n"
-        "from agentloop_grpc.engine_adapters.types import GenerateRequest, SamplingParams\n"
+        "from agentloop_grpc.common.types import GenerateRequest, SamplingParams\n"
         "async def main():\n"
         "    engine = FakeEngine(); await engine.start(); tokens = []\n"
         "    sampling = SamplingParams(max_new_tokens=8, temperature=0.0)\n"

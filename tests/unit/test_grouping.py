@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentloop_grpc.engine_adapters.grouping import TokenGrouper
-from agentloop_grpc.engine_adapters.types import TokenChunk
+from agentloop_grpc.common.types import TokenChunk
 
 
 def chunk(*tokens: int, version: int = 0) -> TokenChunk:

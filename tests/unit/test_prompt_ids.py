@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from agentloop_grpc.engine_adapters.prompt import PromptIds
-from agentloop_grpc.engine_adapters.types import GenerateRequest, SamplingParams
+from agentloop_grpc.common.prompt import PromptIds
+from agentloop_grpc.common.types import GenerateRequest, SamplingParams
 
 IDS = (5, 0, 49151, 17, 2**31 - 1)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentloop_grpc.engine_adapters.convert import sampling_from_proto
-from agentloop_grpc.engine_adapters.errors import InvalidRequestError
+from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
 from agentloop_grpc.engine_adapters.sampling_cache import SamplingCache
 from agentloop_grpc.v1 import generation_pb2

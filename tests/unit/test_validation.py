@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentloop_grpc.engine_adapters.errors import InvalidRequestError
-from agentloop_grpc.engine_adapters.types import StructuredOutput
+from agentloop_grpc.common.errors import InvalidRequestError
+from agentloop_grpc.common.types import StructuredOutput
 from agentloop_grpc.engine_adapters.validation import MAX_NESTING, check_structured_output
 
 pytestmark = pytest.mark.fault

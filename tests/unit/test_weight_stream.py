@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from agentloop_grpc.engine_adapters.errors import InvalidRequestError
+from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.engine_adapters.weights import read_weight_stream
 from agentloop_grpc.v1 import engine_pb2
 

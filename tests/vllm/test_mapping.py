@@ -17,8 +17,8 @@ from vllm.logprobs import Logprob  # noqa: E402
 from vllm.outputs import CompletionOutput  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
 
-from agentloop_grpc.engine_adapters.errors import InvalidRequestError  # noqa: E402
-from agentloop_grpc.engine_adapters.types import (  # noqa: E402
+from agentloop_grpc.common.errors import InvalidRequestError  # noqa: E402
+from agentloop_grpc.common.types import (  # noqa: E402
     FinishReason,
     GenerateRequest,
     NamedTensor,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentloop_grpc.engine_adapters.types import FinishReason
+from agentloop_grpc.common.types import FinishReason
 
 from ..context import LoopContext
 from ..episode import Episode

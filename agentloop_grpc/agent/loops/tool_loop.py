@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any
 
-from agentloop_grpc.engine_adapters.types import FinishReason
+from agentloop_grpc.common.types import FinishReason
 from agentloop_grpc.v1 import generation_pb2
 
 from ..context import LoopContext

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentloop_grpc.engine_adapters.types import NamedTensor
+from agentloop_grpc.common.types import NamedTensor
 
 
 def model_tensors(model, trainable_only: bool = True) -> list[NamedTensor]:

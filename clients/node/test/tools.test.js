@@ -13,7 +13,7 @@ let clients;
 
 before(async () => {
   const bin = process.env.AGENTLOOP_BIN || path.join(ROOT, '.venv', 'bin', 'agentloop');
-  const child = spawn(bin, ['tools', 'serve', '--config', path.join(ROOT, 'tools', 'builtin.yaml'), '--port', '0']);
+  const child = spawn(bin, ['tools', 'serve', '--config', path.join(ROOT, 'agentloop_grpc', 'tools', 'builtin.yaml'), '--port', '0']);
   const address = await new Promise((resolve, reject) => {
     child.on('error', reject);
     child.once('exit', (code) => reject(new Error(`tools server exited with ${code}`)));

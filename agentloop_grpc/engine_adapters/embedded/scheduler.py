@@ -1,0 +1,234 @@
+"""Scheduler: the engine core, one ``step`` at a time in a worker thread (continuous batching).
+
+A step:
+1. takes newly submitted requests into the waiting heap (priority, then arrival) and drops aborted ones;
+2. admits waiting requests while a KV slot is free; a prefix-cache hit copies cached KV into the new slot;
+3. runs one batched decode step for every decoding request (slots ``[0, m)``);
+4. prefills up to ``prefill_chunk`` prompt tokens (the oldest prefilling request first, in chunks), so a long
+   prompt never stalls running decodes for more than one chunk; a request whose prompt is complete stores the
+   prompt's KV in the prefix cache (later requests with that prefix reuse it while this one still decodes),
+   samples its first token and joins the decode batch at the next step;
+5. finishes requests (stop id, eos, grammar complete, budget, context) and releases their slots, storing the
+   rest of their computed KV (the generated part) in the prefix cache and compacting the slots (see ``kv_cache.py``).
+
+It returns what each request produced; the async adapter turns that into events. Requests aborted by the event
+loop are only flagged; the core releases them at the start of its next step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import queue
+from dataclasses import dataclass
+
+import torch
+
+from agentloop_grpc.common.types import FinishReason
+from .prefix_cache import PrefixCache
+from .runner import ModelRunner
+from .sampling import RequestSampler, SampledToken
+from .sequence import Sequence
+from .structured import StructuredState
+
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    """A token a request produced in a step, and how the request finished if this was its last."""
+
+    sequence: Sequence
+    sampled: SampledToken
+    finish: FinishReason | None = None
+    matched_stop: int | None = None
+
+
+class Scheduler:
+    """Slots, queues and the step loop body (see module docstring)."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        prefix_cache: PrefixCache,
+        eos_token_ids: frozenset[int],
+        max_running: int,
+        max_model_len: int,
+        prefill_chunk: int,
+        vocab_size: int,
+    ) -> None:
+        self.runner = runner
+        self.prefix_cache = prefix_cache
+        self._eos = eos_token_ids
+        self._max_running = max_running
+        self._max_model_len = max_model_len
+        self._prefill_chunk = prefill_chunk
+        self._vocab_size = vocab_size
+        self._inbox: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
+        self._waiting: list[tuple[int, int, Sequence]] = []
+        self._slots: list[Sequence] = []  # index == slot; decoding ones first
+        self._decoding = 0
+
+    # -- called from the event loop (thread-safe) -------------------------------------------------------------
+
+    def submit(self, sequence: Sequence) -> None:
+        self._inbox.put(sequence)
+
+    def has_work(self) -> bool:
+        return bool(self._slots or self._waiting or not self._inbox.empty())
+
+    @property
+    def kv_usage(self) -> float:
+        shape = self.runner.kv.shape
+        return min(1.0, sum(s.computed for s in list(self._slots)) / (shape.slots * shape.max_len))
+
+    # -- the step (worker thread) -----------------------------------------------------------------------------
+
+    def step(self) -> list[Emission]:
+        self._take_submissions()
+        for sequence in [s for s in self._slots if s.aborted]:
+            self._release(sequence)
+        self._admit()
+        emissions = self._decode()
+        emissions += self._prefill()
+        for emission in emissions:
+            if emission.finish is not None:
+                self._release(emission.sequence)
+        return emissions
+
+    def _take_submissions(self) -> None:
+        while not self._inbox.empty():
+            sequence = self._inbox.get_nowait()
+            heapq.heappush(self._waiting, (-sequence.request.priority, sequence.arrival, sequence))
+
+    def _admit(self) -> None:
+        """Fill free slots from the waiting heap.
+
+        A request whose prompt shares uncached blocks with a prompt being prefilled right now waits until that
+        prefill is done and stored, then reuses it: a group of samples of one prompt (GRPO) arriving together
+        computes the shared prompt once instead of once per sample.
+        """
+        in_prefill = self._prefill_keys()
+        deferred = []
+        while self._waiting and len(self._slots) < self._max_running:
+            item = heapq.heappop(self._waiting)
+            sequence = item[2]
+            if sequence.aborted:
+                continue
+            keys = self.prefix_cache.block_keys(sequence.request.prompt_ids)
+            if any(key in in_prefill for key in keys):
+                deferred.append(item)
+                continue
+            self._start(sequence)
+            in_prefill.update(keys[sequence.cached // self.prefix_cache.block_size :])
+        for item in deferred:
+            heapq.heappush(self._waiting, item)
+
+    def _prefill_keys(self) -> set[int]:
+        """Keys of the uncached prompt blocks that requests in prefill are computing."""
+        keys: set[int] = set()
+        size = self.prefix_cache.block_size
+        for sequence in self._slots[self._decoding :]:
+            keys.update(self.prefix_cache.block_keys(sequence.request.prompt_ids)[sequence.cached // size :])
+        return keys
+
+    def _start(self, sequence: Sequence) -> None:
+        """Give ``sequence`` the next slot, its sampler and grammar state, and any cached prefix of its prompt."""
+        request = sequence.request
+        sequence.sampler = RequestSampler(request.sampling, request.prompt_ids, self._vocab_size)
+        if sequence.grammar is not None:
+            sequence.structured = StructuredState(sequence.grammar, self._vocab_size)
+        sequence.slot = len(self._slots)
+        sequence.cache_epoch = self.prefix_cache.epoch
+        self._slots.append(sequence)
+        start = 0
+        for block in self.prefix_cache.lookup(request.prompt_ids):
+            self.runner.kv.write(sequence.slot, start, block)
+            start += block.shape[3]
+        sequence.computed = sequence.cached = start
+        self.prefix_cache.record(sequence.prompt_len, start)
+
+    def _decode(self) -> list[Emission]:
+        rows = self._slots[: self._decoding]
+        if not rows:
+            return []
+        input_ids = torch.tensor([[s.tokens[-1]] for s in rows])
+        positions = torch.tensor([[s.computed] for s in rows])
+        logits = self.runner.forward(input_ids, positions, 0, max(s.computed for s in rows) + 1)
+        emissions = []
+        for row, sequence in enumerate(rows):
+            sequence.computed += 1
+            emissions.append(self._sample(sequence, logits[row]))
+        return emissions
+
+    def _prefill(self) -> list[Emission]:
+        budget = self._prefill_chunk if self._decoding else 4 * self._prefill_chunk
+        emissions = []
+        for sequence in list(self._slots[self._decoding :]):
+            if budget <= 0:
+                break
+            start = sequence.computed
+            end = min(sequence.prompt_len, start + budget)
+            budget -= end - start
+            logits = self.runner.forward(
+                torch.tensor([sequence.tokens[start:end]]), torch.arange(start, end)[None], sequence.slot, end
+            )
+            sequence.computed = end
+            if end == sequence.prompt_len:
+                if sequence.slot != self._decoding:
+                    raise RuntimeError(f"prefill finished in slot {sequence.slot}, expected {self._decoding}")
+                self._decoding += 1
+                self._store_prefix(sequence)  # requests with the same prompt arriving from now on reuse it
+                emissions.append(self._sample(sequence, logits[0]))
+        return emissions
+
+    def _sample(self, sequence: Sequence, logits: torch.Tensor) -> Emission:
+        structured = sequence.structured
+        sampled = sequence.sampler.sample(logits, structured.allowed() if structured is not None else None)
+        token = sampled.token
+        sequence.tokens.append(token)
+        sequence.generated += 1
+        sequence.sampler.observe(token)
+        if structured is not None:
+            structured.accept(token)
+        params = sequence.request.sampling
+        if token in params.stop_token_ids or (token in self._eos and not params.ignore_eos):
+            return Emission(sequence, sampled, FinishReason.STOP, token)
+        if structured is not None and structured.terminated:
+            return Emission(sequence, sampled, FinishReason.STOP)
+        if sequence.generated >= params.max_new_tokens or len(sequence.tokens) >= self._max_model_len:
+            return Emission(sequence, sampled, FinishReason.LENGTH)
+        return Emission(sequence, sampled)
+
+    def _release(self, sequence: Sequence) -> None:
+        """Free the slot: keep its KV in the prefix cache, then compact the slots (decoding ones stay first)."""
+        self._store_prefix(sequence)
+        index = sequence.slot
+        if index < self._decoding:
+            last = self._decoding - 1
+            self._slots[index] = self._slots[last]
+            del self._slots[last]
+            self._decoding -= 1
+        else:
+            del self._slots[index]
+        sequence.slot = -1
+        for new_slot, moved in enumerate(self._slots):
+            if moved.slot != new_slot:
+                self.runner.kv.move(moved.slot, new_slot, moved.computed)
+                moved.slot = new_slot
+
+    def _store_prefix(self, sequence: Sequence) -> None:
+        if sequence.cache_epoch != self.prefix_cache.epoch:  # part of its KV predates a flush or weight update
+            return
+        tokens = sequence.tokens[: sequence.computed]
+        for start, parent, key, block in self.prefix_cache.missing(tokens):
+            kv = self.runner.kv.read(sequence.slot, start, start + len(block))
+            self.prefix_cache.insert(parent, key, block, kv)
+
+    # -- control (called between steps, on the worker thread) ----------------------------------------------
+
+    def clear(self) -> None:
+        """Forget every slot and queued request (Sleep: nothing is in flight, only aborted leftovers)."""
+        self._take_submissions()
+        for sequence in self._slots:
+            sequence.slot = -1
+        self._slots.clear()
+        self._waiting.clear()
+        self._decoding = 0

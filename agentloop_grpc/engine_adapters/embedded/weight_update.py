@@ -1,0 +1,107 @@
+"""Atomic weight updates and the weights' release during Sleep level 2.
+
+``stage`` validates every received tensor against the live parameters (name, dtype, shape) and builds the new
+tensors before anything is touched; ``apply`` then copies them in and cannot fail half-way. Tied parameters are
+addressable under each of their names (e.g. ``lm_head.weight`` and ``model.embed_tokens.weight``).
+
+``WeightOffload`` frees the parameters' memory for Sleep level 2: the current values (including any update
+received since loading) are written to a safetensors file in the cache folder and every parameter is replaced
+by an empty tensor; WakeUp reads them back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from agentloop_grpc.common.errors import InvalidRequestError
+from agentloop_grpc.common.types import NamedTensor
+
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+def parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """Every name a parameter is known by (tied parameters appear under each name)."""
+    return dict(model.named_parameters(remove_duplicate=False))
+
+
+def stage(model: torch.nn.Module, tensors: Sequence[NamedTensor]) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """Validate and decode all tensors; raise InvalidRequestError naming the first bad one."""
+    params = parameters(model)
+    staged = []
+    for tensor in tensors:
+        param = params.get(tensor.name)
+        if param is None:
+            raise InvalidRequestError(f"tensor {tensor.name!r} is not a parameter of the model")
+        dtype = TORCH_DTYPES.get(tensor.dtype)
+        if dtype != param.dtype:
+            raise InvalidRequestError(
+                f"tensor {tensor.name!r}: dtype {tensor.dtype} does not match the parameter's {param.dtype}"
+            )
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise InvalidRequestError(
+                f"tensor {tensor.name!r}: shape {list(tensor.shape)} does not match the parameter's {list(param.shape)}"
+            )
+        expected = math.prod(tensor.shape) * param.element_size()
+        if len(tensor.data) != expected:
+            raise InvalidRequestError(f"tensor {tensor.name!r}: {len(tensor.data)} bytes, expected {expected}")
+        value = torch.frombuffer(bytearray(tensor.data), dtype=dtype).reshape(tensor.shape) if expected else None
+        staged.append((param, value if value is not None else torch.empty(tensor.shape, dtype=dtype)))
+    return staged
+
+
+@torch.inference_mode()
+def apply(staged: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
+    for param, value in staged:
+        param.data.copy_(value)
+
+
+class WeightOffload:
+    """Moves a model's parameters to a file and back (Sleep level 2 / WakeUp)."""
+
+    def __init__(self, model: torch.nn.Module, folder: Path) -> None:
+        self._model = model
+        self._folder = folder
+        self._file: Path | None = None
+
+    @property
+    def offloaded(self) -> bool:
+        return self._file is not None
+
+    def offload(self) -> None:
+        if self._file is not None:
+            return
+        self._folder.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix="weights-", suffix=".safetensors", dir=self._folder)
+        os.close(handle)
+        path = Path(name)
+        unique = dict(self._model.named_parameters())
+        save_file({k: v.detach().contiguous() for k, v in unique.items()}, str(path))
+        for param in unique.values():
+            param.data = torch.empty(0, dtype=param.dtype)
+        self._file = path
+
+    def restore(self) -> None:
+        if self._file is None:
+            return
+        loaded = load_file(str(self._file))
+        for name, param in self._model.named_parameters():
+            param.data = loaded[name]
+        self._file.unlink()
+        self._file = None

@@ -1,0 +1,460 @@
+"""FakeEngine: a fake engine (no model) for contract tests and benchmarks of our own overhead.
+
+It is named a fake everywhere it appears. Its tokens are a deterministic function of the prompt ids and the seed
+(greedy requests ignore the seed; unseeded sampled requests draw one), so tests can check exact streams. It
+behaves like a real engine where the contract cares: a scheduler with a bounded batch (continuous batching: a
+request joins between decode steps and leaves when done), a bounded waiting queue, configurable prefill and
+per-token latency, a block-hashed prefix cache whose hits shorten prefill (least recently used blocks leave
+first, a sequence's tail before its head, as in vLLM), abort, the three pause modes, sleep/wake bookkeeping and
+weight versions. As in vLLM and SGLang, a prompt's blocks are reusable from the step after its prefill (not only
+once the request finishes), so requests that share a system prompt and arrive while the first one still decodes
+hit it; requests prefilled in the same step do not share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agentloop_grpc import __version__
+
+from .block_cache import BlockCache
+from .block_keys import BlockKeys
+from agentloop_grpc.common.errors import EngineOverloadedError, EngineUnavailableError, FailedPreconditionError, UnsupportedError
+from .grouping import merge_chunks
+from agentloop_grpc.common.types import (
+    EngineState,
+    FinishReason,
+    GenerateComplete,
+    GenerateEvent,
+    GenerateRequest,
+    LoadInfo,
+    NamedTensor,
+    PauseMode,
+    PauseResult,
+    Resource,
+    ServerInfo,
+    TokenChunk,
+    WeightUpdateResult,
+)
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(value: int) -> int:
+    """splitmix64 finaliser: a cheap, well-spread deterministic hash of an integer."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def _coalesce(events: list[GenerateEvent]) -> list[GenerateEvent]:
+    """Merge consecutive chunks of one weight version (never across versions, so every token keeps the version
+    that produced it); the completion, when there, is last and stays as it is."""
+    if len(events) == 1 or (len(events) == 2 and isinstance(events[1], GenerateComplete)):
+        return events  # nothing to merge: what a reader that keeps up gets
+    complete = events[-1] if isinstance(events[-1], GenerateComplete) else None
+    chunks = events[:-1] if complete is not None else events
+    merged: list[GenerateEvent] = [
+        merge_chunks(list(run)) for _, run in itertools.groupby(chunks, key=lambda chunk: chunk.weight_version)
+    ]
+    if complete is not None:
+        merged.append(complete)
+    return merged
+
+
+class StepClock:
+    """Times the fake's decode steps so each takes its configured time on average, however late the event loop
+    wakes the scheduler: a step ends at the previous step's planned end plus its duration, so lateness is caught
+    up by the next steps (up to ``max_debt_s``; beyond, the debt is dropped rather than bursting steps)."""
+
+    def __init__(self, max_debt_s: float = 0.01) -> None:
+        self.max_debt_s = max_debt_s
+        self._end: float | None = None
+
+    def reset(self) -> None:
+        """The engine idled: the next step starts from now."""
+        self._end = None
+
+    def sleep_s(self, now: float, step_s: float) -> float:
+        """How long to sleep for a step of ``step_s`` that begins at ``now``."""
+        start = now if self._end is None else max(self._end, now - self.max_debt_s)
+        self._end = start + step_s
+        return max(0.0, self._end - now)
+
+
+@dataclass(frozen=True, slots=True)
+class FakeEngineConfig:
+    """Shape and speed of the fake engine."""
+
+    vocab_size: int = 32_000
+    max_model_len: int = 4096
+    eos_token_id: int = 2
+    #: Seconds one decode step takes (every running request gets one token per step).
+    token_latency_s: float = 0.0
+    #: Seconds of prefill per prompt token not served from the prefix cache.
+    prefill_latency_s_per_token: float = 0.0
+    #: Batch capacity: requests decoded at once.
+    max_running: int = 64
+    #: Requests that may wait for a batch slot before Generate answers RESOURCE_EXHAUSTED.
+    max_waiting: int = 4096
+    #: Prefix-cache granularity in tokens, and capacity in blocks (LRU).
+    block_size: int = 16
+    cache_blocks: int = 65_536
+    dp_rank: int = 0
+    dp_size: int = 1
+    #: Scripted replies (agent-loop tests): when set, a request's tokens are ``script(request)`` followed by eos,
+    #: instead of the hash stream. Greedy or not, the script decides; logprobs stay the fake's deterministic ones.
+    script: Callable[[GenerateRequest], Sequence[int]] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 3 or not 0 <= self.eos_token_id < self.vocab_size:
+            raise ValueError("vocab_size must be >= 3 and eos_token_id inside it")
+        if self.max_model_len < 2 or self.max_running < 1 or self.max_waiting < 0 or self.block_size < 1:
+            raise ValueError("max_model_len >= 2, max_running >= 1, max_waiting >= 0 and block_size >= 1 required")
+        if self.token_latency_s < 0 or self.prefill_latency_s_per_token < 0:
+            raise ValueError("latencies must be >= 0")
+        if not 0 <= self.dp_rank < self.dp_size:
+            raise ValueError("dp_rank must be in [0, dp_size)")
+
+
+@dataclass(slots=True)
+class _Request:
+    """One request inside the fake engine."""
+
+    request: GenerateRequest
+    base: int
+    pending: list[GenerateEvent] = field(default_factory=list)  # emitted, not yet taken by ``generate``
+    waiter: asyncio.Future[None] | None = None  # set while ``generate`` waits for an event
+    generated: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    sums: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))  # the prompt's prefix sums
+    prompt_keys: np.ndarray | None = None  # the keys of the prompt's full blocks (from its prefill on)
+    stored_tokens: int = 0  # tokens whose blocks this request put in the prefix cache (full blocks)
+    scripted: tuple[int, ...] | None = None  # FakeEngineConfig.script's reply
+    prefilled: bool = False
+    done: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def emit(self, event: GenerateEvent) -> None:
+        """Hand an event to the request's reader (a list and one future: an asyncio.Queue per request cost a
+        getter deque, a putter deque and a future per get)."""
+        self.pending.append(event)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
+class FakeEngine:
+    """The fake EngineAdapter (see module docstring)."""
+
+    def __init__(self, config: FakeEngineConfig | None = None) -> None:
+        self.config = config or FakeEngineConfig()
+        self._weight_version = 0
+        self._started = False
+        self._released: set[Resource] = set()
+        self._paused = False
+        self._hold_new = False  # new requests wait in _held (paused, or a PAUSE_MODE_WAIT in progress)
+        self._running: dict[str, _Request] = {}
+        self._waiting: list[tuple[int, int, _Request]] = []  # heap of (-priority, arrival, request)
+        self._held: list[_Request] = []
+        self._arrivals = itertools.count()
+        self._work = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._cache = BlockCache(self.config.cache_blocks)
+        self._info: ServerInfo | None = None
+        self._block_keys = BlockKeys(self.config.block_size, self.config.max_model_len)
+        self._prompt_tokens_seen = 0
+        self._prompt_tokens_cached = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._schedule(), name="fake-engine-scheduler")
+        self._started = True
+
+    async def shutdown(self) -> None:
+        await self.abort(None)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+    def _state(self) -> EngineState:
+        if not self._started:
+            return EngineState.LOADING
+        if self._released:
+            return EngineState.SLEEPING
+        return EngineState.PAUSED if self._paused or self._hold_new else EngineState.RUNNING
+
+    def info(self) -> ServerInfo:
+        """Built again only when the state or the weight version changed (the servicer asks once per request,
+        and building the frozen dataclass cost ~30 k instructions)."""
+        state = self._state()
+        if self._info is None or self._info.state is not state or self._info.weight_version != self._weight_version:
+            self._info = self._build_info(state)
+        return self._info
+
+    def _build_info(self, state: EngineState) -> ServerInfo:
+        return ServerInfo(
+            engine_kind="fake",
+            engine_version=__version__,
+            model_id="fake",
+            tokenizer_fingerprint=f"fake-vocab-{self.config.vocab_size}",
+            vocab_size=self.config.vocab_size,
+            max_model_len=self.config.max_model_len,
+            eos_token_ids=(self.config.eos_token_id,),
+            weight_version=self._weight_version,
+            state=state,
+            dp_rank=self.config.dp_rank,
+            dp_size=self.config.dp_size,
+            tp_size=1,
+            sleep_releases_memory=False,
+            supports_structured_output=False,
+        )
+
+    def load(self) -> LoadInfo:
+        in_kv = sum(len(r.request.prompt_ids) + len(r.generated) for r in self._running.values())
+        seen = self._prompt_tokens_seen
+        return LoadInfo(
+            running_requests=len(self._running),
+            waiting_requests=len(self._waiting) + len(self._held),
+            kv_cache_usage=min(1.0, in_kv / (self.config.max_running * self.config.max_model_len)),
+            prefix_cache_hit_rate=self._prompt_tokens_cached / seen if seen else 0.0,
+            max_running_requests=self.config.max_running,
+        )
+
+    # -- generation ------------------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        if self._released:
+            raise EngineUnavailableError("the fake engine is asleep")
+        if request.structured_output is not None:
+            raise UnsupportedError("the fake engine does not support structured output")
+        if self._in_flight() >= self.config.max_running + self.config.max_waiting:
+            raise EngineOverloadedError(
+                f"the waiting queue is full ({self.config.max_waiting} waiting behind {self.config.max_running} running)"
+            )
+        sampling = request.sampling
+        seed = 0 if sampling.greedy else (sampling.seed if sampling.seed is not None else random.getrandbits(63))
+        prompt = request.prompt_ids
+        sums = self._block_keys.prefix_sums(prompt.numpy())
+        whole = int(sums[-1]) if sums.size else 0  # the whole prompt's hash
+        entry = _Request(request=request, base=_mix(whole ^ _mix((seed & _MASK64) ^ len(prompt))), sums=sums)
+        if self.config.script is not None:
+            entry.scripted = tuple(self.config.script(request))
+        if self._hold_new or self._paused:
+            self._held.append(entry)
+        else:
+            heapq.heappush(self._waiting, (-request.priority, next(self._arrivals), entry))
+        self._idle.clear()
+        self._work.set()
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not entry.pending:
+                    entry.waiter = loop.create_future()
+                    await entry.waiter
+                events, entry.pending = entry.pending, []
+                # a slow reader takes what piled up at once: fewer, larger chunks (one per weight version)
+                for event in _coalesce(events):
+                    yield event
+                    if isinstance(event, GenerateComplete):
+                        return
+        finally:
+            if not entry.done:
+                self._finish(entry, FinishReason.ABORT)
+
+    async def abort(self, request_ids: Sequence[str] | None) -> list[str]:
+        entries = [e for _, _, e in self._waiting] + self._held + list(self._running.values())
+        wanted = None if request_ids is None else set(request_ids)
+        aborted = []
+        for entry in entries:
+            if wanted is None or entry.request_id in wanted:
+                self._finish(entry, FinishReason.ABORT)
+                aborted.append(entry.request_id)
+        return aborted
+
+    # -- scheduler -------------------------------------------------------------------------------------------
+
+    async def _schedule(self) -> None:
+        """One decode step per iteration: admit, prefill newcomers, decode one token for every running request.
+
+        Steps are timed on a clock anchored at the previous step's planned end, so a step takes the configured
+        time however late the event loop wakes us (as a real engine's device time does not stretch with the
+        host's scheduling slack); the anchor resets when the engine idles.
+        """
+        loop = asyncio.get_running_loop()
+        clock = StepClock()
+        while True:
+            if self._paused or not (self._running or self._waiting):
+                self._work.clear()
+                await self._work.wait()
+                clock.reset()
+                continue
+            while self._waiting and len(self._running) < self.config.max_running:
+                _, _, entry = heapq.heappop(self._waiting)
+                self._running[entry.request_id] = entry
+            newcomers = [e for e in self._running.values() if not e.prefilled]
+            uncached = sum(self._prefill(e) for e in newcomers)
+            for entry in newcomers:  # after every lookup: newcomers of one step do not share their prefill
+                self._store(entry, entry.prompt_keys)
+            step_s = self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s
+            if step_s:
+                await asyncio.sleep(clock.sleep_s(loop.time(), step_s))
+                if self._paused:  # PAUSE_MODE_KEEP arrived during the step: keep the requests, emit nothing
+                    continue
+            for entry in list(self._running.values()):
+                if entry.prefilled:
+                    self._decode_one(entry)
+            if not step_s and (self._running or self._waiting):
+                # a step of no time still yields once, after its tokens: readers take them and new requests
+                # arrive before the next step (a yield between prefill and decode cost every request a pass of
+                # the event loop more)
+                await asyncio.sleep(0)
+
+    def _prefill(self, entry: _Request) -> int:
+        """Look the prompt up in the prefix cache; return the number of tokens to compute."""
+        prompt_len = len(entry.request.prompt_ids)
+        size = self.config.block_size
+        entry.prompt_keys = self._block_keys.keys(entry.sums, 0, entry.sums.size)  # also what _store needs
+        # only blocks that end before the last prompt token: a request always computes at least one token
+        hits = self._cache.longest_prefix(entry.prompt_keys[: (prompt_len - 1) // size])
+        entry.cached_tokens = entry.stored_tokens = hits * size
+        entry.prefilled = True
+        self._prompt_tokens_seen += prompt_len
+        self._prompt_tokens_cached += entry.cached_tokens
+        return prompt_len - entry.cached_tokens
+
+    def _store(self, entry: _Request, keys: np.ndarray) -> None:
+        """Cache the blocks among ``keys`` (the keys of every full block of the request's sequence: its prompt,
+        then prompt + output) that the request has not stored yet."""
+        done = entry.stored_tokens // self.config.block_size
+        parent = int(keys[done - 1]) if done else None  # the last block stored: the new blocks' parent
+        if parent is not None and parent not in self._cache:  # evicted since: store the sequence again, whole
+            done, parent = 0, None
+        if len(keys) > done:
+            self._cache.store(keys[done:].tolist(), parent)
+        entry.stored_tokens = len(keys) * self.config.block_size
+
+    def _decode_one(self, entry: _Request) -> None:
+        sampling = entry.request.sampling
+        position = len(entry.generated)
+        draw = _mix(entry.base + position)
+        token = draw % self.config.vocab_size
+        if entry.scripted is not None:
+            token = entry.scripted[position] if position < len(entry.scripted) else self.config.eos_token_id
+        entry.generated.append(token)
+        logprobs: tuple[float, ...] = ()
+        top: tuple[tuple[tuple[int, float], ...], ...] = ()
+        if sampling.logprobs:
+            logprob = -0.001 - ((draw >> 32) % 8000) / 1000.0
+            logprobs = (logprob,)
+            if sampling.top_logprobs:
+                top = (
+                    tuple(
+                        ((token + j) % self.config.vocab_size, logprob - 0.5 * j) for j in range(sampling.top_logprobs)
+                    ),
+                )
+        entry.emit(TokenChunk((token,), self._weight_version, logprobs, top))
+        if token in sampling.stop_token_ids or (token == self.config.eos_token_id and not sampling.ignore_eos):
+            self._finish(entry, FinishReason.STOP, matched=token)
+        elif len(entry.generated) >= sampling.max_new_tokens:
+            self._finish(entry, FinishReason.LENGTH)
+
+    def _finish(self, entry: _Request, reason: FinishReason, matched: int | None = None) -> None:
+        if entry.done:
+            return
+        entry.done = True
+        if self._running.pop(entry.request_id, None) is None:  # never scheduled: held or waiting
+            if entry in self._held:
+                self._held.remove(entry)
+            else:
+                self._waiting = [item for item in self._waiting if item[2] is not entry]
+                heapq.heapify(self._waiting)
+        if entry.prefilled:  # what it generated is reusable too (the next turn's prompt starts with it)
+            sums = entry.sums
+            size = self.config.block_size
+            if sums.size and (sums.size + len(entry.generated)) // size * size > entry.stored_tokens:  # new block
+                output = self._block_keys.prefix_sums(np.array(entry.generated), sums.size, int(sums[-1]))
+                sequence = np.concatenate((sums, output))
+                self._store(entry, self._block_keys.keys(sequence, 0, sequence.size))
+        entry.emit(
+            GenerateComplete(
+                finish_reason=reason,
+                prompt_tokens=len(entry.request.prompt_ids),
+                completion_tokens=len(entry.generated),
+                weight_version=self._weight_version,
+                cached_prompt_tokens=entry.cached_tokens,
+                matched_stop_token_id=matched,
+            )
+        )
+        if not (self._running or self._waiting):
+            self._idle.set()
+
+    # -- control ---------------------------------------------------------------------------------------------
+
+    def _in_flight(self) -> int:
+        return len(self._running) + len(self._waiting) + len(self._held)
+
+    async def sleep(self, level: int) -> bool:
+        if self._in_flight():
+            raise FailedPreconditionError(f"{self._in_flight()} requests are in flight")
+        self._released |= {Resource.KV_CACHE} if level == 1 else {Resource.KV_CACHE, Resource.WEIGHTS}
+        await self.flush_cache()
+        return False  # a fake holds no device memory
+
+    async def wake_up(self, resources: frozenset[Resource]) -> EngineState:
+        self._released -= resources
+        return self._state()
+
+    async def pause(self, mode: PauseMode) -> PauseResult:
+        if mode is PauseMode.ABORT:
+            self._paused = True
+            return PauseResult(aborted_requests=len(await self.abort(None)))
+        if mode is PauseMode.KEEP:
+            self._paused = True
+            return PauseResult(kept_requests=self._in_flight())
+        self._hold_new, self._paused = True, False  # WAIT: let what is in flight finish, hold newcomers
+        self._work.set()
+        try:
+            if self._running or self._waiting:
+                self._idle.clear()
+                await self._idle.wait()
+        except asyncio.CancelledError:
+            await self.resume()
+            raise
+        self._paused = True
+        return PauseResult()
+
+    async def resume(self) -> None:
+        self._paused = self._hold_new = False
+        for entry in self._held:
+            heapq.heappush(self._waiting, (-entry.request.priority, next(self._arrivals), entry))
+        self._held.clear()
+        self._work.set()
+
+    async def update_weights(
+        self, tensors: Sequence[NamedTensor], weight_version: int, flush_cache: bool
+    ) -> WeightUpdateResult:
+        if Resource.WEIGHTS in self._released:
+            raise EngineUnavailableError("the weights are released (asleep); WakeUp with WAKE_UP_TAG_WEIGHTS first")
+        self._weight_version = weight_version
+        if flush_cache:
+            await self.flush_cache()
+        return WeightUpdateResult(weight_version=weight_version, tensors_updated=len(tensors))
+
+    async def flush_cache(self) -> None:
+        self._cache.clear()
+        self._prompt_tokens_seen = self._prompt_tokens_cached = 0

@@ -1,0 +1,187 @@
+"""InstanceManager: the lifecycle of tool instances, shared by the gRPC servicer and the in-process client.
+
+Instances live for a trajectory; each runs one call at a time (a Python session is not re-entrant). Limits on
+live instances and concurrent executions answer RESOURCE_EXHAUSTED rather than queueing without bound; an instance
+idle past its TTL is released, so a client that died leaks nothing.
+
+Requests are bad model or client output, never a server fault: ids longer than MAX_ID_BYTES and JSON the decoder
+cannot take (nested past Python's recursion limit, integers past its digit limit) are INVALID_ARGUMENT, and error
+messages quote at most QUOTE_CHARS of any input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from agentloop_grpc.common.errors import EngineOverloadedError, InvalidRequestError, NotFoundError
+
+from .config import ToolLimits
+from .result import RewardResult, ToolErrorKind, ToolResult, ToolSpec, exception_result
+from .tool import Tool
+
+log = logging.getLogger(__name__)
+
+MAX_ID_BYTES = 256
+QUOTE_CHARS = 200
+
+
+def _quote(text: str) -> str:
+    """At most QUOTE_CHARS of ``text``: its start and, where a validator says what is wrong, its end."""
+    if len(text) <= QUOTE_CHARS:
+        return text
+    tail = QUOTE_CHARS // 4
+    return f"{text[:QUOTE_CHARS - tail]} ... {text[-tail:]}"
+
+
+def _check_id(field: str, value: str) -> None:
+    size = len(value.encode())
+    if size > MAX_ID_BYTES:
+        raise InvalidRequestError(f"{field} is {size} bytes (at most {MAX_ID_BYTES})")
+
+
+def _decode(field: str, text: str) -> Any:
+    """A JSON request field, or InvalidRequestError for anything Python's decoder cannot take."""
+    try:
+        return json.loads(text) if text else {}
+    except RecursionError:
+        raise InvalidRequestError(f"{field} nests deeper than the JSON decoder allows") from None
+    except json.JSONDecodeError as error:
+        raise InvalidRequestError(f"{field} is not JSON: {_quote(str(error))}") from None
+    except ValueError:  # an integer literal past sys.get_int_max_str_digits()
+        raise InvalidRequestError(
+            f"{field} holds an integer of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
+
+
+@dataclass
+class _Instance:
+    tool: Tool
+    state: Any
+    trajectory_id: str
+    last_used: float
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class InstanceManager:
+    """Create / execute / reward / release tool instances within limits."""
+
+    def __init__(self, tools: dict[str, Tool], limits: ToolLimits | None = None) -> None:
+        self._tools = tools
+        self._limits = limits or ToolLimits()
+        self._instances: dict[str, _Instance] = {}
+        self._executing = 0
+        self._reaper: asyncio.Task | None = None
+        self._validators = {name: jsonschema.Draft202012Validator(t.spec.parameters) for name, t in tools.items()}
+
+    def specs(self) -> list[ToolSpec]:
+        return [self._tools[name].spec for name in sorted(self._tools)]
+
+    @property
+    def live_instances(self) -> int:
+        return len(self._instances)
+
+    def start(self) -> None:
+        self._reaper = asyncio.create_task(self._reap(), name="tool-instance-reaper")
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for instance_id in list(self._instances):
+            await self.release(instance_id)
+        for tool in self._tools.values():
+            await tool.close()
+
+    async def create(self, tool_name: str, trajectory_id: str, kwargs_json: str = "") -> str:
+        _check_id("tool_name", tool_name)
+        _check_id("trajectory_id", trajectory_id)
+        tool = self._tools.get(tool_name)
+        if tool is None:
+            raise NotFoundError(f"no tool named {tool_name!r}; hosted: {sorted(self._tools)}")
+        if len(self._instances) >= self._limits.max_instances:
+            raise EngineOverloadedError(f"{self._limits.max_instances} tool instances are live (the limit)")
+        kwargs = _decode("create_kwargs_json", kwargs_json)
+        if not isinstance(kwargs, dict):
+            raise InvalidRequestError("create_kwargs_json must be a JSON object")
+        try:
+            state = await tool.create(trajectory_id, kwargs)
+        except (ValueError, TypeError, KeyError) as error:
+            raise InvalidRequestError(
+                f"tool {tool_name!r} rejected its creation arguments: {_quote(str(error))}"
+            ) from error
+        instance_id = f"{tool_name}-{uuid.uuid4().hex}"
+        self._instances[instance_id] = _Instance(tool, state, trajectory_id, time.monotonic())
+        return instance_id
+
+    def _get(self, instance_id: str) -> _Instance:
+        _check_id("instance_id", instance_id)
+        instance = self._instances.get(instance_id)
+        if instance is None:
+            raise NotFoundError(f"no tool instance {instance_id!r} (never created, released, or expired)")
+        instance.last_used = time.monotonic()
+        return instance
+
+    async def execute(self, instance_id: str, arguments_json: str) -> ToolResult:
+        instance = self._get(instance_id)
+        arguments = _decode("arguments_json", arguments_json)
+        name = instance.tool.spec.name
+        problems = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
+        if problems:
+            described = "; ".join(
+                _quote(f"{'.'.join(map(str, p.path)) or 'arguments'}: {p.message}") for p in problems[:5]
+            )
+            return ToolResult.error(ToolErrorKind.INVALID_ARGUMENTS, f"invalid arguments for {name}: {described}")
+        if self._executing >= self._limits.max_concurrent_executions:
+            raise EngineOverloadedError(
+                f"{self._limits.max_concurrent_executions} tool executions are running (the limit)"
+            )
+        self._executing += 1
+        try:
+            async with instance.lock:
+                started = time.monotonic()
+                try:
+                    result = await instance.tool.execute(instance.state, arguments)
+                except Exception as error:  # noqa: BLE001 - a tool's failure is the model's to read
+                    result = exception_result(error)
+                result.metrics.setdefault("seconds", time.monotonic() - started)
+        finally:
+            self._executing -= 1
+            instance.last_used = time.monotonic()
+        return result
+
+    async def reward(self, instance_id: str) -> RewardResult:
+        instance = self._get(instance_id)
+        async with instance.lock:
+            return await instance.tool.reward(instance.state)
+
+    async def release(self, instance_id: str) -> None:
+        _check_id("instance_id", instance_id)
+        instance = self._instances.pop(instance_id, None)
+        if instance is None:
+            return
+        async with instance.lock:
+            try:
+                await instance.tool.release(instance.state)
+            except Exception:  # noqa: BLE001 - the instance is gone either way; keep the server up
+                log.exception("releasing %s failed", instance_id)
+
+    async def _reap(self) -> None:
+        ttl = self._limits.instance_ttl_s
+        while True:
+            await asyncio.sleep(min(ttl / 4, 30.0))
+            now = time.monotonic()
+            for instance_id, instance in list(self._instances.items()):
+                if now - instance.last_used > ttl and not instance.lock.locked():
+                    log.info("releasing idle tool instance %s (TTL %.0f s)", instance_id, ttl)
+                    await self.release(instance_id)

@@ -1,0 +1,78 @@
+"""The ToolExecute server: tools from a config, health, reflection, graceful stop (same shape as engine servers)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from agentloop_grpc.serving.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
+from agentloop_grpc.serving.interceptors import server_interceptors
+from agentloop_grpc.serving.metrics import ServerMetrics, serve_metrics
+from agentloop_grpc.serving.security import ServerSecurity, bind
+from agentloop_grpc.v1 import tool_pb2_grpc
+
+from .config import ToolServerConfig, build_tools
+from .instances import InstanceManager
+from .servicer import SERVICE_NAME, ToolExecuteServicer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ToolServer:
+    server: grpc.aio.Server
+    port: int
+    instances: InstanceManager
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        await self.server.stop(grace_s)
+        await self.instances.close()
+
+
+#: What a caller of a tool server can do (said when it listens beyond loopback without a token).
+TOOLS_EXPOSE = "run code in the python sandbox and call every tool this server serves"
+
+
+async def create_tool_server(
+    config: ToolServerConfig,
+    address: str = "127.0.0.1:0",
+    security: ServerSecurity | None = None,
+    metrics: ServerMetrics | None = None,
+) -> ToolServer:
+    instances = InstanceManager(build_tools(config), config.limits)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=server_interceptors(security, metrics))
+    health = add_health_and_reflection(server, (SERVICE_NAME,))
+    tool_pb2_grpc.add_ToolExecuteServicer_to_server(ToolExecuteServicer(instances), server)
+    port = bind(server, address, security, TOOLS_EXPOSE)
+    await server.start()
+    instances.start()
+    for name in ("", SERVICE_NAME):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return ToolServer(server, port, instances)
+
+
+async def serve_tools(
+    config: ToolServerConfig,
+    address: str,
+    on_listening: Callable[[int], None] | None = None,
+    security: ServerSecurity | None = None,
+    metrics_port: int | None = None,
+    on_metrics: Callable[[int], None] | None = None,
+) -> None:
+    """Run until SIGTERM or SIGINT, then stop (in-flight calls get a grace period) and release every instance.
+    With ``metrics_port``, Prometheus metrics are served on the same host at that port (0: a free one)."""
+    stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on is a clean stop
+    metrics = ServerMetrics() if metrics_port is not None else None
+    tool_server = await create_tool_server(config, address, security, metrics)
+    if on_listening is not None:
+        on_listening(tool_server.port)
+    if metrics is not None:
+        http = serve_metrics(metrics.registry, address.rsplit(":", 1)[0].strip("[]"), metrics_port)
+        if on_metrics is not None:
+            on_metrics(http.server_port)
+    await stop.wait()
+    await tool_server.stop()

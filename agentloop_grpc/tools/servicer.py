@@ -1,0 +1,39 @@
+"""ToolExecuteServicer: agentloop.v1.ToolExecute over an InstanceManager; errors mapped in one place."""
+
+from __future__ import annotations
+
+from agentloop_grpc.serving.status import map_errors
+from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
+
+from . import convert
+from .instances import InstanceManager
+
+SERVICE_NAME = tool_pb2.DESCRIPTOR.services_by_name["ToolExecute"].full_name
+
+
+class ToolExecuteServicer(tool_pb2_grpc.ToolExecuteServicer):
+    def __init__(self, instances: InstanceManager) -> None:
+        self._instances = instances
+
+    @map_errors
+    async def ListTools(self, request, context):
+        return tool_pb2.ListToolsResponse(tools=[convert.spec_to_proto(s) for s in self._instances.specs()])
+
+    @map_errors
+    async def CreateInstance(self, request, context):
+        instance_id = await self._instances.create(request.tool_name, request.trajectory_id, request.create_kwargs_json)
+        return tool_pb2.CreateInstanceResponse(instance_id=instance_id)
+
+    @map_errors
+    async def Execute(self, request, context):
+        return convert.result_to_proto(await self._instances.execute(request.instance_id, request.arguments_json))
+
+    @map_errors
+    async def CalcReward(self, request, context):
+        reward = await self._instances.reward(request.instance_id)
+        return tool_pb2.CalcRewardResponse(reward=reward.reward, metrics=reward.metrics)
+
+    @map_errors
+    async def ReleaseInstance(self, request, context):
+        await self._instances.release(request.instance_id)
+        return tool_pb2.ReleaseInstanceResponse()
