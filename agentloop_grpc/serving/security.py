@@ -170,13 +170,15 @@ def bind(server: grpc.aio.Server, address: str, security: ServerSecurity | None 
     """Listen on ``address`` (with TLS when ``security`` has a certificate); return the port (the chosen one for
     port 0). Warns when a non-loopback address is open to anyone, saying what ``exposes`` (what a caller can do)."""
     security = security or ServerSecurity()
-    has_token = any((security.token_file, security.token_env, security.admin_token_file, security.admin_token_env))
+    # a token or a client certificate authenticates the caller; TLS alone only the server
+    authenticated = security.client_ca_file is not None or any(
+        (security.token_file, security.token_env, security.admin_token_file, security.admin_token_env))
     if not is_loopback(address):
-        if not has_token:
+        if not authenticated:
             log.warning("listening on %s WITHOUT AUTHENTICATION: anyone who reaches this port can %s. Give a token "
                         "(--auth-token-file/--auth-token-env, --admin-token-file) and TLS (--tls-cert, --tls-key).",
                         address, exposes or "call every RPC")
-        elif not security.tls:
+        elif not security.tls:  # (a client CA implies TLS)
             log.warning("listening on %s without TLS: tokens and data cross the network in plaintext "
                         "(--tls-cert, --tls-key).", address)
     try:
