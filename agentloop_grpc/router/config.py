@@ -57,7 +57,7 @@ class RouterConfig(BaseModel):
     )
     max_streams_per_server: int = Field(
         512, ge=1, description="Generate calls (streams or unary) open at once on one server's channel; more "
-        "callers wait for a slot (gRPC cancels streams beyond ~1,000 on one channel)."
+        "callers wait for a slot (gRPC cancels streams when one channel carries too many at once)."
     )
     generate_chunk_tokens: int = Field(
         32,
@@ -77,9 +77,9 @@ class RouterConfig(BaseModel):
     prompt_memo_ids: int = Field(
         1 << 21,
         ge=0,
-        description="Token ids of recent sessions' last prompts kept (a copy, and their int32 bytes: ~12 bytes per "
-        "id), so that a session's next prompt, which extends its last one, packs only its new ids (packing 2,000 "
-        "ids costs ~4x comparing them). Least recently used sessions are forgotten first; 0: never remember.",
+        description="Token ids of recent sessions' last prompts kept (a copy, and their int32 bytes), so that a "
+        "session's next prompt, which extends its last one, packs only its new ids (comparing ids costs less than "
+        "packing them). Least recently used sessions are forgotten first; 0: never remember.",
     )
     weight_chunk_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="UpdateWeights splits tensors into messages of at most this size."

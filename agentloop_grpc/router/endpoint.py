@@ -55,8 +55,8 @@ class Endpoint:
         self.control = engine_pb2_grpc.EngineControlStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self.healthy = False
-        # gRPC C-core cancels streams beyond ~1,000 concurrent ones on one channel (measured: 3,000 concurrent
-        # generates on one channel lost ~1,800 with CANCELLED); callers beyond the bound wait for a slot instead
+        # gRPC C-core cancels streams when one channel carries too many at once (figures in NOTES.md); callers
+        # beyond the bound wait for a slot instead
         self.stream_slots = asyncio.Semaphore(config.max_streams_per_server)
         self.in_flight = 0
         self.reported_load = 0
@@ -69,7 +69,7 @@ class Endpoint:
         self._lost = False  # taken out for answering nothing, until it says SERVING again
         self._answered_at = 0.0
         # the gauge reads the count when scraped: setting it on every begin and end cost each generate two lock
-        # round trips (~10 k instructions, callgrind) for a value read once per scrape at most
+        # round trips for a value read once per scrape at most
         metrics.in_flight.labels(address).set_function(lambda: self.in_flight)
 
     @property

@@ -1,14 +1,14 @@
 """PromptPacker: prompts as GenerateRequest.prompt_ids_raw (little-endian int32), packed as little as possible.
 
-Packing 2,000 Python ints costs ~225 k instructions (callgrind), the largest part of a generate call's client CPU.
+Packing Python ints into int32 bytes is the largest part of a generate call's client CPU (figures in NOTES.md).
 Two cases avoid it:
 
 - a prompt that already holds int32 bytes (``PromptIds``, an ``array('i')``) is sent as its bytes;
 - an agent loop's next turn extends the session's previous prompt (previous prompt + response + observation): the
   packer remembers each session's last prompt (a private copy, with its bytes) and packs only the new suffix. The
   check is exact, a comparison of the whole remembered prefix (the caller may have mutated its list since), and
-  costs ~1/4 of packing it: a hit packs 2,000 ids for ~55 k instructions instead of ~225 k. Memory is bounded by
-  ``max_ids`` remembered ids over all sessions (least recently used sessions forgotten first), ~12 bytes per id.
+  costs less than packing it. Memory is bounded by ``max_ids`` remembered ids over all sessions (least recently
+  used sessions forgotten first).
 
 A remembered prefix compares equal, element by element, to the new one: a value that equals an int (``5.0``) is
 then sent as that int, where packing it alone would have refused it.

@@ -199,7 +199,7 @@ class Router:
         result = None
         async with contextlib.aclosing(events):
             # run the generator to its end rather than leaving at the result: closing a generator suspended at
-            # a yield throws GeneratorExit through it (~3% of the client's instructions per call, callgrind)
+            # a yield throws GeneratorExit through it, which costs more than finishing
             async for event in events:
                 if isinstance(event, GenerateResult):
                     result = event
@@ -254,7 +254,7 @@ class Router:
     ) -> GenerateResult:
         """generate() of a request whose every token comes in one message: each attempt is one GenerateUnary call.
 
-        A coroutine rather than ``_generate``'s generator, which cost ~10% of such a call's client instructions.
+        A coroutine rather than ``_generate``'s generator, which costs such a short call more client CPU.
         A failed attempt delivered nothing, so every attempt sends the same request under its own id, and nothing
         is ever resumed.
         """
