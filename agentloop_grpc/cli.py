@@ -16,9 +16,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-# Before torch is imported (the embedded engine imports it lazily): libgomp's default spin-waiting makes two
-# engine processes on one node stall each other (a decode step went from 31 ms to 352 ms); 10000 keeps a lone
-# engine as fast (34 ms) and a contended one usable (104 ms). See agentloop_grpc/engine_adapters/embedded/NOTES.md.
+# Before torch is imported (the embedded engine imports it lazily): libgomp's default spin-waiting makes engine
+# processes on one node stall each other, and this bound keeps a lone engine as fast and a contended one usable
+# (figures in agentloop_grpc/engine_adapters/embedded/NOTES.md).
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import typer
@@ -103,7 +103,7 @@ def engine_serve(
         None, help="vllm: cores its OpenMP threads bind to, e.g. 0-1 or 0,2 (VLLM_CPU_OMP_THREADS_BIND)."
     ),
     enforce_eager: bool = typer.Option(
-        True, help="vllm: eager PyTorch (starts in ~45 s); --no-enforce-eager compiles (~170 s, faster steps)."
+        True, help="vllm: eager PyTorch (starts sooner); --no-enforce-eager compiles (starts much later, faster steps)."
     ),
     dp_rank: int = typer.Option(0, min=0, help="This server's data-parallel rank."),
     dp_size: int = typer.Option(1, min=1, help="Number of data-parallel groups."),

@@ -5,8 +5,8 @@ trajectory (termination ERROR) and the batch goes on: one broken trajectory neve
 
 Loops start one at a time, each followed by one pass of the event loop, so a loop's first request is on its way
 to the engine while the next loops still render and encode their prompts. Started all at once (one gather), every
-loop's first step ran before the first request left, and the engines idled while the whole batch prepared: about
-0.3 s for 256 trajectories, seconds for thousands (bench/async_rollout: wall 0.3-0.5 s shorter per run).
+loop's first step ran before the first request left, and the engines idled while the whole batch prepared
+(figures in NOTES.md beside this file).
 """
 
 from __future__ import annotations

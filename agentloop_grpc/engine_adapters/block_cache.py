@@ -4,8 +4,8 @@ Keys are BlockKeys' (a block's key stands for its whole prefix). The cache stays
 stored only with or after its parent (the block before it in the same sequence), and eviction takes a block's
 descendants with it or before it, as vLLM does by freeing a request's blocks tail first. That makes a lookup a
 binary search for the longest cached prefix (about 7 probes for a 2,000-token prompt's 125 blocks, where a scan
-cost 125 dict lookups, ~47 k instructions) and lets a hit touch only its deepest block (touching all 125 cost
-~55 k): a block's recency is the latest use of it or of any descendant, worked out when evicting, which is rare
+costs 125 dict lookups) and lets a hit touch only its deepest block, not all of them: a block's recency is the
+latest use of it or of any descendant, worked out when evicting, which is rare
 (once per capacity/16 new blocks).
 """
 

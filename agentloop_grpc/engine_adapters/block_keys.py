@@ -1,7 +1,7 @@
 """BlockKeys: prefix-cache keys of a token sequence's full blocks, computed with numpy (the fake engine's cache).
 
 A block's key must depend on every token up to the block's end, as a chain of block hashes does in vLLM. A chain
-costs one Python step per block (a 2,000-token prompt: 125 steps, ~60 us, the fake's largest cost per request).
+costs one Python step per block, which was the fake's largest cost per request (figures in NOTES.md).
 Here a key is a polynomial hash of the whole prefix instead, mod 2**64: prefix sums of ``(token + 1) * P**position``
 are one vectorised cumsum, a block's key is the prefix sum at its end mixed with that end, and the sums extend
 without recomputing the prefix (prompt, then prompt + output). Deterministic in every process (no ``hash()`` of

@@ -1,9 +1,9 @@
 """SamplingCache: a request's resolved, validated SamplingParams, reused for the next request that sends the same.
 
 RL rollouts send the same sampling settings call after call. Reading the optional fields (HasField each),
-resolving defaults, validating and building the frozen dataclass cost the servicer ~50 k instructions a request
-(callgrind), a fifth of its own work on a one-token call; a lookup by the params' wire bytes costs a tenth of
-that. The budget is resolved and checked against the prompt's room on every request (an unset max_new_tokens
+resolving defaults, validating and building the frozen dataclass is a large share of the servicer's own work on
+a short call, and a lookup by the params' wire bytes costs far less (figures in NOTES.md). The budget is resolved
+and checked against the prompt's room on every request (an unset max_new_tokens
 means "all the room left", which depends on the prompt), and is part of the key. Bounded: when full, emptied.
 """
 

@@ -6,8 +6,8 @@
         kwargs: {wall_timeout_s: 10}
     limits: {max_instances: 1024, max_concurrent_executions: 64, instance_ttl_s: 600, function_timeout_s: 10}
 
-Tools are built once at start-up into a ToolSet (an explicit object: no global registry); a name collision or
-an import failure is a start-up error.
+Tools are built once at start-up by ``build_tools`` into a dict by name (an explicit object: no global
+registry); a name collision or an import failure is a start-up error.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ one step at a time on a single worker thread, so the event loop stays responsive
 Every torch operation (loading, steps, weight updates, sleep and wake, even creating a request's sampler) runs
 on that one thread, under ``_step_lock``: a control call waits for the current step to end and no step starts
 until it is done. One thread is also a performance rule: torch's OpenMP pool is per calling thread, and as soon
-as a second thread runs parallel torch ops the two pools throttle each other (a batch-1 decode step went from
-31 ms to 55 ms on this 2-core machine).
+as a second thread runs parallel torch ops the two pools throttle each other and every step slows (NOTES.md).
 
 Semantics follow the fake engine: while paused new requests are held (not refused); ABORT aborts in-flight
 requests, KEEP holds them mid-stream, WAIT returns once they finished; Sleep needs nothing in flight.

@@ -1,8 +1,8 @@
 """VllmEngineConfig: what the vLLM adapter serves and how much memory and work vLLM may take.
 
 Only the knobs this project needs are exposed; each maps to one vLLM engine argument (``engine_args`` in
-``engine.py``). The defaults are the ones that work on a small CPU machine: eager mode (compiled mode starts in
-~170 s instead of ~45 s) and an explicit KV-cache size (vLLM's CPU backend otherwise sizes the cache from the
+``engine.py``). The defaults are the ones that work on a small CPU machine: eager mode (compiled mode takes
+minutes longer to start) and an explicit KV-cache size (vLLM's CPU backend otherwise sizes the cache from the
 memory node it reads, and refuses to start when that looks too small).
 """
 

@@ -148,7 +148,7 @@ class VllmEngine:
         model_id = model_store.DEFAULT_MODEL_ID if cfg.model is None else folder.name
         apply_engine_environment(cfg)
         args = engine_args(cfg, folder, model_id)
-        # AsyncLLM's constructor blocks until the engine process is up (~40 s on 2 cores): build it on a thread
+        # AsyncLLM's constructor blocks until the engine process is up: build it on a thread
         # so the server answers health checks (NOT_SERVING) meanwhile; its asyncio parts start on first use.
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[recorder_factory(self._scheduler)])
         await llm.is_paused()  # starts the client's output task on this loop (engine failures reach us early)
