@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
+import inspect
 import logging
 import os
 import sys
@@ -40,16 +42,49 @@ app.add_typer(model_app, name="model")
 
 
 # Security options of every server command (engine serve, engine launch, tools serve): where the certificate, key
-# and tokens are, never the secrets themselves (a command line is visible to every user of the machine).
-_TLS_CERT = typer.Option(None, "--tls-cert", help="PEM server certificate: serve TLS (with --tls-key).")
-_TLS_KEY = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert.")
-_TLS_CLIENT_CA = typer.Option(None, "--tls-client-ca", help="mTLS: require client certificates signed by this CA.")
-_TOKEN_FILE = typer.Option(None, "--auth-token-file", help="File holding the bearer token every RPC but health needs.")
-_TOKEN_ENV = typer.Option(None, "--auth-token-env", help="Environment variable holding that bearer token.")
-_ADMIN_FILE = typer.Option(
-    None, "--admin-token-file", help="File holding the admin token control RPCs need (UpdateWeights, Sleep, ...)."
-)
-_ADMIN_ENV = typer.Option(None, "--admin-token-env", help="Environment variable holding the admin token.")
+# and tokens are, never the secrets themselves (a command line is visible to every user of the machine). Each maps
+# to the ServerSecurity field of the same meaning.
+_SECURITY_OPTIONS = {
+    "tls_cert": ("cert_file", typer.Option(
+        None, "--tls-cert", help="PEM server certificate: serve TLS (with --tls-key).")),
+    "tls_key": ("key_file", typer.Option(None, "--tls-key", help="PEM private key of --tls-cert.")),
+    "tls_client_ca": ("client_ca_file", typer.Option(
+        None, "--tls-client-ca", help="mTLS: require client certificates signed by this CA.")),
+    "auth_token_file": ("token_file", typer.Option(
+        None, "--auth-token-file", help="File holding the bearer token every RPC but health needs.")),
+    "auth_token_env": ("token_env", typer.Option(
+        None, "--auth-token-env", help="Environment variable holding that bearer token.")),
+    "admin_token_file": ("admin_token_file", typer.Option(
+        None, "--admin-token-file", help="File holding the admin token control RPCs need (UpdateWeights, ...).")),
+    "admin_token_env": ("admin_token_env", typer.Option(
+        None, "--admin-token-env", help="Environment variable holding the admin token.")),
+}
+
+
+def with_server_security(command: Callable[..., None]) -> Callable[..., None]:
+    """Give ``command`` the security options above; it receives them as ``security: ServerSecurity`` (a bad
+    combination exits 2 with the reason before the command runs)."""
+    signature = inspect.signature(command)
+    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=str)
+               for name, (_field, option) in _SECURITY_OPTIONS.items()]
+
+    @functools.wraps(command)
+    def run(**kwargs) -> None:
+        from pydantic import ValidationError
+
+        fields = {field: kwargs.pop(name) for name, (field, _option) in _SECURITY_OPTIONS.items()}
+        try:
+            security = ServerSecurity(**fields)
+        except ValidationError as exc:
+            typer.echo(f"error: {exc.errors()[0]['msg']}", err=True)
+            sys.exit(2)
+        command(**kwargs, security=security)
+
+    kept = [p for p in signature.parameters.values() if p.name != "security"]
+    run.__signature__ = signature.replace(parameters=[*kept, *options])  # what typer reads the options from
+    return run
+
+
 _METRICS_PORT = typer.Option(
     None, "--metrics-port", min=0, max=65535,
     help="Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port and prints it).",
@@ -63,16 +98,6 @@ def _announce_metrics(kind: str, host: str) -> Callable[[int], None]:
     return announce
 
 
-def _server_security(**fields: str | None) -> ServerSecurity:
-    """The options above as a ServerSecurity; a bad combination exits 2 with the reason."""
-    from pydantic import ValidationError
-
-    try:
-        return ServerSecurity(**fields)
-    except ValidationError as exc:
-        typer.echo(f"error: {exc.errors()[0]['msg']}", err=True)
-        sys.exit(2)
-
 
 class AdapterKind(str, enum.Enum):
     """Engines that can be served."""
@@ -84,6 +109,7 @@ class AdapterKind(str, enum.Enum):
 
 
 @engine_app.command("serve")
+@with_server_security
 def engine_serve(
     adapter: AdapterKind = typer.Option(AdapterKind.EMBEDDED, help="Which engine to serve."),
     model: str = typer.Option(
@@ -118,22 +144,13 @@ def engine_serve(
         0.0, min=0, help="fake: microseconds of prefill per uncached prompt token."
     ),
     fake_vocab_size: int = typer.Option(32000, min=3, help="fake: vocabulary size."),
-    tls_cert: str = _TLS_CERT,
-    tls_key: str = _TLS_KEY,
-    tls_client_ca: str = _TLS_CLIENT_CA,
-    auth_token_file: str = _TOKEN_FILE,
-    auth_token_env: str = _TOKEN_ENV,
-    admin_token_file: str = _ADMIN_FILE,
-    admin_token_env: str = _ADMIN_ENV,
     metrics_port: int = _METRICS_PORT,
     log_level: str = typer.Option("INFO", help="Python logging level."),
+    *,
+    security: ServerSecurity,
 ) -> None:
     """Serve one engine over agentloop.v1 (TokenGenerate, EngineControl, health, reflection)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    security = _server_security(
-        cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca, token_file=auth_token_file,
-        token_env=auth_token_env, admin_token_file=admin_token_file, admin_token_env=admin_token_env,
-    )
     if dp_rank >= dp_size:
         raise typer.BadParameter(f"--dp-rank {dp_rank} must be below --dp-size {dp_size}")
     if tp != 1 and adapter is not AdapterKind.SGLANG:
@@ -202,19 +219,17 @@ def model_prepare(
 
 
 @tools_app.command("serve")
+@with_server_security
 def tools_serve(
-    config: Path = typer.Option(..., exists=True, dir_okay=False, help="tools.yaml (see agentloop_grpc/tools/builtin.yaml)."),
+    config: Path = typer.Option(
+        ..., exists=True, dir_okay=False, help="tools.yaml (see agentloop_grpc/tools/builtin.yaml)."
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(50061, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
-    tls_cert: str = _TLS_CERT,
-    tls_key: str = _TLS_KEY,
-    tls_client_ca: str = _TLS_CLIENT_CA,
-    auth_token_file: str = _TOKEN_FILE,
-    auth_token_env: str = _TOKEN_ENV,
-    admin_token_file: str = _ADMIN_FILE,
-    admin_token_env: str = _ADMIN_ENV,
     metrics_port: int = _METRICS_PORT,
     log_level: str = typer.Option("INFO", help="Python logging level."),
+    *,
+    security: ServerSecurity,
 ) -> None:
     """Serve the tools a config names over agentloop.v1.ToolExecute (with health and reflection)."""
     from pydantic import ValidationError
@@ -223,10 +238,6 @@ def tools_serve(
     from agentloop_grpc.tools.server import serve_tools
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    security = _server_security(
-        cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca, token_file=auth_token_file,
-        token_env=auth_token_env, admin_token_file=admin_token_file, admin_token_env=admin_token_env,
-    )
     try:
         tool_config = load_config(config)
     except (ValidationError, ValueError, OSError) as exc:
@@ -245,6 +256,7 @@ def tools_serve(
 
 
 @engine_app.command("launch")
+@with_server_security
 def engine_launch(
     adapter: AdapterKind = typer.Option(AdapterKind.EMBEDDED, help="Which engine every replica serves."),
     model: str = typer.Option(None, help="Model folder (default: the default model)."),
@@ -260,13 +272,6 @@ def engine_launch(
     ray_address: str = typer.Option(None, help="--ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)."),
     cpus_per_server: float = typer.Option(1.0, min=0.01, help="--ray: CPUs each DP group reserves."),
     gpus_per_server: float = typer.Option(0.0, min=0.0, help="--ray: GPUs each DP group reserves (all its TP ranks)."),
-    tls_cert: str = _TLS_CERT,
-    tls_key: str = _TLS_KEY,
-    tls_client_ca: str = _TLS_CLIENT_CA,
-    auth_token_file: str = _TOKEN_FILE,
-    auth_token_env: str = _TOKEN_ENV,
-    admin_token_file: str = _ADMIN_FILE,
-    admin_token_env: str = _ADMIN_ENV,
     tls_ca: str = typer.Option(
         None, "--tls-ca", help="CA that signed --tls-cert, for clients (default: --tls-cert itself, if self-signed)."
     ),
@@ -274,6 +279,8 @@ def engine_launch(
         None, "--tls-client-cert", help="mTLS: the client certificate the launcher (and routers) show the servers."
     ),
     tls_client_key: str = typer.Option(None, "--tls-client-key", help="mTLS: the key of --tls-client-cert."),
+    *,
+    security: ServerSecurity,
 ) -> None:
     """Start one engine server per DP group (on this node, or over a Ray cluster with --ray), wait until all serve,
     write the discovery file; stop them all on Ctrl-C or SIGTERM. With TLS or tokens, the discovery file says how
@@ -282,14 +289,13 @@ def engine_launch(
     from agentloop_grpc.security import ClientSecurity
 
     absolute = lambda path: str(Path(path).absolute()) if path else None  # noqa: E731  (servers run elsewhere)
-    security = _server_security(
-        cert_file=absolute(tls_cert), key_file=absolute(tls_key), client_ca_file=absolute(tls_client_ca),
-        token_file=absolute(auth_token_file), token_env=auth_token_env,
-        admin_token_file=absolute(admin_token_file), admin_token_env=admin_token_env,
-    )
+    security = security.model_copy(update={
+        name: absolute(getattr(security, name))
+        for name in ("cert_file", "key_file", "client_ca_file", "token_file", "admin_token_file")
+    })
     try:
         client_security = ClientSecurity(
-            tls=security.tls, ca_file=absolute(tls_ca or tls_cert), cert_file=absolute(tls_client_cert),
+            tls=security.tls, ca_file=absolute(tls_ca) or security.cert_file, cert_file=absolute(tls_client_cert),
             key_file=absolute(tls_client_key), token_file=security.token_file, token_env=security.token_env,
             admin_token_file=security.admin_token_file, admin_token_env=security.admin_token_env,
         )
