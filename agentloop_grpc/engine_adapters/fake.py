@@ -56,21 +56,6 @@ def _mix(value: int) -> int:
     return value ^ (value >> 31)
 
 
-def _coalesce(events: list[GenerateEvent]) -> list[GenerateEvent]:
-    """Merge consecutive chunks of one weight version (never across versions, so every token keeps the version
-    that produced it); the completion, when there, is last and stays as it is."""
-    if len(events) == 1 or (len(events) == 2 and isinstance(events[1], GenerateComplete)):
-        return events  # nothing to merge: what a reader that keeps up gets
-    complete = events[-1] if isinstance(events[-1], GenerateComplete) else None
-    chunks = events[:-1] if complete is not None else events
-    merged: list[GenerateEvent] = [
-        merge_chunks(list(run)) for _, run in itertools.groupby(chunks, key=lambda chunk: chunk.weight_version)
-    ]
-    if complete is not None:
-        merged.append(complete)
-    return merged
-
-
 class StepClock:
     """Times the fake's decode steps so each takes its configured time on average, however late the event loop
     wakes the scheduler: a step ends at the previous step's planned end plus its duration, so lateness is caught
@@ -267,11 +252,13 @@ class FakeEngine:
                     entry.waiter = loop.create_future()
                     await entry.waiter
                 events, entry.pending = entry.pending, []
+                end = events.pop() if isinstance(events[-1], GenerateComplete) else None
                 # a slow reader takes what piled up at once: fewer, larger chunks (one per weight version)
-                for event in _coalesce(events):
-                    yield event
-                    if isinstance(event, GenerateComplete):
-                        return
+                for chunk in merge_chunks(events):  # type: ignore[arg-type]  # the end was popped: chunks only
+                    yield chunk
+                if end is not None:
+                    yield end
+                    return
         finally:
             if not entry.done:
                 self._finish(entry, FinishReason.ABORT)

@@ -9,19 +9,30 @@ are never merged, so each message keeps one version and per-token versions stay 
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 from agentloop_grpc.common.types import TokenChunk
 
 
-def merge_chunks(chunks: list[TokenChunk]) -> TokenChunk:
-    """One chunk with the tokens (and logprobs) of ``chunks`` in order; they share one weight version."""
-    if len(chunks) == 1:
-        return chunks[0]
-    return TokenChunk(
-        token_ids=tuple(t for c in chunks for t in c.token_ids),
-        weight_version=chunks[0].weight_version,
-        logprobs=tuple(lp for c in chunks for lp in c.logprobs),
-        top_logprobs=tuple(alts for c in chunks for alts in c.top_logprobs),
-    )
+def merge_chunks(chunks: Sequence[TokenChunk]) -> list[TokenChunk]:
+    """The tokens (and logprobs) of ``chunks`` in order, one chunk per run of one weight version.
+
+    The one place chunks are merged: the grouper, and the fake and embedded engines for a slow reader. Tokens of
+    different weight versions are never merged, so every token keeps the version that produced it.
+    """
+    if len(chunks) <= 1:
+        return list(chunks)
+    merged = []
+    for version, group in itertools.groupby(chunks, key=lambda chunk: chunk.weight_version):
+        run = list(group)
+        merged.append(run[0] if len(run) == 1 else TokenChunk(
+            token_ids=tuple(t for c in run for t in c.token_ids),
+            weight_version=version,
+            logprobs=tuple(lp for c in run for lp in c.logprobs),
+            top_logprobs=tuple(alts for c in run for alts in c.top_logprobs),
+        ))
+    return merged
 
 
 class TokenGrouper:
@@ -48,7 +59,7 @@ class TokenGrouper:
         return self._take() if self._pending else None
 
     def _take(self) -> TokenChunk:
-        merged = merge_chunks(self._pending)
+        (merged,) = merge_chunks(self._pending)  # pending holds one weight version (see ``add``)
         self._pending = []
         self._pending_tokens = 0
         return merged

@@ -1,13 +1,33 @@
-"""TokenGrouper: what the servicer sends for each engine chunk under StreamOptions."""
+"""merge_chunks and TokenGrouper: what the servicer sends for each engine chunk under StreamOptions."""
 
 from __future__ import annotations
 
-from agentloop_grpc.engine_adapters.grouping import TokenGrouper
+from agentloop_grpc.engine_adapters.grouping import TokenGrouper, merge_chunks
 from agentloop_grpc.common.types import TokenChunk
 
 
 def chunk(*tokens: int, version: int = 0) -> TokenChunk:
     return TokenChunk(tuple(tokens), version, tuple(-0.1 * t for t in tokens), tuple(((t, -0.1 * t),) for t in tokens))
+
+
+def test_merge_chunks_keeps_every_token_logprob_and_alternative_in_order() -> None:
+    assert merge_chunks([]) == []
+    single = chunk(7)
+    assert merge_chunks([single])[0] is single
+    assert merge_chunks([chunk(1), chunk(2, 3), chunk(4)]) == [chunk(1, 2, 3, 4)]
+
+
+def test_merge_chunks_never_merges_across_a_weight_version_change() -> None:
+    chunks = [chunk(1, version=0), chunk(2, version=0), chunk(3, version=1), chunk(4, 5, version=1)]
+    chunks.append(chunk(6, version=0))
+    merged = merge_chunks(chunks)
+    assert merged == [chunk(1, 2, version=0), chunk(3, 4, 5, version=1), chunk(6, version=0)]
+    assert merged[-1] is chunks[-1]  # a run of one chunk is passed on as it is
+
+
+def test_merge_chunks_without_logprobs() -> None:
+    plain = [TokenChunk((1,), 3), TokenChunk((2, 3), 3)]
+    assert merge_chunks(plain) == [TokenChunk((1, 2, 3), 3)]
 
 
 def test_min_chunk_tokens_sends_once_enough_are_pending_and_keeps_the_rest_for_the_end() -> None:

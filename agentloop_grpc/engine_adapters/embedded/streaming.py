@@ -11,44 +11,23 @@ from collections.abc import AsyncIterator
 
 from agentloop_grpc.common.types import GenerateComplete, GenerateEvent, TokenChunk
 
+from ..grouping import merge_chunks
+
 Item = GenerateEvent | Exception
 
 
-def _merge(chunks: list[TokenChunk]) -> TokenChunk:
-    if len(chunks) == 1:
-        return chunks[0]
-    return TokenChunk(
-        token_ids=tuple(t for c in chunks for t in c.token_ids),
-        weight_version=chunks[-1].weight_version,
-        logprobs=tuple(lp for c in chunks for lp in c.logprobs),
-        top_logprobs=tuple(alt for c in chunks for alt in c.top_logprobs),
-    )
-
-
 async def stream(events: asyncio.Queue[Item]) -> AsyncIterator[GenerateEvent]:
-    """Yield chunks (merged when several are queued; a weight-version change starts a new chunk), then the end."""
+    """Yield chunks (those queued together merged, one per weight version), then the end."""
     while True:
-        event = await events.get()
+        event: Item | None = await events.get()
+        chunks: list[TokenChunk] = []
+        while isinstance(event, TokenChunk):
+            chunks.append(event)
+            event = None if events.empty() else events.get_nowait()
+        for chunk in merge_chunks(chunks):
+            yield chunk
         if isinstance(event, Exception):
             raise event
         if isinstance(event, GenerateComplete):
             yield event
-            return
-        chunks = [event]
-        complete = None
-        while not events.empty():
-            queued = events.get_nowait()
-            if isinstance(queued, Exception):
-                yield _merge(chunks)
-                raise queued
-            if isinstance(queued, GenerateComplete):
-                complete = queued
-                break
-            if queued.weight_version != chunks[-1].weight_version:
-                yield _merge(chunks)
-                chunks = []
-            chunks.append(queued)
-        yield _merge(chunks)
-        if complete is not None:
-            yield complete
             return
