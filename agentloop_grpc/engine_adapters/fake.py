@@ -184,8 +184,8 @@ class FakeEngine:
         return EngineState.PAUSED if self._paused or self._hold_new else EngineState.RUNNING
 
     def info(self) -> ServerInfo:
-        """Built again only when the state or the weight version changed (the servicer asks once per request,
-        and building the frozen dataclass cost ~30 k instructions)."""
+        """Built again only when the state or the weight version changed: the servicer asks once per request, and
+        building the frozen dataclass is not free."""
         state = self._state()
         if self._info is None or self._info.state is not state or self._info.weight_version != self._weight_version:
             self._info = self._build_info(state)

@@ -1,6 +1,6 @@
 """TokenGrouper: groups an engine's token chunks into fewer Generate messages, as the caller's StreamOptions ask.
 
-Every message costs both ends CPU (gRPC framing plus Python on each side, about a tenth of a millisecond), which
+Every message costs both ends CPU (gRPC framing plus Python on each side), which
 dominates when thousands of generations run at once and their callers only want the result. Engines keep
 producing chunks as they decode; the servicer passes them through a grouper, which holds tokens until enough are
 pending (or, for ``final_only``, until the end) and hands back what to send. Tokens of different weight versions
