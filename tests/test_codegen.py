@@ -59,6 +59,8 @@ def test_wheel_from_clean_tree_contains_and_imports_stubs(tmp_path: Path) -> Non
         for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi"):
             assert f"agentloop_grpc/v1/{module}{suffix}" in names
     assert "agentloop_grpc/engine_adapters/servicer.py" in names
+    # package data the code reads at run time (the model's chat template, the built-in tools' config)
+    assert {"agentloop_grpc/common/chat_template.jinja", "agentloop_grpc/tools/builtin.yaml"} <= names
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
