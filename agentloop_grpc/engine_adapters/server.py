@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from agentloop_grpc.serving.interceptors import server_interceptors
-from agentloop_grpc.serving.metrics import GaugesCollector, GaugeSample, ServerMetrics, serve_metrics
+from agentloop_grpc.serving.metrics import GaugesCollector, GaugeSample, ServerMetrics, expose
 from agentloop_grpc.serving.security import ServerSecurity, bind
 from agentloop_grpc.serving.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
 from agentloop_grpc.v1 import engine_pb2_grpc, generation_pb2_grpc
@@ -126,9 +126,7 @@ async def serve(
     if on_listening is not None:
         on_listening(engine_server.port)
     if metrics is not None:
-        http = serve_metrics(metrics.registry, address.rsplit(":", 1)[0].strip("[]"), metrics_port)
-        if on_metrics is not None:
-            on_metrics(http.server_port)
+        expose(metrics, address, metrics_port, on_metrics)
     loading = asyncio.create_task(start_adapter(engine_server))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -135,3 +135,10 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> WSGIServ
     combined.register(_Combined(registry, REGISTRY))
     server, _thread = start_http_server(port, addr=host, registry=combined)
     return server
+
+
+def expose(metrics: ServerMetrics, address: str, port: int, on_port: Callable[[int], None] | None = None) -> None:
+    """Serve a server's ``metrics`` on the host it listens on (``address``), at ``port``; tell ``on_port`` the port."""
+    http = serve_metrics(metrics.registry, address.rsplit(":", 1)[0].strip("[]"), port)
+    if on_port is not None:
+        on_port(http.server_port)

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2
 
 from agentloop_grpc.serving.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
 from agentloop_grpc.serving.interceptors import server_interceptors
-from agentloop_grpc.serving.metrics import ServerMetrics, serve_metrics
+from agentloop_grpc.serving.metrics import ServerMetrics, expose
 from agentloop_grpc.serving.security import ServerSecurity, bind
 from agentloop_grpc.v1 import tool_pb2_grpc
 
@@ -71,8 +71,6 @@ async def serve_tools(
     if on_listening is not None:
         on_listening(tool_server.port)
     if metrics is not None:
-        http = serve_metrics(metrics.registry, address.rsplit(":", 1)[0].strip("[]"), metrics_port)
-        if on_metrics is not None:
-            on_metrics(http.server_port)
+        expose(metrics, address, metrics_port, on_metrics)
     await stop.wait()
     await tool_server.stop()
