@@ -18,15 +18,14 @@ import contextlib
 import heapq
 import itertools
 import random
+import zlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from agentloop_grpc import __version__
 
-from .block_cache import BlockCache
-from .block_keys import BlockKeys
+from .block_hash import BlockChain
 from agentloop_grpc.common.errors import EngineOverloadedError, EngineUnavailableError, FailedPreconditionError, UnsupportedError
 from .grouping import merge_chunks
 from agentloop_grpc.common.types import (
@@ -117,13 +116,11 @@ class _Request:
 
     request: GenerateRequest
     base: int
+    blocks: BlockChain  # the keys of its prompt's full blocks, then of prompt + output's
     pending: list[GenerateEvent] = field(default_factory=list)  # emitted, not yet taken by ``generate``
     waiter: asyncio.Future[None] | None = None  # set while ``generate`` waits for an event
     generated: list[int] = field(default_factory=list)
     cached_tokens: int = 0
-    sums: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))  # the prompt's prefix sums
-    prompt_keys: np.ndarray | None = None  # the keys of the prompt's full blocks (from its prefill on)
-    stored_tokens: int = 0  # tokens whose blocks this request put in the prefix cache (full blocks)
     scripted: tuple[int, ...] | None = None  # FakeEngineConfig.script's reply
     prefilled: bool = False
     done: bool = False
@@ -157,9 +154,8 @@ class FakeEngine:
         self._work = asyncio.Event()
         self._idle = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
-        self._cache = BlockCache(self.config.cache_blocks)
+        self._cache: OrderedDict[int, None] = OrderedDict()  # block keys, least recently used first
         self._info: ServerInfo | None = None
-        self._block_keys = BlockKeys(self.config.block_size, self.config.max_model_len)
         self._prompt_tokens_seen = 0
         self._prompt_tokens_cached = 0
 
@@ -234,9 +230,9 @@ class FakeEngine:
         sampling = request.sampling
         seed = 0 if sampling.greedy else (sampling.seed if sampling.seed is not None else random.getrandbits(63))
         prompt = request.prompt_ids
-        sums = self._block_keys.prefix_sums(prompt.numpy())
-        whole = int(sums[-1]) if sums.size else 0  # the whole prompt's hash
-        entry = _Request(request=request, base=_mix(whole ^ _mix((seed & _MASK64) ^ len(prompt))), sums=sums)
+        whole = zlib.crc32(prompt.raw)  # the whole prompt's hash, the same in every process (unlike hash())
+        base = _mix(whole ^ _mix((seed & _MASK64) ^ len(prompt)))
+        entry = _Request(request=request, base=base, blocks=BlockChain(self.config.block_size, prompt))
         if self.config.script is not None:
             entry.scripted = tuple(self.config.script(request))
         if self._hold_new or self._paused:
@@ -296,7 +292,7 @@ class FakeEngine:
             newcomers = [e for e in self._running.values() if not e.prefilled]
             uncached = sum(self._prefill(e) for e in newcomers)
             for entry in newcomers:  # after every lookup: newcomers of one step do not share their prefill
-                self._store(entry, entry.prompt_keys)
+                self._store(entry.blocks.keys)
             step_s = self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s
             if step_s:
                 await asyncio.sleep(clock.sleep_s(loop.time(), step_s))
@@ -315,25 +311,24 @@ class FakeEngine:
         """Look the prompt up in the prefix cache; return the number of tokens to compute."""
         prompt_len = len(entry.request.prompt_ids)
         size = self.config.block_size
-        entry.prompt_keys = self._block_keys.keys(entry.sums, 0, entry.sums.size)  # also what _store needs
         # only blocks that end before the last prompt token: a request always computes at least one token
-        hits = self._cache.longest_prefix(entry.prompt_keys[: (prompt_len - 1) // size])
-        entry.cached_tokens = entry.stored_tokens = hits * size
+        keys = entry.blocks.keys[: (prompt_len - 1) // size]
+        hits = next((i for i, key in enumerate(keys) if key not in self._cache), len(keys))  # _store keeps prefixes
+        entry.cached_tokens = hits * size
         entry.prefilled = True
         self._prompt_tokens_seen += prompt_len
         self._prompt_tokens_cached += entry.cached_tokens
         return prompt_len - entry.cached_tokens
 
-    def _store(self, entry: _Request, keys: np.ndarray) -> None:
-        """Cache the blocks among ``keys`` (the keys of every full block of the request's sequence: its prompt,
-        then prompt + output) that the request has not stored yet."""
-        done = entry.stored_tokens // self.config.block_size
-        parent = int(keys[done - 1]) if done else None  # the last block stored: the new blocks' parent
-        if parent is not None and parent not in self._cache:  # evicted since: store the sequence again, whole
-            done, parent = 0, None
-        if len(keys) > done:
-            self._cache.store(keys[done:].tolist(), parent)
-        entry.stored_tokens = len(keys) * self.config.block_size
+    def _store(self, keys: list[int]) -> None:
+        """Cache one sequence's block ``keys`` as the most recently used blocks, its head last: the least recently
+        used leave first, and of a sequence its tail before its head (as vLLM frees a request's blocks), so what
+        stays of a sequence is always a prefix of it."""
+        for key in reversed(keys):
+            self._cache[key] = None
+            self._cache.move_to_end(key)
+        while len(self._cache) > self.config.cache_blocks:
+            self._cache.popitem(last=False)
 
     def _decode_one(self, entry: _Request) -> None:
         sampling = entry.request.sampling
@@ -371,12 +366,10 @@ class FakeEngine:
                 self._waiting = [item for item in self._waiting if item[2] is not entry]
                 heapq.heapify(self._waiting)
         if entry.prefilled:  # what it generated is reusable too (the next turn's prompt starts with it)
-            sums = entry.sums
-            size = self.config.block_size
-            if sums.size and (sums.size + len(entry.generated)) // size * size > entry.stored_tokens:  # new block
-                output = self._block_keys.prefix_sums(np.array(entry.generated), sums.size, int(sums[-1]))
-                sequence = np.concatenate((sums, output))
-                self._store(entry, self._block_keys.keys(sequence, 0, sequence.size))
+            stored = len(entry.blocks.keys)
+            entry.blocks.extend(entry.generated)
+            if len(entry.blocks.keys) > stored:  # it completed a block
+                self._store(entry.blocks.keys)
         entry.emit(
             GenerateComplete(
                 finish_reason=reason,

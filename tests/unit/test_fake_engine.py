@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import grpc
 import pytest
@@ -198,6 +199,44 @@ async def test_the_prefix_cache_evicts_the_least_recently_used_blocks() -> None:
     # old's last three blocks went, tail first (as vLLM frees a request's blocks): its first two still hit
     assert await cached("old-again", old) == 32
     await engine.shutdown()
+
+
+async def test_the_last_prompt_token_is_always_computed_and_a_flush_forgets_every_block() -> None:
+    engine = FakeEngine()
+    await engine.start()
+    greedy = SamplingParams(max_new_tokens=1, temperature=0.0)
+    prompt = tuple(range(700, 732))  # exactly 2 full blocks
+
+    async def cached(name: str) -> int:
+        _, complete = await _tokens(engine, GenerateRequest(name, prompt, greedy))
+        return complete.cached_prompt_tokens
+
+    # the second block ends with the last prompt token, whose logits choose the first output token
+    assert (await cached("cold"), await cached("warm")) == (0, 16)
+    await engine.flush_cache()
+    assert engine.load().prefix_cache_hit_rate == 0.0
+    assert await cached("flushed") == 0
+    await engine.shutdown()
+
+
+def test_what_the_prefix_cache_keeps_of_a_sequence_is_a_prefix_of_it() -> None:
+    """Whatever is stored and evicted, the cached blocks of every sequence are a prefix of it (its tail leaves
+    before its head), so a lookup that stops at the first uncached block finds every cached one."""
+    rng = random.Random(0)
+    engine = FakeEngine(FakeEngineConfig(cache_blocks=40))
+    chains: list[list[int]] = []
+    for step in range(2000):
+        if chains and rng.random() < 0.5:
+            chain = rng.choice(chains)  # a sequence seen before, stored again (a hit refreshes it)
+        else:  # a new sequence, half the time sharing the first blocks of an earlier one
+            base = rng.choice(chains)[: rng.randint(0, 6)] if chains and rng.random() < 0.5 else []
+            chain = base + [step * 100 + i for i in range(rng.randint(1, 8))]
+            chains.append(chain)
+        engine._store(chain)
+        assert len(engine._cache) <= 40
+        for chain in chains:
+            present = [key in engine._cache for key in chain]
+            assert present == sorted(present, reverse=True)
 
 
 async def test_a_slow_reader_gets_merged_chunks_that_keep_each_tokens_weight_version() -> None:

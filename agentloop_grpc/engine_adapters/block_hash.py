@@ -1,0 +1,47 @@
+"""BlockChain: the prefix-cache keys of a token sequence's full blocks, shared by the fake and embedded engines.
+
+Block i's key hashes block i-1's key with block i's token ids, so a key names the whole prefix up to its block's
+end, as in vLLM and nano-vllm. The keys grow with the sequence: appending tokens hashes only the blocks they
+complete, so a prompt is hashed once, at arrival, and its output once more when it is stored. The hash is
+Python's own over the block's int32 bytes: fast, and enough for a cache inside one process (it is seeded per
+process, so keys never leave it); a cache that must never serve a colliding prefix compares the block's ids too,
+as the embedded engine's does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from agentloop_grpc.common.prompt import PromptIds
+
+
+class BlockChain:
+    """One sequence's token ids and the keys of its full blocks (see the module docstring)."""
+
+    __slots__ = ("block_size", "ids", "keys")
+
+    def __init__(self, block_size: int, ids: PromptIds | Sequence[int] = ()) -> None:
+        self.block_size = block_size
+        self.ids = b""  # every id appended so far, little-endian int32 (as PromptIds.raw)
+        self.keys: list[int] = []
+        self.extend(ids)
+
+    def __len__(self) -> int:
+        """Tokens appended so far."""
+        return len(self.ids) // 4
+
+    def extend(self, ids: PromptIds | Sequence[int]) -> None:
+        """Append ``ids`` and key the blocks they complete."""
+        self.ids += ids.raw if isinstance(ids, PromptIds) else np.asarray(ids, dtype="<i4").tobytes()
+        step = 4 * self.block_size
+        parent = self.keys[-1] if self.keys else None
+        for start in range(len(self.keys) * step, len(self.ids) - step + 1, step):
+            parent = hash((parent, self.ids[start : start + step]))
+            self.keys.append(parent)
+
+    def block(self, index: int) -> bytes:
+        """The int32 bytes of block ``index``."""
+        step = 4 * self.block_size
+        return self.ids[index * step : (index + 1) * step]
