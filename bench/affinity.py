@@ -26,8 +26,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.router import Router, RouterConfig  # noqa: E402
-from agentloop_grpc.v1 import generation_pb2  # noqa: E402
+from agentloop_grpc.common.types import SamplingParams  # noqa: E402
+from agentloop_grpc.router import GenerateCall, Router, RouterConfig  # noqa: E402
 
 SESSIONS = 32
 TURNS = 6
@@ -37,8 +37,8 @@ BIN = Path(sys.executable).parent
 
 def _start_server() -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
-        [str(BIN / "agentloop"), "engine", "serve", "--adapter", "embedded", "--port", "0", "--threads", "1",
-         "--max-running", "16", "--max-model-len", "2048", "--log-level", "WARNING"],
+        [str(BIN / "agentloop"), "engine", "serve", "--adapter", "embedded", "--port", "0", "--set", "threads=1",
+         "--set", "max_running=16", "--set", "max_model_len=2048", "--log-level", "WARNING"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -63,8 +63,8 @@ async def _session(pick, tokenizer, index: int, tag: str) -> tuple[int, int]:
     previous_total = 0
     for turn in range(TURNS):
         router = pick(index, turn)
-        params = generation_pb2.SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, seed=index * 100 + turn)
-        result = await router.generate(f"{tag}-s{index}", prompt, params)
+        params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, seed=index * 100 + turn)
+        result = await router.generate(GenerateCall(f"{tag}-s{index}", prompt, params))
         if turn:
             reusable += previous_total
             cached += result.cached_prompt_tokens
@@ -88,10 +88,10 @@ async def _measure(addresses: list[str], repeats: int, tokenizer) -> dict[str, l
     config = RouterConfig(load_poll_interval_s=0.2)
     async with Router(addresses, config) as sticky, Router([addresses[0]]) as first, Router([addresses[1]]) as second:
         for router in (sticky, first, second):
-            await router.wait_ready(timeout_s=300)
+            await router.fleet.wait_ready(timeout_s=300)
 
         async def flush() -> None:
-            (await sticky.flush_cache()).raise_for_errors()
+            (await sticky.fleet.flush_cache()).raise_for_errors()
 
         modes = {
             "sticky": lambda index, turn: sticky,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import math
 import multiprocessing
@@ -41,9 +40,10 @@ from agentloop_grpc.agent import (  # noqa: E402
     AgentLoopConfig, AgentLoopWorker, LoopContext, LoopRegistry, Sample, SamplingConfig,
 )
 from agentloop_grpc.agent.spec import load_codec  # noqa: E402
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig  # noqa: E402
+from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig  # noqa: E402
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
-from agentloop_grpc.router import Router, RouterConfig  # noqa: E402
+from agentloop_grpc.router import GenerateCall, GenerateResult, Router, RouterConfig  # noqa: E402
 from agentloop_grpc.tools.client import InProcessToolClient  # noqa: E402
 from agentloop_grpc.tools.instances import InstanceManager  # noqa: E402
 from agentloop_grpc.tools.config import ToolLimits  # noqa: E402
@@ -127,14 +127,14 @@ class Lockstep:
     def _ready(self, turn: int) -> bool:
         return (self.arrived.get(turn, set()) | self.finished) >= self.sessions
 
-    async def generate(self, session_id, prompt_ids, params=None, **options):
-        turn = self.turn_of.get(session_id, 0)
-        self.turn_of[session_id] = turn + 1
+    async def generate(self, call: GenerateCall) -> GenerateResult:
+        turn = self.turn_of.get(call.session_id, 0)
+        self.turn_of[call.session_id] = turn + 1
         async with self.changed:
-            self.arrived.setdefault(turn, set()).add(session_id)
+            self.arrived.setdefault(turn, set()).add(call.session_id)
             self.changed.notify_all()
             await self.changed.wait_for(lambda: self._ready(turn))
-        return await self.router.generate(session_id, prompt_ids, params, **options)
+        return await self.router.generate(call)
 
     def done(self, trajectory) -> None:
         async def mark() -> None:
@@ -154,7 +154,7 @@ def _serve_engine(plan: Plan, engine_config: FakeEngineConfig, ports: multiproce
     """The engine's process: the fake engine scripted by ``plan``, served on loopback until ``stop`` is set."""
 
     async def serve() -> None:
-        engine = FakeEngine(dataclasses.replace(engine_config, script=ScriptedModel(load_codec(None), plan)))
+        engine = make_adapter("fake", engine_config.model_copy(update={"script": ScriptedModel(load_codec(None), plan)}))
         server = await create_server(engine, "127.0.0.1:0")
         await start_adapter(server)
         ports.put(server.port)
@@ -185,7 +185,7 @@ async def _run(codec, plan: Plan, mode: str, engine_config: FakeEngineConfig, co
     async with AsyncExitStack() as stack:
         address = stack.enter_context(_engine_process(plan, engine_config))
         router = await stack.enter_async_context(Router([address], RouterConfig()))
-        await router.wait_ready()
+        await router.fleet.wait_ready()
         limits = ToolLimits(max_instances=len(plan.turns) + 10, max_concurrent_executions=len(plan.turns) + 10)
         tools = InProcessToolClient(InstanceManager({"work": work_tool(plan)}, limits))
         specs = {s.name: s for s in await tools.list_tools()}

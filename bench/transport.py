@@ -31,7 +31,7 @@ each time. As for the fake cases, each ratio is the median of the ratios paired 
 throughput. These cases run only when vLLM is importable; --no-vllm skips them. Nothing is downloaded
 (HF_HUB_OFFLINE=1 for every process).
 
-Usage: python bench/transport.py [--calls 1500] [--repeats 5] [--vllm-calls 40] [--no-vllm] [--prompt-memo-ids N]
+Usage: python bench/transport.py [--calls 1500] [--repeats 5] [--vllm-calls 40] [--no-vllm]
 """
 
 from __future__ import annotations
@@ -181,20 +181,16 @@ async def _bench_stream(address: str, calls: int, in_flight: int) -> dict[str, f
 # -- (a) Router + engine server ------------------------------------------------------------------------------
 
 
-async def _bench_router(
-    address: str, calls: int, in_flight: int, unary: bool = True, prompt_memo_ids: int | None = None
-) -> dict[str, float]:
-    """``prompt_memo_ids``: RouterConfig's (None: its default). Every session sends the same prompt, so with the
-    memo on, each call after a session's first packs nothing (an agent loop's next turn packs its new ids)."""
-    from agentloop_grpc.router import Router, RouterConfig
-    from agentloop_grpc.v1 import generation_pb2
+async def _bench_router(address: str, calls: int, in_flight: int, unary: bool = True) -> dict[str, float]:
+    """Every call packs its prompt (a list, as the Ray case sends it)."""
+    from agentloop_grpc.common.types import SamplingParams
+    from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 
-    params = generation_pb2.SamplingParams(max_new_tokens=1, ignore_eos=True)
-    memo = {} if prompt_memo_ids is None else {"prompt_memo_ids": prompt_memo_ids}
-    async with Router([address], RouterConfig(unary_generate=unary, **memo)) as router:
-        await router.wait_ready()
-        await router.generate("warm", PROMPT, params)
-        return await _drive(lambda i: router.generate(f"s{i % 64}", PROMPT, params), calls, in_flight)
+    params = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    async with Router([address], RouterConfig(unary_generate=unary)) as router:
+        await router.fleet.wait_ready()
+        await router.generate(GenerateCall("warm", PROMPT, params))
+        return await _drive(lambda i: router.generate(GenerateCall(f"s{i % 64}", PROMPT, params)), calls, in_flight)
 
 
 # -- (b) Ray async actor -------------------------------------------------------------------------------------
@@ -221,14 +217,14 @@ def _ray_actor_class():
         """The same fake engine, behind a Ray async actor as verl's AsyncLLMServerManager reaches its servers."""
 
         def __init__(self) -> None:
-            from agentloop_grpc.engine_adapters.fake import FakeEngine
+            from agentloop_grpc.engine_adapters.factory import make_adapter
 
-            self.engine = FakeEngine()
+            self.engine = make_adapter("fake")
             self.started = False
 
         async def generate(self, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
             if not self.started:
-                await self.engine.start()
+                await self.engine.start(lambda: 0)  # no weight updates here: version 0
                 self.started = True
             return await _engine_call(self.engine, prompt_ids, sampling, request_id)
 
@@ -261,8 +257,8 @@ class VllmSetup:
     def serve_args(self) -> list[str]:
         return [
             str(BIN / "agentloop"), "engine", "serve", "--adapter", "vllm", "--port", "0", "--log-level", "WARNING",
-            "--max-model-len", str(self.max_model_len), "--kv-cache-bytes", str(self.kv_cache_bytes),
-            "--max-running", str(self.max_running), "--cpu-cores", self.cpu_cores,
+            "--set", f"max_model_len={self.max_model_len}", "--set", f"kv_cache_bytes={self.kv_cache_bytes}",
+            "--set", f"max_running={self.max_running}", "--set", f"cpu_cores={self.cpu_cores}",
         ]
 
     def config_kwargs(self) -> dict:
@@ -315,18 +311,18 @@ async def _measure_vllm(name: str, call, plan: list[tuple[int, int]], repeat: in
 
 
 async def _router_vllm_runs(address: str, plan: list[tuple[int, int]], repeat: int) -> dict:
-    from agentloop_grpc.router import Router
-    from agentloop_grpc.v1 import generation_pb2
+    from agentloop_grpc.common.types import SamplingParams
+    from agentloop_grpc.router import GenerateCall, Router
 
-    params = generation_pb2.SamplingParams(**_vllm_sampling())
+    params = SamplingParams(**_vllm_sampling())
 
     async def call(session_id: str) -> None:
-        result = await router.generate(session_id, VLLM_PROMPT, params)
+        result = await router.generate(GenerateCall(session_id, VLLM_PROMPT, params))
         _check_tokens(result.token_ids, "router_vllm")
 
     async with Router([address]) as router:
         started = time.perf_counter()
-        await router.wait_ready(timeout_s=VLLM_START_TIMEOUT_S)
+        await router.fleet.wait_ready(timeout_s=VLLM_START_TIMEOUT_S)
         print(f"router_vllm: server ready {time.perf_counter() - started:.1f} s after listening", flush=True)
         return await _measure_vllm("router_vllm", call, plan, repeat)
 
@@ -387,16 +383,16 @@ def _vllm_actor_class():
         """The project's vLLM adapter behind a Ray async actor, as verl holds its vLLM servers."""
 
         def __init__(self, config_kwargs: dict) -> None:
-            from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig
+            from agentloop_grpc.engine_adapters.factory import make_adapter
 
-            self.engine = VllmEngine(VllmEngineConfig(**config_kwargs))
+            self.engine = make_adapter("vllm", config_kwargs)
 
         def pid(self) -> int:
             return os.getpid()
 
         async def start(self) -> None:
             """Start vLLM here: its engine process is spawned from the actor, as in verl."""
-            await self.engine.start()
+            await self.engine.start(lambda: 0)  # no weight updates here: version 0
 
         async def generate(self, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
             return await _engine_call(self.engine, prompt_ids, sampling, request_id)
@@ -468,7 +464,7 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def _transport_cases(calls: int, repeats: int, prompt_memo_ids: int | None = None) -> dict:
+def _transport_cases(calls: int, repeats: int) -> dict:
     """(a) to (d) on the fake engine; Ray must be initialised. Stops its servers and actor before returning."""
     import ray
 
@@ -476,7 +472,7 @@ def _transport_cases(calls: int, repeats: int, prompt_memo_ids: int | None = Non
     actor = None
     try:
         engine, engine_address = _start([str(BIN / "agentloop"), "engine", "serve", "--adapter", "fake", "--port",
-                                         "0", "--log-level", "WARNING", "--max-running", "256"])
+                                         "0", "--log-level", "WARNING", "--set", "max_running=256"])
         processes.append(engine)
         echo, echo_address = _start([sys.executable, __file__, "--serve-echo"])
         processes.append(echo)
@@ -485,8 +481,8 @@ def _transport_cases(calls: int, repeats: int, prompt_memo_ids: int | None = Non
         for repeat in range(repeats):
             for in_flight in (1, 64):
                 cases = [
-                    ("router", lambda: _bench_router(engine_address, calls, in_flight, True, prompt_memo_ids)),
-                    ("router_stream", lambda: _bench_router(engine_address, calls, in_flight, False, prompt_memo_ids)),
+                    ("router", lambda: _bench_router(engine_address, calls, in_flight, True)),
+                    ("router_stream", lambda: _bench_router(engine_address, calls, in_flight, False)),
                     ("ray", lambda: _bench_ray(actor, calls, in_flight)),
                     ("bare_grpc", lambda: _bench_echo(echo_address, calls, in_flight)),
                     ("bare_stream", lambda: _bench_stream(echo_address, calls, in_flight)),
@@ -576,10 +572,6 @@ def main() -> int:
         "--vllm-calls", type=int, default=40, help="vLLM cases: calls per run at 1 in flight (twice as many at 8)"
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM cases (e) and (f)")
-    parser.add_argument(
-        "--prompt-memo-ids", type=int, default=None,
-        help="the Routers' RouterConfig.prompt_memo_ids (default: RouterConfig's); 0 packs every prompt whole",
-    )
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by the servers, Ray's workers and vLLM's processes
@@ -592,7 +584,7 @@ def main() -> int:
     skip_vllm = _vllm_skip_reason(args.no_vllm)
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
-        results = _transport_cases(args.calls, args.repeats, args.prompt_memo_ids)
+        results = _transport_cases(args.calls, args.repeats)
         vllm_results = _vllm_cases(args.vllm_calls, args.repeats) if skip_vllm is None else {}
     finally:
         ray.shutdown()

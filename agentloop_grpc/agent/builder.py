@@ -3,14 +3,21 @@
 Two kinds of appends and nothing else: ``model`` (the engine's tokens, logprobs and weight versions, verbatim) and
 ``context`` (tokens the loop encoded: tool responses, user turns, turn separators; mask 0). Keeping the kinds apart
 is what makes the mask right by construction.
+
+Both also extend an append-only int32 array of the whole context (prompt and response so far), which is each
+turn's prompt as it goes on the wire: its bytes, copied, never packed again id by id.
 """
 
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentloop_grpc.common import wire
+from agentloop_grpc.common.prompt import PromptIds
 
 from .trajectory import Drift, Termination, Timings, Trajectory
 
@@ -41,11 +48,15 @@ class TrajectoryBuilder:
     interaction_s: float = 0.0
     started_at: float = field(default_factory=time.time)
     started: float = field(default_factory=time.monotonic)
+    _context: array = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._context = array("i", self.prompt_ids)
 
     @property
-    def all_ids(self) -> list[int]:
-        """Prompt plus response so far: the next generation's prompt."""
-        return self.prompt_ids + self.response_ids
+    def context_ids(self) -> PromptIds:
+        """Prompt plus response so far, as int32 bytes: the next generation's prompt."""
+        return PromptIds.from_raw(wire.prompt_to_raw(self._context))
 
     def model(self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]) -> None:
         """Append tokens the engine produced, exactly as produced."""
@@ -55,6 +66,7 @@ class TrajectoryBuilder:
                 f"{len(versions)} versions"
             )
         self.response_ids += token_ids
+        self._context.extend(token_ids)
         self.response_mask += [1] * len(token_ids)
         self.response_logprobs += logprobs if logprobs else [0.0] * len(token_ids)
         self.weight_versions += versions
@@ -62,6 +74,7 @@ class TrajectoryBuilder:
     def context(self, token_ids: Sequence[int]) -> None:
         """Append tokens the loop encoded (tool/user turns, template separators): not trained on."""
         self.response_ids += token_ids
+        self._context.extend(token_ids)
         self.response_mask += [0] * len(token_ids)
         self.response_logprobs += [0.0] * len(token_ids)
         self.weight_versions += [-1] * len(token_ids)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentloop_grpc.v1 import generation_pb2
+from agentloop_grpc.common.types import SamplingParams
 
 
 class SamplingConfig(BaseModel):
@@ -24,20 +24,19 @@ class SamplingConfig(BaseModel):
     )
     stop_token_ids: tuple[int, ...] = Field((), description="Extra ids that end a turn (the template's eos always does).")
 
-    def to_proto(self, max_new_tokens: int, seed_offset: int) -> generation_pb2.SamplingParams:
-        params = generation_pb2.SamplingParams(
+    def params(self, max_new_tokens: int, seed_offset: int) -> SamplingParams:
+        """One generation's sampling: this config's, with its budget and seed."""
+        return SamplingParams(
             max_new_tokens=max_new_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             min_p=self.min_p,
             repetition_penalty=self.repetition_penalty,
-            stop_token_ids=list(self.stop_token_ids),
+            seed=None if self.seed is None else (self.seed + seed_offset) % (2**63),
+            stop_token_ids=self.stop_token_ids,
             logprobs=True,
         )
-        if self.seed is not None:
-            params.seed = (self.seed + seed_offset) % (2**63)
-        return params
 
 
 class AgentLoopConfig(BaseModel):

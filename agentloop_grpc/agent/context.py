@@ -6,14 +6,14 @@ it is mutated by a loop.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agentloop_grpc.router.call import GenerateCall
 from agentloop_grpc.router.result import GenerateResult
 from agentloop_grpc.tools.client import ToolClient
 from agentloop_grpc.tools.result import ToolSpec
-from agentloop_grpc.v1 import generation_pb2
 
 from .chat import ChatCodec
 from .config import AgentLoopConfig
@@ -26,15 +26,7 @@ from .tracing import Tracer
 class Generator(Protocol):
     """What a loop needs of the engines: the Router satisfies it."""
 
-    async def generate(
-        self,
-        session_id: str,
-        prompt_ids: Sequence[int],
-        params: generation_pb2.SamplingParams | None = None,
-        *,
-        structured_output: generation_pb2.StructuredOutput | None = None,
-        timeout_s: float | None = None,
-    ) -> GenerateResult: ...
+    async def generate(self, call: GenerateCall) -> GenerateResult: ...
 
 
 @dataclass(frozen=True)

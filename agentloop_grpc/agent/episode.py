@@ -91,7 +91,7 @@ class Episode:
         drift = None
         if self.context.config.drift_check != "off" and termination is not Termination.ERROR:
             drift = self.context.codec.first_drift(
-                self.rendered, self.tools, self.builder.all_ids, self.open_for_assistant
+                self.rendered, self.tools, self.builder.context_ids, self.open_for_assistant
             )
             if drift is not None and self.context.config.drift_check == "strict":
                 termination, error = Termination.ERROR, f"token drift at position {drift.position} (strict check)"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from agentloop_grpc.common.types import FinishReason
-from agentloop_grpc.v1 import generation_pb2
+from agentloop_grpc.common.types import FinishReason, StructuredOutput
+from agentloop_grpc.router.call import GenerateCall
 
 from .builder import TrajectoryBuilder
 from .context import LoopContext
@@ -42,7 +42,7 @@ async def generate_turn(
     builder: TrajectoryBuilder,
     turn: int,
     max_new_tokens: int,
-    structured_output: generation_pb2.StructuredOutput | None = None,
+    structured_output: StructuredOutput | None = None,
 ) -> Turn:
     config = context.config
     sampling = config.sampling_for(turn)
@@ -50,13 +50,14 @@ async def generate_turn(
     seconds = 0.0
     server = ""
     for attempt in range(config.max_resumes + 1):
-        params = sampling.to_proto(max_new_tokens - len(produced), seed_offset(builder.sample_id, turn, attempt))
         result = await context.generator.generate(
-            builder.sample_id,
-            builder.all_ids,
-            params,
-            structured_output=structured_output if not produced else None,
-            timeout_s=config.generate_timeout_s,
+            GenerateCall(
+                session_id=builder.sample_id,
+                prompt_ids=builder.context_ids,
+                sampling=sampling.params(max_new_tokens - len(produced), seed_offset(builder.sample_id, turn, attempt)),
+                structured_output=structured_output if not produced else None,
+                timeout_s=config.generate_timeout_s,
+            )
         )
         builder.model(result.token_ids, result.logprobs, result.weight_versions)
         builder.served_by(result.servers)

@@ -4,7 +4,8 @@ Workers run in this process by default, or as Ray actors (``use_ray``: a local R
 already initialised against one). In hybrid mode (engines share the trainer's devices) the engines are woken
 before the rollout and put to sleep after it. ``update_weights`` may be called while ``generate`` runs: engines
 pause with ABORT, take the new weights, resume, and the loops continue from the tokens they had (partial
-rollout; see generation.py).
+rollout; see generation.py). Control calls go through a Fleet: the first in-process worker's Router's, or (Ray
+workers have their own Routers) one of the manager's own.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from agentloop_grpc.common.types import NamedTensor
-from agentloop_grpc.router import Router
-from agentloop_grpc.v1 import engine_pb2
+from agentloop_grpc.common.types import PauseMode
+from agentloop_grpc.router import Fleet
 
 from .metrics import RolloutMetrics
 from .sample import Sample
@@ -54,8 +55,8 @@ class AgentLoopManager:
         self._stack = AsyncExitStack()
         self._local: list = []
         self._actors: list = []
-        self.control: Router | None = None
-        self._routers: list[Router] = []
+        self.control: Fleet | None = None
+        self._fleets: list[Fleet] = []
         self._tokenizer_checked = False
         self._tokenizer = None  # the loops' tokenizer, loaded once for the check
 
@@ -77,23 +78,21 @@ class AgentLoopManager:
             actor = ray.remote(num_cpus=0)(RayAgentLoopWorker)
             self._actors = [actor.remote(self.spec, i) for i in range(self.num_workers)]
             await _gather_refs([a.start.remote() for a in self._actors])
-            # the actors' own router is the data path; this one carries control calls (wake, sleep, weights)
-            self.control = await self._control_router()
-            self._routers.append(self.control)
+            # the actors' own Routers are the data path; this Fleet carries control calls (wake, sleep, weights)
+            self.control = await self._stack.enter_async_context(self.spec.make_fleet())
+            self._fleets.append(self.control)
         else:
             for i in range(self.num_workers):
                 worker, router = await build_worker(self.spec, self._stack, i)
                 self._local.append(worker)
-                self._routers.append(router)
-                self.control = self.control or router
+                self._fleets.append(router.fleet)
+                self.control = self.control or router.fleet
 
     @property
-    def routers(self) -> tuple[Router, ...]:
-        """The Routers in this process: the in-process workers', or the control one (Ray workers have theirs)."""
-        return tuple(self._routers)
-
-    async def _control_router(self) -> Router:
-        return await self._stack.enter_async_context(self.spec.make_router())
+    def fleets(self) -> tuple[Fleet, ...]:
+        """The Fleets in this process: the in-process workers' Routers', or the control one (Ray workers have
+        theirs)."""
+        return tuple(self._fleets)
 
     async def close(self) -> None:
         if self._actors:
@@ -147,20 +146,20 @@ class AgentLoopManager:
         try:
             await update_weights_mid_rollout(self.control, tensors, weight_version)
         finally:
-            # the workers' Routers did not push: told the fleet's version now, they hold out an engine that
+            # the workers' Fleets did not push: told the fleet's version now, they hold out an engine that
             # missed it (or returns without it) before any of their generations could show them
-            for router in self._routers:
-                router.expect_weight_version(self.control.weight_version)
+            for fleet in self._fleets:
+                fleet.expect_weight_version(self.control.weight_version)
 
 
-async def update_weights_mid_rollout(control: Router, tensors: Sequence[NamedTensor], weight_version: int) -> None:
+async def update_weights_mid_rollout(control: Fleet, tensors: Sequence[NamedTensor], weight_version: int) -> None:
     """Pause (ABORT) -> update weights -> resume on every engine; running loops keep their tokens and go on.
 
     Whatever fails, every engine is resumed before the error is raised: an engine left paused holds each later
     generation until its deadline. When some engine cannot pause (it is down), nothing is applied anywhere, so the
     engines that are up keep one weight version between them.
     """
-    paused = await control.pause(engine_pb2.PAUSE_MODE_ABORT)
+    paused = await control.pause(PauseMode.ABORT)
     try:
         paused.raise_for_errors()
         (await control.update_weights(tensors, weight_version)).raise_for_errors()

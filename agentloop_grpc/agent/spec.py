@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentloop_grpc.router import Router, RouterConfig
+from agentloop_grpc.router import Fleet, Router, RouterConfig
 from agentloop_grpc.security import ClientSecurity
 
 from .chat import ChatCodec
@@ -62,6 +62,12 @@ class WorkerSpec(BaseModel):
         if self.discovery_file:
             return Router.from_discovery_file(self.discovery_file, self.router)
         return Router(list(self.engines), self.router)
+
+    def make_fleet(self) -> Fleet:
+        """A Fleet over this spec's engines (not entered yet), for control calls alone."""
+        if self.discovery_file:
+            return Fleet.from_discovery_file(self.discovery_file, self.router)
+        return Fleet(list(self.engines), self.router)
 
 
 def load_codec(model_dir: str | None) -> ChatCodec:

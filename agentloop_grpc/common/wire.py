@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+import sys
+from array import array
+from collections.abc import Iterable
 
 from agentloop_grpc.v1 import engine_pb2, generation_pb2
 
-from .types import FinishReason, TokenChunk
+from .prompt import PromptIds
+from .types import FinishReason, PauseMode, Resource, SamplingParams, StructuredOutput, TokenChunk
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 FINISH_REASONS = {
     FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
@@ -15,6 +20,18 @@ FINISH_REASONS = {
     FinishReason.ABORT: generation_pb2.FINISH_REASON_ABORT,
 }
 FINISH_REASONS_FROM_PROTO = {code: reason for reason, code in FINISH_REASONS.items()}
+
+PAUSE_MODES = {
+    PauseMode.ABORT: engine_pb2.PAUSE_MODE_ABORT,
+    PauseMode.KEEP: engine_pb2.PAUSE_MODE_KEEP,
+    PauseMode.WAIT: engine_pb2.PAUSE_MODE_WAIT,
+}
+RESOURCE_TAGS = {
+    Resource.WEIGHTS: engine_pb2.WAKE_UP_TAG_WEIGHTS,
+    Resource.KV_CACHE: engine_pb2.WAKE_UP_TAG_KV_CACHE,
+}
+#: Sleep level (1: the KV cache; 2: the KV cache and the weights) -> SleepLevel.
+SLEEP_LEVELS = {1: engine_pb2.SLEEP_LEVEL_KV_CACHE, 2: engine_pb2.SLEEP_LEVEL_KV_CACHE_AND_WEIGHTS}
 
 #: TensorDtype -> (numpy name, bytes per element).
 DTYPES = {
@@ -30,13 +47,46 @@ DTYPES = {
 }
 
 
-def prompt_to_raw(prompt_ids: Sequence[int]) -> bytes | None:
+def prompt_to_raw(prompt_ids: Iterable[int]) -> bytes:
     """The prompt as GenerateRequest.prompt_ids_raw (little-endian int32), cheaper for Python's protobuf at both
-    ends than the repeated field; None for ids outside int32 (the repeated field then refuses them)."""
+    ends than the repeated field. Ids that are int32 already (``PromptIds``, an ``array('i')``, such as an agent
+    loop's growing context) are copied as they are, not packed. ValueError for ids outside int32."""
+    if isinstance(prompt_ids, PromptIds):
+        return prompt_ids.raw
+    if isinstance(prompt_ids, array) and prompt_ids.typecode == "i" and prompt_ids.itemsize == 4:
+        if _LITTLE_ENDIAN:
+            return prompt_ids.tobytes()
+        swapped = array("i", prompt_ids)
+        swapped.byteswap()
+        return swapped.tobytes()
+    ids = prompt_ids if isinstance(prompt_ids, (list, tuple)) else list(prompt_ids)
     try:
-        return struct.pack(f"<{len(prompt_ids)}i", *prompt_ids)
-    except struct.error:
-        return None
+        return struct.pack(f"<{len(ids)}i", *ids)
+    except struct.error as exc:
+        raise ValueError(f"prompt ids must be int32: {exc}") from exc
+
+
+def fill_sampling(message: generation_pb2.SamplingParams, sampling: SamplingParams, max_new_tokens: int) -> None:
+    """Client side: write ``sampling`` into an empty message, with ``max_new_tokens`` as the budget."""
+    message.max_new_tokens = max_new_tokens
+    message.temperature = sampling.temperature
+    message.top_p = sampling.top_p
+    message.top_k = sampling.top_k
+    message.min_p = sampling.min_p
+    message.repetition_penalty = sampling.repetition_penalty
+    message.presence_penalty = sampling.presence_penalty
+    message.frequency_penalty = sampling.frequency_penalty
+    if sampling.seed is not None:
+        message.seed = sampling.seed
+    message.stop_token_ids.extend(sampling.stop_token_ids)
+    message.ignore_eos = sampling.ignore_eos
+    message.logprobs = sampling.logprobs
+    message.top_logprobs = sampling.top_logprobs
+
+
+def fill_structured_output(message: generation_pb2.StructuredOutput, structured: StructuredOutput) -> None:
+    """Client side: set the message's constraint to ``structured``."""
+    setattr(message, structured.kind, structured.spec)
 
 
 def chunk_from_proto(chunk: generation_pb2.TokenChunk) -> TokenChunk:
@@ -47,6 +97,3 @@ def chunk_from_proto(chunk: generation_pb2.TokenChunk) -> TokenChunk:
         logprobs=tuple(chunk.logprobs),
         top_logprobs=tuple(tuple(zip(alt.token_ids, alt.logprobs, strict=True)) for alt in chunk.top_logprobs),
     )
-
-
-FINISH_REASONS_FROM_PROTO = {code: reason for reason, code in FINISH_REASONS.items()}

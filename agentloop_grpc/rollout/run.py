@@ -21,7 +21,7 @@ from agentloop_grpc.agent import AgentLoopManager, Trajectory, WorkerSpec, to_ba
 from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
 from agentloop_grpc.router import NoHealthyServerError
-from agentloop_grpc.router.router import discovery_addresses
+from agentloop_grpc.router.discovery import discovery_addresses
 from agentloop_grpc.serving.metrics import serve_metrics
 
 from .config import Engines, RolloutConfig, Tools
@@ -61,14 +61,13 @@ async def start_engines(engines: Engines, stack: AsyncExitStack, out: Path) -> t
     if engines.launch is not None:
         launch = engines.launch
         launcher = EngineLauncher(
-            EngineLaunch(adapter=launch.adapter, dp=launch.replicas, model=launch.model, threads=launch.threads,
-                         extra_args=("--max-running", str(launch.max_running), *launch.extra_args),
+            EngineLaunch(engine=launch.engine, dp=launch.replicas, extra_args=launch.extra_args,
                          startup_timeout_s=launch.startup_timeout_s),
             out / "logs",
         )
         await stack.enter_async_context(launcher)
         launcher.write_discovery(out / "discovery.json")
-        return launcher.addresses, launch.model
+        return launcher.addresses, launch.model_folder
     if engines.discovery_file is not None:
         path = Path(engines.discovery_file)
         try:
@@ -172,7 +171,7 @@ def write_outputs(config: RolloutConfig, record: RunRecord, manager: AgentLoopMa
     write_parquet(record.trajectories, out / "trajectories.parquet")
     from agentloop_grpc.agent.spec import load_codec
 
-    codec = load_codec(config.engines.launch.model if config.engines.launch else None)
+    codec = load_codec(config.engines.launch.model_folder if config.engines.launch else None)
     pad = codec.tokenizer.pad_token_id if codec.tokenizer.pad_token_id is not None else codec.tokenizer.eos_token_id
     if any(not t.failed for t in record.trajectories):
         to_batch(record.trajectories, pad_token_id=pad, prompt_length=config.prompt_length,

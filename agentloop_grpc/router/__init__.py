@@ -1,17 +1,23 @@
-"""The streaming router client: sticky sessions, load-aware balancing, health watch, failover with resume.
+"""The router client: sticky sessions, load-aware balancing, health watch, failover with resume.
 
-``Router`` is the entry point; ``RouterConfig`` its knobs; ``GenerateResult`` what a generation returns;
+``Router`` is the entry point for generation: ``generate`` / ``stream`` a ``GenerateCall``, get a
+``GenerateResult``. Its ``Fleet`` (``router.fleet``, or a Fleet of its own for a caller that only steers the
+engines) holds the servers and fans control calls out to them. ``RouterConfig`` holds the knobs;
 ``RequestError`` / ``InfrastructureError`` tell the caller's fault from the infrastructure's.
 """
 
+from .call import GenerateCall
 from .config import RouterConfig
 from .errors import InfrastructureError, NoHealthyServerError, RequestError, RouterError
 from .fanout import FanOutResult
+from .fleet import Fleet
 from .result import GenerateResult
 from .router import Router
 
 __all__ = [
     "FanOutResult",
+    "Fleet",
+    "GenerateCall",
     "GenerateResult",
     "InfrastructureError",
     "NoHealthyServerError",

@@ -4,11 +4,10 @@ before a failure already end the generation, and the tokens received so far."""
 from __future__ import annotations
 
 from agentloop_grpc.common import wire
-from agentloop_grpc.common.types import FinishReason, TokenChunk
+from agentloop_grpc.common.types import FinishReason, SamplingParams
 from agentloop_grpc.v1 import generation_pb2
 
-from .endpoint import Endpoint
-from .prompts import WirePrompt
+from .call import GenerateCall
 
 
 class Received:
@@ -22,14 +21,7 @@ class Received:
         self.top_logprobs: list[tuple[tuple[int, float], ...]] = []
         self.weight_versions: list[int] = []
 
-    def add(self, chunk: TokenChunk) -> None:
-        self.token_ids.extend(chunk.token_ids)
-        self.logprobs.extend(chunk.logprobs)
-        self.top_logprobs.extend(chunk.top_logprobs)
-        self.weight_versions.extend([chunk.weight_version] * len(chunk.token_ids))
-
-    def add_proto(self, chunk: generation_pb2.TokenChunk) -> None:
-        """A received message's tokens, without the TokenChunk that only a streaming caller sees."""
+    def add(self, chunk: generation_pb2.TokenChunk) -> None:
         ids = chunk.token_ids
         self.token_ids.extend(ids)
         self.logprobs.extend(chunk.logprobs)
@@ -40,48 +32,40 @@ class Received:
 
 def attempt_request(
     request_id: str,
-    session_id: str,
-    prompt: WirePrompt | list[int],
-    params: generation_pb2.SamplingParams,
-    received: int,
-    structured_output: generation_pb2.StructuredOutput | None,
-    priority: int,
+    call: GenerateCall,
+    prompt: bytes,
+    received: list[int],
     stream_options: generation_pb2.StreamOptions | None,
-    into: generation_pb2.GenerateRequest | None = None,
-) -> generation_pb2.GenerateRequest:
-    """The request of one attempt: the prompt (int32 bytes, or ids) extended by what was received, with the budget
-    that is left. ``into``: an empty request to fill (a GenerateUnaryRequest's), which spares copying a whole
-    request into its wrapper."""
-    request = generation_pb2.GenerateRequest() if into is None else into
-    request.request_id = request_id
-    request.session_id = session_id
-    raw = prompt if isinstance(prompt, bytes) else wire.prompt_to_raw(prompt)
-    if raw is None:
-        request.prompt_ids.extend(prompt)  # ids outside int32: refused here (ValueError)
+    into: generation_pb2.GenerateRequest,
+) -> None:
+    """Fill ``into`` (an empty request, or a GenerateUnaryRequest's, which spares copying a whole request into its
+    wrapper) with one attempt: the prompt (int32 bytes) extended by the tokens received, and the budget left."""
+    into.request_id = request_id
+    into.session_id = call.session_id
+    into.prompt_ids_raw = prompt + wire.prompt_to_raw(received) if received else prompt
+    if call.sampling is None:
+        into.sampling_params.SetInParent()  # the server's defaults
     else:
-        request.prompt_ids_raw = raw
-    request.sampling_params.CopyFrom(params)  # a copy: the caller's message is never modified
-    if received and params.HasField("max_new_tokens"):
-        request.sampling_params.max_new_tokens = params.max_new_tokens - received
-    if structured_output is not None:
-        request.structured_output.CopyFrom(structured_output)
-    request.priority = priority
+        wire.fill_sampling(into.sampling_params, call.sampling, call.sampling.max_new_tokens - len(received))
+    if call.structured_output is not None:
+        wire.fill_structured_output(into.structured_output, call.structured_output)
+    into.priority = call.priority
     if stream_options is not None:
-        request.stream_options.CopyFrom(stream_options)
-    return request
+        into.stream_options.CopyFrom(stream_options)
 
 
 def ended_before_resume(
-    tokens: list[int], params: generation_pb2.SamplingParams, endpoint: Endpoint
+    tokens: list[int], sampling: SamplingParams | None, eos_token_ids: tuple[int, ...] | None
 ) -> tuple[FinishReason, int | None] | None:
-    """Whether the tokens received before a failure already end the generation (budget spent, stop token)."""
+    """Whether the tokens received before a failure already end the generation (budget spent, stop token).
+    ``eos_token_ids``: those of the server about to resume it, if known."""
     if not tokens:
         return None
-    if tokens[-1] in params.stop_token_ids:
+    if sampling is not None and tokens[-1] in sampling.stop_token_ids:
         return FinishReason.STOP, tokens[-1]
-    eos = endpoint.info.eos_token_ids if endpoint.info is not None else ()
-    if not params.ignore_eos and tokens[-1] in eos:
+    ignore_eos = sampling is not None and sampling.ignore_eos
+    if not ignore_eos and tokens[-1] in (eos_token_ids or ()):
         return FinishReason.STOP, tokens[-1]
-    if params.HasField("max_new_tokens") and len(tokens) >= params.max_new_tokens:
+    if sampling is not None and len(tokens) >= sampling.max_new_tokens:
         return FinishReason.LENGTH, None
     return None

@@ -74,13 +74,6 @@ class RouterConfig(BaseModel):
         "message anyway, and a unary call costs both ends less CPU. False: always stream (e.g. for a server that "
         "implements only Generate).",
     )
-    prompt_memo_ids: int = Field(
-        1 << 21,
-        ge=0,
-        description="Token ids of recent sessions' last prompts kept (a copy, and their int32 bytes), so that a "
-        "session's next prompt, which extends its last one, packs only its new ids (comparing ids costs less than "
-        "packing them). Least recently used sessions are forgotten first; 0: never remember.",
-    )
     weight_chunk_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="UpdateWeights splits tensors into messages of at most this size."
     )

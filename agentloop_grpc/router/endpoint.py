@@ -1,4 +1,4 @@
-"""Endpoint: the Router's view of one engine server.
+"""Endpoint: the Fleet's view of one engine server.
 
 One HTTP/2 channel per server, reused by every call. Two background tasks keep the view fresh: a
 ``grpc.health.v1`` Watch stream (the server pushes SERVING / NOT_SERVING as it loads, sleeps or drains; a broken

@@ -1,4 +1,5 @@
-"""Router metrics in a Prometheus registry owned by the Router (never the global default registry).
+"""Router metrics in a Prometheus registry owned by the Fleet, shared by its Router (never the global default
+registry).
 
 The caller serves it however it likes, e.g. ``prometheus_client.start_http_server(port, registry=router.metrics.registry)``.
 """

@@ -1,9 +1,9 @@
 """Weight-version safety: the Router routes only to servers that hold the fleet's weights.
 
 A server that joins, restarts or wakes after a weight update holds the weights it started with; routing to it
-would mix an old policy's tokens into the batch. The fleet's version is the highest the Router knows of: what its
+would mix an old policy's tokens into the batch. The fleet's version is the highest the Fleet knows of: what its
 own pushes answered, what servers report in GetServerInfo (fetched on every connect and while a server is held
-out), what finished generations carry, and what the caller says another Router pushed. A server below it takes no
+out), what finished generations carry, and what the caller says another Fleet pushed. A server below it takes no
 new request until it reports that version (the next push, or an update from elsewhere); requests it already has
 are left to finish.
 """

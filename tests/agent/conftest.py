@@ -14,10 +14,11 @@ import pytest
 from agentloop_grpc.agent import AgentLoopConfig, ChatCodec, LoopContext, LoopRegistry
 from agentloop_grpc.agent.interaction import RetryOnWrongAnswer
 from agentloop_grpc.agent.spec import load_codec
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.fake import FakeEngine
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.common.types import GenerateRequest
-from agentloop_grpc.router import GenerateResult, Router, RouterConfig
+from agentloop_grpc.router import GenerateCall, GenerateResult, Router, RouterConfig
 from agentloop_grpc.tools.builtin.calculator import calculator
 from agentloop_grpc.tools.builtin.check_answer import CheckAnswer
 from agentloop_grpc.tools.client import InProcessToolClient
@@ -94,7 +95,7 @@ async def loop_context(
     async with AsyncExitStack() as stack:
         address = await stack.enter_async_context(scripted_engine(script, **(engine or {})))
         router = await stack.enter_async_context(Router([address], RouterConfig(no_server_wait_s=1)))
-        await router.wait_ready()
+        await router.fleet.wait_ready()
         if tools is None:
             tools = local_tools()
             stack.push_async_callback(tools.close)  # its function tools' worker processes
@@ -115,12 +116,12 @@ class WatchedRouter:
         self.results = []
         self.changed = asyncio.Event()
 
-    async def generate(self, session_id, prompt_ids, params=None, **options):
-        async for event in self.router.stream(session_id, prompt_ids, params, **options):
+    async def generate(self, call: GenerateCall) -> GenerateResult:
+        async for event in self.router.stream(call):
             if isinstance(event, GenerateResult):
                 self.results.append(event)
                 return event
-            self.tokens[session_id] = self.tokens.get(session_id, 0) + len(event.token_ids)
+            self.tokens[call.session_id] = self.tokens.get(call.session_id, 0) + len(event.token_ids)
             self.changed.set()
         raise AssertionError("no result")
 

@@ -14,7 +14,7 @@ from agentloop_grpc.agent import (
 from agentloop_grpc.agent.manager import update_weights_mid_rollout
 from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.integrations.logprob_check import recompute_logprobs
-from agentloop_grpc.router import Router
+from agentloop_grpc.router import Fleet, Router
 
 from .conftest import WatchedRouter, local_tools
 
@@ -68,7 +68,7 @@ async def test_constrained_tool_trajectory_logprobs_match_a_recompute(embedded_s
         tools_kwargs={"check_answer": {"ground_truth": "391"}},
     )
     async with Router([embedded_server]) as router:
-        await router.wait_ready()
+        await router.fleet.wait_ready()
         specs = {s.name: s for s in await tools.list_tools()}
         context = LoopContext(generator=router, codec=codec, config=config, tools=tools, tool_specs=specs)
         try:
@@ -100,8 +100,8 @@ async def test_partial_rollout_keeps_every_token_across_a_weight_update(embedded
                for i, p in enumerate(prompts)]
     async with AsyncExitStack() as stack:
         router = await stack.enter_async_context(Router([embedded_server]))
-        control = await stack.enter_async_context(Router([embedded_server]))
-        await router.wait_ready()
+        control = await stack.enter_async_context(Fleet([embedded_server]))
+        await router.fleet.wait_ready()
         [info] = (await control.server_info()).responses.values()
         version = info.weight_version + 1
         watch = WatchedRouter(router)

@@ -224,14 +224,14 @@ async def _pause_abort_midway(ctx, sample, tokens_first: int):
     import dataclasses
 
     from agentloop_grpc.agent import LoopRegistry
-    from agentloop_grpc.v1 import engine_pb2
+    from agentloop_grpc.common.types import PauseMode
 
     watched = WatchedRouter(ctx.generator)
     loops = LoopRegistry.default(dataclasses.replace(ctx, generator=watched))
     task = asyncio.create_task(loops.get(sample.loop).run(sample))
     await watched.wait(lambda: watched.tokens.get(sample.sample_id, 0) >= tokens_first)
-    (await ctx.generator.pause(engine_pb2.PAUSE_MODE_ABORT)).raise_for_errors()
-    (await ctx.generator.resume()).raise_for_errors()
+    (await ctx.generator.fleet.pause(PauseMode.ABORT)).raise_for_errors()
+    (await ctx.generator.fleet.resume()).raise_for_errors()
     return await task, watched
 
 

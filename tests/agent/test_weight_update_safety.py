@@ -9,7 +9,7 @@ import pytest
 
 from agentloop_grpc.agent.manager import update_weights_mid_rollout
 from agentloop_grpc.common.types import NamedTensor
-from agentloop_grpc.router import Router, RouterConfig
+from agentloop_grpc.router import Fleet, RouterConfig
 from agentloop_grpc.router.errors import InfrastructureError
 from agentloop_grpc.v1 import engine_pb2
 
@@ -23,7 +23,7 @@ async def test_an_update_with_one_engine_dead_resumes_the_live_ones(codec):
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     async with AsyncExitStack() as stack:
         live = await stack.enter_async_context(scripted_engine(TextScript(codec, ["hi"])))
-        control = await stack.enter_async_context(Router([live, dead], RouterConfig(control_timeout_s=2)))
+        control = await stack.enter_async_context(Fleet([live, dead], RouterConfig(control_timeout_s=2)))
         await control.wait_ready(min_servers=1)
         tensor = NamedTensor("w", "float32", (1,), b"\0\0\0\0")
         with pytest.raises(InfrastructureError, match=dead):

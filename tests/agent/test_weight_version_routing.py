@@ -1,4 +1,4 @@
-"""An engine that returns after a weight update serves the old weights (issue 18, fault 2): every worker's Router
+"""An engine that returns after a weight update serves the old weights (issue 18, fault 2): every worker's Fleet
 holds it out, not only the one that pushed the update."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from contextlib import AsyncExitStack
 import pytest
 
 from agentloop_grpc.agent import AgentLoopManager, WorkerSpec
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.fake import FakeEngine
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
 from agentloop_grpc.common.types import NamedTensor
 
@@ -26,7 +27,7 @@ async def _engine(script: TextScript, address: str) -> EngineServer:
     return server
 
 
-async def test_every_worker_router_holds_out_an_engine_restarted_after_an_update(codec):
+async def test_every_worker_fleet_holds_out_an_engine_restarted_after_an_update(codec):
     script = TextScript(codec, ["hi"])
     returning = f"127.0.0.1:{free_port()}"
     async with AsyncExitStack() as stack:
@@ -36,16 +37,16 @@ async def test_every_worker_router_holds_out_an_engine_restarted_after_an_update
         manager = await stack.enter_async_context(
             AgentLoopManager(WorkerSpec(engines=(steady, returning)), num_workers=2)
         )
-        routers = manager.routers
-        assert len(routers) == 2
-        for router in routers:
-            await router.wait_ready(2)
+        fleets = manager.fleets
+        assert len(fleets) == 2
+        for fleet in fleets:
+            await fleet.wait_ready(2)
         await manager.update_weights([NamedTensor("w", "float32", (1,), b"\0\0\0\0")], weight_version=1)
 
         await servers[-1].stop(grace_s=0.1)
-        await _until(lambda: not any(router.servers[returning].healthy for router in routers))
+        await _until(lambda: not any(fleet.servers[returning].healthy for fleet in fleets))
         servers.append(await _engine(script, returning))  # back at version 0
-        await _until(lambda: all(router.servers[returning].healthy for router in routers))
-        # the second worker's Router pushed nothing and has generated nothing since: the manager told it
-        assert [router.held_out for router in routers] == [{returning}, {returning}]
-        assert all(router.weight_version == 1 for router in routers)
+        await _until(lambda: all(fleet.servers[returning].healthy for fleet in fleets))
+        # the second worker's Fleet pushed nothing and has generated nothing since: the manager told it
+        assert [fleet.held_out for fleet in fleets] == [{returning}, {returning}]
+        assert all(fleet.weight_version == 1 for fleet in fleets)

@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.fake import FakeEngine
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
+from agentloop_grpc.common import wire
+from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
+from agentloop_grpc.v1 import generation_pb2
 
 AGENTLOOP = str(Path(sys.executable).parent / "agentloop")
 
@@ -32,6 +36,13 @@ async def fake_servers(count: int, **config) -> AsyncIterator[list[EngineServer]
     finally:
         for server in servers:
             await server.stop(grace_s=0.5)
+
+
+def sampling_proto(sampling: SamplingParams) -> generation_pb2.SamplingParams:
+    """``sampling`` as a request to a server called directly, without the Router, carries it."""
+    message = generation_pb2.SamplingParams()
+    wire.fill_sampling(message, sampling, sampling.max_new_tokens)
+    return message
 
 
 def address(server: EngineServer) -> str:
@@ -54,7 +65,7 @@ class ServerProcess:
         self.process = subprocess.Popen(
             [
                 *program, "--adapter", "fake", "--port", str(port),
-                "--fake-token-latency-ms", str(token_latency_ms), "--log-level", "WARNING",
+                "--set", f"token_latency_s={token_latency_ms / 1000}", "--log-level", "WARNING",
             ],
             stdout=subprocess.PIPE,
             text=True,

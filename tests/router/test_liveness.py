@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentloop_grpc.router import GenerateResult, Router, RouterConfig
+from agentloop_grpc.router import GenerateCall, GenerateResult, Router, RouterConfig
 
 from .conftest import ServerProcess
 from .test_failover import BUDGET, assert_resumed, stream_to_end
@@ -76,7 +76,7 @@ async def _every_token_kept(
 
 async def _routed_to_again(router: Router, server: str) -> bool:
     for i in range(64):  # equal loads: a hash of the session breaks the tie, so it is chosen soon
-        if (await router.generate(f"after{i}", [1, 2, 3], params(2))).servers[0] == server:
+        if (await router.generate(GenerateCall(f"after{i}", [1, 2, 3], params(2)))).servers[0] == server:
             return True
     return False
 
@@ -86,16 +86,16 @@ async def test_a_stopped_server_is_found_by_keepalive_and_its_generations_resume
     victim, survivor = server_processes
     # GetLoad timeouts would take out the server only after the test stops waiting: keepalive must find it
     async with Router([p.address for p in server_processes], _config(liveness_timeout_s=10 * HANG_LIMIT_S)) as router:
-        await router.wait_ready(2)
+        await router.fleet.wait_ready(2)
         results, on_victim, seconds = await _hang_mid_generation(router, victim, signal.SIGSTOP)
         print(f"SIGSTOP: {len(on_victim)} generations resumed elsewhere {seconds:.1f} s after the stop")
-        assert not router.servers[victim.address].healthy
+        assert not router.fleet.servers[victim.address].healthy
         assert router.metrics.value("agentloop_router_server_healthy", server=victim.address) == 0
         assert _lost(router, victim.address) == 0  # the channel's pings found it, not GetLoad
         await _every_token_kept(results, on_victim, victim.address, survivor.address)
 
         victim.process.send_signal(signal.SIGCONT)
-        await _until(lambda: router.servers[victim.address].healthy, timeout_s=HANG_LIMIT_S)
+        await _until(lambda: router.fleet.servers[victim.address].healthy, timeout_s=HANG_LIMIT_S)
         assert await _routed_to_again(router, victim.address)
 
 
@@ -104,15 +104,15 @@ async def test_a_wedged_server_is_taken_out_by_getload_timeouts_and_comes_back(s
     server_processes.append(ServerProcess(token_latency_ms=5))
     victim, survivor = server_processes
     async with Router([p.address for p in server_processes], _config(liveness_timeout_s=2)) as router:
-        await router.wait_ready(2)
+        await router.fleet.wait_ready(2)
         results, on_victim, seconds = await _hang_mid_generation(router, victim, signal.SIGUSR1)
         print(f"wedged: {len(on_victim)} generations resumed elsewhere {seconds:.1f} s after the wedge")
-        assert not router.servers[victim.address].healthy
+        assert not router.fleet.servers[victim.address].healthy
         assert _lost(router, victim.address) == 1
         await _every_token_kept(results, on_victim, victim.address, survivor.address)
 
         victim.process.send_signal(signal.SIGUSR2)
-        await _until(lambda: router.servers[victim.address].healthy, timeout_s=HANG_LIMIT_S)
+        await _until(lambda: router.fleet.servers[victim.address].healthy, timeout_s=HANG_LIMIT_S)
         assert await _routed_to_again(router, victim.address)
 
 
@@ -121,11 +121,11 @@ async def test_a_wedged_server_mid_unary_generate_is_replaced(server_processes):
     server_processes.append(ServerProcess(token_latency_ms=1))
     victim, survivor = server_processes
     async with Router([p.address for p in server_processes], _config(liveness_timeout_s=2)) as router:
-        await router.wait_ready(2)
+        await router.fleet.wait_ready(2)
         # the four calls spread over both servers (least loaded first)
-        calls = [asyncio.create_task(router.generate(f"u{i}", [5, 6, i], params(30), timeout_s=DEADLINE_S))
+        calls = [asyncio.create_task(router.generate(GenerateCall(f"u{i}", [5, 6, i], params(30), timeout_s=DEADLINE_S)))
                  for i in range(4)]
-        await _until(lambda: router.servers[victim.address].in_flight > 0)
+        await _until(lambda: router.fleet.servers[victim.address].in_flight > 0)
         on_victim = [f"u{i}" for i in range(4) if router.session_server(f"u{i}") == victim.address]
         assert on_victim
         await asyncio.sleep(0.5)  # the victim is decoding them

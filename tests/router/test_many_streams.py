@@ -7,10 +7,11 @@ import asyncio
 
 import pytest
 
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.fake import FakeEngine
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-from agentloop_grpc.router import Router, RouterConfig
-from agentloop_grpc.v1 import generation_pb2
+from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 
 
 @pytest.mark.slow
@@ -20,10 +21,10 @@ async def test_3000_concurrent_generates_on_one_server_all_complete():
     await start_adapter(server)
     try:
         async with Router([f"127.0.0.1:{server.port}"], RouterConfig()) as router:
-            await router.wait_ready()
-            params = generation_pb2.SamplingParams(max_new_tokens=2, temperature=0)
+            await router.fleet.wait_ready()
+            params = SamplingParams(max_new_tokens=2, temperature=0)
             results = await asyncio.gather(
-                *(router.generate(f"s{i}", [5, 6, 7, i % 1000 + 8], params) for i in range(3000)),
+                *(router.generate(GenerateCall(f"s{i}", [5, 6, 7, i % 1000 + 8], params)) for i in range(3000)),
                 return_exceptions=True,
             )
     finally:

@@ -13,17 +13,19 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from agentloop_grpc.common.types import ALL_RESOURCES, FinishReason, NamedTensor
-from agentloop_grpc.router import InfrastructureError, NoHealthyServerError, RequestError, Router, RouterConfig
-from agentloop_grpc.v1 import engine_pb2, generation_pb2, generation_pb2_grpc
+from agentloop_grpc.common.types import ALL_RESOURCES, FinishReason, NamedTensor, PauseMode, SamplingParams
+from agentloop_grpc.router import (
+    GenerateCall, InfrastructureError, NoHealthyServerError, RequestError, Router, RouterConfig,
+)
+from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 
-from .conftest import address, fake_servers
+from .conftest import address, fake_servers, sampling_proto
 
 FAST = RouterConfig(load_poll_interval_s=0.05, health_retry_interval_s=0.05, backoff_initial_s=0.01)
 
 
-def params(tokens: int, **fields) -> generation_pb2.SamplingParams:
-    return generation_pb2.SamplingParams(max_new_tokens=tokens, ignore_eos=True, **fields)
+def params(tokens: int, **fields) -> SamplingParams:
+    return SamplingParams(max_new_tokens=tokens, ignore_eos=True, **fields)
 
 
 async def _until(condition, timeout_s: float = 30.0) -> None:
@@ -49,13 +51,13 @@ async def _wait_idle(addr: str) -> generation_pb2.GetLoadResponse:
 
 async def test_session_sticks_to_its_server_and_reuses_its_cache() -> None:
     async with fake_servers(3) as servers, Router([address(s) for s in servers], FAST) as router:
-        await router.wait_ready(3)
+        await router.fleet.wait_ready(3)
         prompt = list(range(3, 100))
-        first = await router.generate("s1", prompt, params(8, temperature=0))
+        first = await router.generate(GenerateCall("s1", prompt, params(8, temperature=0)))
         history = prompt + list(first.token_ids)
         for turn in range(4):
             history += [7, 8, 9]
-            result = await router.generate("s1", history, params(8, temperature=0))
+            result = await router.generate(GenerateCall("s1", history, params(8, temperature=0)))
             assert result.servers == first.servers
             assert result.cached_prompt_tokens > 0  # the previous turn's prefix was reused
             history += list(result.token_ids)
@@ -65,14 +67,14 @@ async def test_session_sticks_to_its_server_and_reuses_its_cache() -> None:
 
 async def test_new_sessions_spread_to_least_loaded() -> None:
     async with fake_servers(2, token_latency_s=0.005) as servers, Router([address(s) for s in servers], FAST) as router:
-        await router.wait_ready(2)
-        busy = [asyncio.create_task(router.generate(f"busy{i}", [1, 2, 3], params(2000))) for i in range(3)]
-        await _until(lambda: sum(e.in_flight for e in router.servers.values()) == 3)
+        await router.fleet.wait_ready(2)
+        busy = [asyncio.create_task(router.generate(GenerateCall(f"busy{i}", [1, 2, 3], params(2000)))) for i in range(3)]
+        await _until(lambda: sum(e.in_flight for e in router.fleet.servers.values()) == 3)
         # three sessions in flight: one server has two of them, so the next new session goes to the other
-        counts = {a: e.in_flight for a, e in router.servers.items()}
+        counts = {a: e.in_flight for a, e in router.fleet.servers.items()}
         least = min(counts, key=counts.get)
         assert sorted(counts.values()) == [1, 2]
-        quick = await router.generate("newcomer", [4, 5, 6], params(3))
+        quick = await router.generate(GenerateCall("newcomer", [4, 5, 6], params(3)))
         assert quick.servers == (least,)
         for task in busy:
             task.cancel()
@@ -82,19 +84,19 @@ async def test_new_sessions_spread_to_least_loaded() -> None:
 async def test_overloaded_server_sheds_a_session_which_pays_one_miss() -> None:
     config = FAST.model_copy(update={"imbalance_min_gap": 2, "imbalance_ratio": 2.0})
     async with fake_servers(2, token_latency_s=0.005) as servers, Router([address(s) for s in servers], config) as router:
-        await router.wait_ready(2)
+        await router.fleet.wait_ready(2)
         prompt = list(range(3, 80))
-        first = await router.generate("mover", prompt, params(4, temperature=0))
+        first = await router.generate(GenerateCall("mover", prompt, params(4, temperature=0)))
         home = first.servers[0]
         # another client loads the session's server: the router sees it through GetLoad
         async with grpc.aio.insecure_channel(home) as channel:
             stub = generation_pb2_grpc.TokenGenerateStub(channel)
             hogs = [
-                stub.Generate(generation_pb2.GenerateRequest(request_id=f"hog{i}", prompt_ids=[1, 2], sampling_params=params(3000)))
+                stub.Generate(generation_pb2.GenerateRequest(request_id=f"hog{i}", prompt_ids=[1, 2], sampling_params=sampling_proto(params(3000))))
                 for i in range(20)
             ]
-            await _until(lambda: router.servers[home].reported_load >= 20)
-            moved = await router.generate("mover", prompt + list(first.token_ids) + [5], params(4, temperature=0))
+            await _until(lambda: router.fleet.servers[home].reported_load >= 20)
+            moved = await router.generate(GenerateCall("mover", prompt + list(first.token_ids) + [5], params(4, temperature=0)))
             for hog in hogs:
                 hog.cancel()
         assert moved.servers[0] != home
@@ -104,8 +106,8 @@ async def test_overloaded_server_sheds_a_session_which_pays_one_miss() -> None:
 
 async def test_cancelling_the_caller_aborts_in_the_engine() -> None:
     async with fake_servers(1, token_latency_s=0.005) as servers, Router([address(servers[0])], FAST) as router:
-        await router.wait_ready()
-        task = asyncio.create_task(router.generate("c", [1, 2, 3], params(3000)))
+        await router.fleet.wait_ready()
+        task = asyncio.create_task(router.generate(GenerateCall("c", [1, 2, 3], params(3000))))
         while (await _server_load(address(servers[0]))).running_requests == 0:
             await asyncio.sleep(0.01)
         task.cancel()
@@ -113,13 +115,13 @@ async def test_cancelling_the_caller_aborts_in_the_engine() -> None:
             await task
         load = await _wait_idle(address(servers[0]))
         assert (load.running_requests, load.waiting_requests) == (0, 0)
-        assert router.servers[address(servers[0])].in_flight == 0
+        assert router.fleet.servers[address(servers[0])].in_flight == 0
 
 
 async def test_closing_a_stream_early_aborts_in_the_engine() -> None:
     async with fake_servers(1, token_latency_s=0.005) as servers, Router([address(servers[0])], FAST) as router:
-        await router.wait_ready()
-        stream = router.stream("early", [1, 2, 3], params(3000))
+        await router.fleet.wait_ready()
+        stream = router.stream(GenerateCall("early", [1, 2, 3], params(3000)))
         await anext(stream)
         await stream.aclose()
         load = await _wait_idle(address(servers[0]))
@@ -128,41 +130,41 @@ async def test_closing_a_stream_early_aborts_in_the_engine() -> None:
 
 async def test_deadline_fires_and_the_engine_is_freed() -> None:
     async with fake_servers(1, token_latency_s=0.005) as servers, Router([address(servers[0])], FAST) as router:
-        await router.wait_ready()
+        await router.fleet.wait_ready()
         with pytest.raises(InfrastructureError, match="deadline"):
-            await router.generate("d", [1, 2, 3], params(3000), timeout_s=0.3)
+            await router.generate(GenerateCall("d", [1, 2, 3], params(3000), timeout_s=0.3))
         load = await _wait_idle(address(servers[0]))
         assert (load.running_requests, load.waiting_requests) == (0, 0)
 
 
 async def test_bad_request_is_not_retried() -> None:
     async with fake_servers(2) as servers, Router([address(s) for s in servers], FAST) as router:
-        await router.wait_ready(2)
+        await router.fleet.wait_ready(2)
         with pytest.raises(RequestError) as error:
-            await router.generate("bad", [], params(4))
+            await router.generate(GenerateCall("bad", [], params(4)))
         assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and "prompt_ids" in error.value.details
         assert router.metrics.value("agentloop_router_retries_total", code="INVALID_ARGUMENT") == 0
-        assert sum(e.in_flight for e in router.servers.values()) == 0
+        assert sum(e.in_flight for e in router.fleet.servers.values()) == 0
 
 
 async def test_asleep_server_is_skipped_and_used_again_after_wake_up() -> None:
     async with fake_servers(2) as servers, Router([address(s) for s in servers], FAST) as router:
-        await router.wait_ready(2)
+        await router.fleet.wait_ready(2)
         sleeper = address(servers[0])
-        await servers[0].adapter.sleep(1)
+        await servers[0].lifecycle.sleep(1)
         await servers[0].servicer.sync_health()
         for _ in range(100):
-            if not router.servers[sleeper].healthy:
+            if not router.fleet.servers[sleeper].healthy:
                 break
             await asyncio.sleep(0.02)
-        results = [await router.generate(f"w{i}", [1, 2], params(2)) for i in range(4)]
+        results = [await router.generate(GenerateCall(f"w{i}", [1, 2], params(2))) for i in range(4)]
         assert all(r.servers == (address(servers[1]),) for r in results)
-        await servers[0].adapter.wake_up(ALL_RESOURCES)
+        await servers[0].lifecycle.wake_up(ALL_RESOURCES)
         await servers[0].servicer.sync_health()
-        await router.wait_ready(2, timeout_s=10)
+        await router.fleet.wait_ready(2, timeout_s=10)
         placed = set()
         for i in range(64):  # equal loads: a hash of the session breaks the tie, so it is used again soon
-            placed.add((await router.generate(f"again{i}", [1, 2], params(2))).servers[0])
+            placed.add((await router.generate(GenerateCall(f"again{i}", [1, 2], params(2)))).servers[0])
             if sleeper in placed:
                 break
         assert sleeper in placed
@@ -170,11 +172,11 @@ async def test_asleep_server_is_skipped_and_used_again_after_wake_up() -> None:
 
 async def test_abort_session_and_abort_all() -> None:
     async with fake_servers(2, token_latency_s=0.005) as servers, Router([address(s) for s in servers], FAST) as router:
-        await router.wait_ready(2)
-        mine = asyncio.create_task(router.generate("mine", [1, 2, 3], params(3000)))
-        others = [asyncio.create_task(router.generate(f"o{i}", [4, 5], params(3000))) for i in range(3)]
-        await _until(lambda: sum(e.in_flight for e in router.servers.values()) == 4)
-        for addr, endpoint in router.servers.items():  # the requests reached the engines
+        await router.fleet.wait_ready(2)
+        mine = asyncio.create_task(router.generate(GenerateCall("mine", [1, 2, 3], params(3000))))
+        others = [asyncio.create_task(router.generate(GenerateCall(f"o{i}", [4, 5], params(3000)))) for i in range(3)]
+        await _until(lambda: sum(e.in_flight for e in router.fleet.servers.values()) == 4)
+        for addr, endpoint in router.fleet.servers.items():  # the requests reached the engines
             while (await _server_load(addr)).running_requests < endpoint.in_flight:
                 await asyncio.sleep(0.01)
         aborted = await router.abort("mine")
@@ -182,64 +184,60 @@ async def test_abort_session_and_abort_all() -> None:
         result = await mine
         assert result.finish_reason is FinishReason.ABORT and len(result.token_ids) < 3000
         assert not any(task.done() for task in others)
-        assert (await router.abort_all()).ok
+        assert (await router.fleet.abort_all()).ok
         for task in others:
             assert (await task).finish_reason is FinishReason.ABORT
 
 
 async def test_fan_out_control_reports_per_server_outcomes() -> None:
     async with fake_servers(2, token_latency_s=0.005) as servers, Router([address(s) for s in servers], FAST) as router:
-        await router.wait_ready(2)
+        await router.fleet.wait_ready(2)
         tensor = NamedTensor("w", "float32", (1000,), bytes(4000))
-        updated = await router.update_weights([tensor], weight_version=3)
+        updated = await router.fleet.update_weights([tensor], weight_version=3)
         assert updated.ok and {r.weight_version for r in updated.responses.values()} == {3}
-        info = await router.server_info()
+        info = await router.fleet.server_info()
         assert {r.weight_version for r in info.responses.values()} == {3}
-        assert (await router.pause(engine_pb2.PAUSE_MODE_KEEP)).ok
-        assert (await router.resume()).ok
-        assert (await router.flush_cache()).ok
+        assert (await router.fleet.pause(PauseMode.KEEP)).ok
+        assert (await router.fleet.resume()).ok
+        assert (await router.fleet.flush_cache()).ok
         # one server busy: Sleep fails there (FAILED_PRECONDITION) and succeeds on the other
-        busy = asyncio.create_task(router.generate("busy", [1, 2], params(3000)))
-        await _until(lambda: sum(e.in_flight for e in router.servers.values()) == 1)
-        busy_server = next(a for a, e in router.servers.items() if e.in_flight)
+        busy = asyncio.create_task(router.generate(GenerateCall("busy", [1, 2], params(3000))))
+        await _until(lambda: sum(e.in_flight for e in router.fleet.servers.values()) == 1)
+        busy_server = next(a for a, e in router.fleet.servers.items() if e.in_flight)
         while (await _server_load(busy_server)).running_requests == 0:
             await asyncio.sleep(0.01)
-        slept = await router.sleep(engine_pb2.SLEEP_LEVEL_KV_CACHE)
+        slept = await router.fleet.sleep(1)
         assert len(slept.errors) == 1 and len(slept.responses) == 1
         (error,) = slept.errors.values()
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
         with pytest.raises(InfrastructureError, match="1 of 2 failed"):
             slept.raise_for_errors()
-        await router.abort_all()
+        await router.fleet.abort_all()
         await busy
-        assert (await router.wake_up()).ok
+        assert (await router.fleet.wake_up()).ok
 
 
 async def test_small_chunks_reassemble_on_every_server() -> None:
     config = FAST.model_copy(update={"weight_chunk_bytes": 1024})
     async with fake_servers(2) as servers, Router([address(s) for s in servers], config) as router:
-        await router.wait_ready(2)
+        await router.fleet.wait_ready(2)
         tensors = [NamedTensor(f"t{i}", "float32", (700,), bytes(2800)) for i in range(3)]
-        updated = await router.update_weights(tensors)
+        updated = await router.fleet.update_weights(tensors)
         assert updated.ok and {r.tensors_updated for r in updated.responses.values()} == {3}
 
 
 async def test_generate_groups_tokens_into_few_messages_and_loses_nothing() -> None:
     sampling = params(100, temperature=0, top_logprobs=2)
     async with fake_servers(1) as servers, Router([address(servers[0])], FAST) as router:
-        await router.wait_ready()
-        per_token = [e async for e in router.stream("a", [5, 6, 7], sampling)]
+        await router.fleet.wait_ready()
+        per_token = [e async for e in router.stream(GenerateCall("a", [5, 6, 7], sampling))]
         grouped = [
-            e async for e in router.stream("b", [5, 6, 7], sampling, stream_options=generation_pb2.StreamOptions(
-                min_chunk_tokens=32
-            ))
+            e async for e in router.stream(GenerateCall("b", [5, 6, 7], sampling), min_chunk_tokens=32)
         ]
         final_only = [
-            e async for e in router.stream("c", [5, 6, 7], sampling, stream_options=generation_pb2.StreamOptions(
-                final_only=True
-            ))
+            e async for e in router.stream(GenerateCall("c", [5, 6, 7], sampling), final_only=True)
         ]
-        result = await router.generate("d", [5, 6, 7], sampling)  # RouterConfig.generate_chunk_tokens: 32
+        result = await router.generate(GenerateCall("d", [5, 6, 7], sampling))  # RouterConfig.generate_chunk_tokens: 32
     sizes = [len(e.token_ids) for e in grouped[:-1]]
     assert sum(sizes) == 100 and all(size >= 32 for size in sizes[:-1]) and len(sizes) <= 4  # last: the rest
     assert [len(e.token_ids) for e in final_only[:-1]] == [100]
@@ -252,12 +250,12 @@ async def test_generate_groups_tokens_into_few_messages_and_loses_nothing() -> N
 
 async def test_servers_added_and_removed_at_run_time() -> None:
     async with fake_servers(2) as servers, Router([address(servers[0])], FAST) as router:
-        await router.wait_ready(1)
-        await router.add_server(address(servers[1]))
-        await router.wait_ready(2)
-        removed = weakref.ref(router.servers[address(servers[0])])
-        await router.remove_server(address(servers[0]))
-        result = await router.generate("after", [1, 2], params(3))
+        await router.fleet.wait_ready(1)
+        await router.fleet.add_server(address(servers[1]))
+        await router.fleet.wait_ready(2)
+        removed = weakref.ref(router.fleet.servers[address(servers[0])])
+        await router.fleet.remove_server(address(servers[0]))
+        result = await router.generate(GenerateCall("after", [1, 2], params(3)))
         assert result.servers == (address(servers[1]),)
         gc.collect()
         assert removed() is None  # nothing keeps a removed server's endpoint (its in-flight gauge once did)
@@ -270,7 +268,7 @@ async def test_no_healthy_server_is_an_infrastructure_error() -> None:
     config = FAST.model_copy(update={"no_server_wait_s": 0.2})
     async with Router(["127.0.0.1:1"], config) as router:
         with pytest.raises(NoHealthyServerError):
-            await router.generate("x", [1], params(1))
+            await router.generate(GenerateCall("x", [1], params(1)))
 
 
 async def test_discovery_file_and_prometheus_exposition(tmp_path: Path) -> None:
@@ -278,8 +276,8 @@ async def test_discovery_file_and_prometheus_exposition(tmp_path: Path) -> None:
         discovery = tmp_path / "servers.json"
         discovery.write_text(json.dumps({"servers": [{"address": address(s), "dp_rank": i} for i, s in enumerate(servers)]}))
         async with Router.from_discovery_file(discovery, FAST) as router:
-            await router.wait_ready(2)
-            await router.generate("m", [1, 2, 3], params(4))
+            await router.fleet.wait_ready(2)
+            await router.generate(GenerateCall("m", [1, 2, 3], params(4)))
             text = generate_latest(router.metrics.registry).decode()
     for name in (
         "agentloop_router_in_flight",

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from agentloop_grpc.common.types import NamedTensor
-from agentloop_grpc.router import NoHealthyServerError, Router, RouterConfig
+from agentloop_grpc.router import GenerateCall, NoHealthyServerError, Router, RouterConfig
 from agentloop_grpc.router.metrics import RouterMetrics
 from agentloop_grpc.router.versions import WeightVersions
 
@@ -28,7 +28,7 @@ def _behind(router: Router, server: str) -> float:
 
 
 async def _servers_of(router: Router, sessions: int, prefix: str) -> list[str]:
-    return [(await router.generate(f"{prefix}{i}", [1, 2, 3], params(2))).servers[0] for i in range(sessions)]
+    return [(await router.generate(GenerateCall(f"{prefix}{i}", [1, 2, 3], params(2)))).servers[0] for i in range(sessions)]
 
 
 async def test_a_server_restarted_after_an_update_is_held_out_until_the_next(server_processes, caplog):
@@ -37,56 +37,56 @@ async def test_a_server_restarted_after_an_update_is_held_out_until_the_next(ser
     server_processes.append(ServerProcess(token_latency_ms=1))
     restarted, other = (p.address for p in server_processes)
     async with Router([restarted, other], FAST) as pusher, Router([restarted, other], FAST) as observer:
-        await pusher.wait_ready(2)
-        await observer.wait_ready(2)
-        (await pusher.update_weights([TENSOR], weight_version=3)).raise_for_errors()
+        await pusher.fleet.wait_ready(2)
+        await observer.fleet.wait_ready(2)
+        (await pusher.fleet.update_weights([TENSOR], weight_version=3)).raise_for_errors()
         # the observer pushed nothing: it learns the fleet's version from what its generations carry
-        results = [await observer.generate(f"o{i}", [1, 2, 3], params(2)) for i in range(8)]
+        results = [await observer.generate(GenerateCall(f"o{i}", [1, 2, 3], params(2))) for i in range(8)]
         assert {v for r in results for v in r.weight_versions} == {3}
-        await _until(lambda: observer.weight_version == 3 and not observer.held_out)
+        await _until(lambda: observer.fleet.weight_version == 3 and not observer.fleet.held_out)
 
         server_processes[0].kill()
-        await _until(lambda: not pusher.servers[restarted].healthy and not observer.servers[restarted].healthy)
+        await _until(lambda: not pusher.fleet.servers[restarted].healthy and not observer.fleet.servers[restarted].healthy)
         with caplog.at_level(logging.WARNING, logger="agentloop_grpc.router.versions"):
             server_processes.append(ServerProcess(port=port, token_latency_ms=1))  # back at its initial weights
             for router in (pusher, observer):
-                await _until(lambda: router.servers[restarted].healthy)  # SERVING again, but version 0
-                assert router.held_out == {restarted}
+                await _until(lambda: router.fleet.servers[restarted].healthy)  # SERVING again, but version 0
+                assert router.fleet.held_out == {restarted}
                 assert _behind(router, restarted) == 1 and _behind(router, other) == 0
                 assert router.metrics.value("agentloop_router_expected_weight_version") == 3
                 assert router.metrics.value("agentloop_router_server_weight_version", server=restarted) == 0
                 assert set(await _servers_of(router, 16, "during")) == {other}
         assert any("held out of routing" in r.getMessage() and restarted in r.getMessage() for r in caplog.records)
 
-        (await pusher.update_weights([TENSOR], weight_version=4)).raise_for_errors()
-        assert not pusher.held_out and _behind(pusher, restarted) == 0
+        (await pusher.fleet.update_weights([TENSOR], weight_version=4)).raise_for_errors()
+        assert not pusher.fleet.held_out and _behind(pusher, restarted) == 0
         assert await _routed_to_again(pusher, restarted)
         # the observer sees the update in its poll of the held-out server's info
-        await _until(lambda: not observer.held_out)
-        assert observer.weight_version == 4 and await _routed_to_again(observer, restarted)
+        await _until(lambda: not observer.fleet.held_out)
+        assert observer.fleet.weight_version == 4 and await _routed_to_again(observer, restarted)
 
 
 async def test_a_held_out_server_updated_by_someone_else_comes_back() -> None:
     async with fake_servers(2) as servers, Router([address(s) for s in servers], FAST) as router:
-        await router.wait_ready(2)
+        await router.fleet.wait_ready(2)
         stale, current = address(servers[0]), address(servers[1])
-        await servers[1].adapter.update_weights([TENSOR], 2, flush_cache=False)
-        await router.server_info()  # any fresh GetServerInfo shows the versions
-        assert router.weight_version == 2 and router.held_out == {stale}
+        await servers[1].lifecycle.update_weights([TENSOR], 2, flush_cache=False)
+        await router.fleet.server_info()  # any fresh GetServerInfo shows the versions
+        assert router.fleet.weight_version == 2 and router.fleet.held_out == {stale}
         assert set(await _servers_of(router, 8, "a")) == {current}
-        await servers[0].adapter.update_weights([TENSOR], 2, flush_cache=False)
-        await _until(lambda: not router.held_out)
+        await servers[0].lifecycle.update_weights([TENSOR], 2, flush_cache=False)
+        await _until(lambda: not router.fleet.held_out)
         assert await _routed_to_again(router, stale)
 
 
 async def test_when_every_server_is_behind_the_error_says_so() -> None:
     config = RouterConfig(load_poll_interval_s=0.05, health_retry_interval_s=0.05, no_server_wait_s=0.2)
     async with fake_servers(1) as servers, Router([address(servers[0])], config) as router:
-        await router.wait_ready()
-        router.expect_weight_version(5)  # e.g. the trainer pushed through another Router
-        assert router.held_out == {address(servers[0])}
+        await router.fleet.wait_ready()
+        router.fleet.expect_weight_version(5)  # e.g. the trainer pushed through another Router
+        assert router.fleet.held_out == {address(servers[0])}
         with pytest.raises(NoHealthyServerError, match="held out below weight version 5"):
-            await router.generate("s", [1, 2, 3], params(2))
+            await router.generate(GenerateCall("s", [1, 2, 3], params(2)))
 
 
 def test_versions_only_grow_and_generations_never_lower_a_servers() -> None:
@@ -108,11 +108,11 @@ def test_versions_only_grow_and_generations_never_lower_a_servers() -> None:
 
 async def test_an_update_during_generations_holds_no_server_out() -> None:
     async with fake_servers(2, token_latency_s=0.002) as servers, Router([address(s) for s in servers], FAST) as router:
-        await router.wait_ready(2)
-        running = [asyncio.create_task(router.generate(f"r{i}", [1, 2, i], params(200))) for i in range(8)]
+        await router.fleet.wait_ready(2)
+        running = [asyncio.create_task(router.generate(GenerateCall(f"r{i}", [1, 2, i], params(200)))) for i in range(8)]
         await asyncio.sleep(0.1)
-        (await router.update_weights([TENSOR], weight_version=1)).raise_for_errors()
+        (await router.fleet.update_weights([TENSOR], weight_version=1)).raise_for_errors()
         results = await asyncio.gather(*running)
         assert {r.weight_versions[-1] for r in results} == {1}  # every one of them switched mid-way
-        assert not router.held_out and router.weight_version == 1
+        assert not router.fleet.held_out and router.fleet.weight_version == 1
         assert set(await _servers_of(router, 16, "after")) == {address(s) for s in servers}

@@ -13,7 +13,8 @@ import logging
 import signal
 import time
 
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.config_flags import apply_setting
+from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.server import serve
 
 _released = False
@@ -31,10 +32,13 @@ def _release(signum: int, frame: object) -> None:
     _released = True
 
 
-async def _main(port: int, token_latency_ms: float) -> None:
+async def _main(port: int, settings: list[str]) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _wedge)
     signal.signal(signal.SIGUSR2, _release)
-    engine = FakeEngine(FakeEngineConfig(token_latency_s=token_latency_ms / 1000))
+    fields: dict = {}
+    for setting in settings:
+        apply_setting(fields, setting)
+    engine = make_adapter("fake", fields)
 
     def announce(bound: int) -> None:
         print(f"agentloop engine listening on 127.0.0.1:{bound} (adapter fake)", flush=True)
@@ -46,8 +50,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--adapter", choices=["fake"], default="fake")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--fake-token-latency-ms", type=float, default=0.0)
+    parser.add_argument("--set", action="append", default=[], dest="settings")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args()
     logging.basicConfig(level=args.log_level)
-    asyncio.run(_main(args.port, args.fake_token_latency_ms))
+    asyncio.run(_main(args.port, args.settings))

@@ -20,8 +20,7 @@ import logging
 import time
 from typing import Any
 
-from agentloop_grpc.common.types import FinishReason
-from agentloop_grpc.v1 import generation_pb2
+from agentloop_grpc.common.types import FinishReason, StructuredOutput
 
 from ..context import LoopContext
 from ..episode import BudgetExceeded, Episode
@@ -107,15 +106,15 @@ class ToolLoop:
     def __init__(self, context: LoopContext) -> None:
         self.context = context
         # grammar per offered tool set: built once, not per turn (samples of a dataset share a few tool sets)
-        self._grammars: dict[tuple[str, ...], generation_pb2.StructuredOutput] = {}
+        self._grammars: dict[tuple[str, ...], StructuredOutput] = {}
 
-    def _constraint(self, run: _Run) -> generation_pb2.StructuredOutput | None:
+    def _constraint(self, run: _Run) -> StructuredOutput | None:
         if not self.context.config.constrain_tool_calls or not run.tool_names:
             return None
         key = tuple(run.tool_names)
         if key not in self._grammars:
             grammar = self.context.parser.constraint(run.episode.tools, self.context.config.max_parallel_tool_calls)
-            self._grammars[key] = generation_pb2.StructuredOutput(ebnf_grammar=grammar)
+            self._grammars[key] = StructuredOutput("ebnf_grammar", grammar)
         return self._grammars[key]
 
     async def run(self, sample: Sample) -> Trajectory:

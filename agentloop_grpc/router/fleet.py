@@ -1,0 +1,205 @@
+"""Fleet: the engine servers a Router routes over, and the control calls fanned out to all of them.
+
+One Endpoint per server (channel, health watch, load polls, liveness: endpoint.py), the fleet's weight version
+and the servers held out below it (versions.py), and control calls (sleep, wake, pause, resume, flush, weight
+updates, abort) sent to every server concurrently, each server's outcome reported apart (fanout.py). A trainer
+that only steers the engines holds a Fleet; a Router holds one to route generate calls over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from pathlib import Path
+
+from agentloop_grpc.common import wire
+from agentloop_grpc.common.types import ALL_RESOURCES, NamedTensor, PauseMode, Resource
+from agentloop_grpc.v1 import engine_pb2, generation_pb2
+
+from .config import RouterConfig
+from .discovery import discovery_addresses, discovery_config
+from .endpoint import Endpoint
+from .errors import NoHealthyServerError
+from .fanout import FanOutResult, weight_update_messages
+from .metrics import RouterMetrics
+from .versions import WeightVersions
+
+
+class Fleet:
+    """Engine servers and their control; see the module docstring. Use ``async with Fleet(...)``."""
+
+    def __init__(self, servers: Sequence[str], config: RouterConfig | None = None) -> None:
+        self.config = config or RouterConfig()
+        self.metrics = RouterMetrics()
+        self._endpoints: dict[str, Endpoint] = {}
+        self._versions = WeightVersions(self.metrics)
+        self._initial = list(servers)
+
+    @classmethod
+    def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Fleet:
+        """Servers from a launcher's discovery file, reached with the file's security settings unless ``config``
+        has its own."""
+        return cls(discovery_addresses(path), discovery_config(path, config))
+
+    async def __aenter__(self) -> Fleet:
+        for address in self._initial:
+            await self.add_server(address)
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for address in list(self._endpoints):
+            await self.remove_server(address)
+
+    # -- servers ---------------------------------------------------------------------------------------------
+
+    @property
+    def servers(self) -> dict[str, Endpoint]:
+        return dict(self._endpoints)
+
+    def endpoint(self, address: str) -> Endpoint:
+        return self._endpoints[address]
+
+    async def add_server(self, address: str) -> None:
+        if address in self._endpoints:
+            return
+        endpoint = Endpoint(address, self.config, self.metrics, self._versions)
+        self._endpoints[address] = endpoint
+        endpoint.start()
+
+    async def remove_server(self, address: str) -> None:
+        """Stop routing to ``address``; its sessions move on their next request. In-flight calls are cancelled."""
+        endpoint = self._endpoints.pop(address, None)
+        if endpoint is not None:
+            await endpoint.close()
+            self._versions.forget(address)
+
+    async def wait_ready(self, min_servers: int = 1, timeout_s: float = 60.0) -> None:
+        """Wait until at least ``min_servers`` servers report SERVING (whatever their weight version)."""
+        deadline = time.monotonic() + timeout_s
+        while sum(e.healthy for e in self._endpoints.values()) < min_servers:
+            if time.monotonic() > deadline:
+                raise NoHealthyServerError(f"fewer than {min_servers} servers became healthy within {timeout_s} s")
+            await asyncio.sleep(0.02)
+
+    async def routable_loads(self, until: float, avoid: Collection[str] = ()) -> dict[str, int]:
+        """The load of every server that takes new requests (healthy, with the fleet's weights), leaving out those
+        in ``avoid`` (which just failed a request) unless no other can; waits until ``until`` for one."""
+        while True:
+            behind = self._versions.behind
+            loads = {a: e.load for a, e in self._endpoints.items() if e.healthy and a not in behind}
+            if avoid:
+                loads = {a: load for a, load in loads.items() if a not in avoid} or loads
+            if loads:
+                return loads
+            if time.monotonic() >= until:
+                held = f"; held out below weight version {self._versions.expected}: {sorted(behind)}" if behind else ""
+                raise NoHealthyServerError(f"no healthy engine server among {sorted(self._endpoints)}{held}")
+            await asyncio.sleep(0.02)
+
+    # -- weight versions -------------------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        """The fleet's weight version as this Fleet knows it (see versions.py)."""
+        return self._versions.expected
+
+    @property
+    def held_out(self) -> frozenset[str]:
+        """Servers held out of routing for serving an older weight version than the fleet's."""
+        return self._versions.behind
+
+    def expect_weight_version(self, version: int) -> None:
+        """The fleet was updated to ``version`` through another Fleet: hold out servers below it from now on."""
+        self._versions.expect(version)
+
+    def produced_with(self, address: str, version: int) -> None:
+        """``address`` finished a generation with weight ``version`` (news when higher than it reported)."""
+        self._versions.advance(address, version)
+
+    # -- fan-out control -------------------------------------------------------------------------------------
+
+    async def _fan_out(
+        self, call: Callable[[Endpoint], Awaitable[object]], only: Collection[str] | None = None
+    ) -> FanOutResult:
+        endpoints = [e for a, e in self._endpoints.items() if only is None or a in only]
+        outcomes = await asyncio.gather(*(call(e) for e in endpoints), return_exceptions=True)
+        result = FanOutResult()
+        for endpoint, outcome in zip(endpoints, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                result.errors[endpoint.address] = outcome
+            else:
+                result.responses[endpoint.address] = outcome
+        return result
+
+    async def abort(self, request_ids: Mapping[str, Sequence[str]]) -> FanOutResult:
+        """Abort requests (server address -> request ids) on their servers; their streams end with ABORT."""
+        return await self._fan_out(
+            lambda e: e.generate.Abort(
+                generation_pb2.AbortRequest(request_ids=request_ids[e.address]), timeout=self.config.control_timeout_s
+            ),
+            only=request_ids,
+        )
+
+    async def abort_all(self) -> FanOutResult:
+        """Abort every in-flight request on every server (other clients' too)."""
+        return await self._fan_out(
+            lambda e: e.generate.Abort(generation_pb2.AbortRequest(all=True), timeout=self.config.control_timeout_s)
+        )
+
+    async def server_info(self) -> FanOutResult:
+        result = await self._fan_out(
+            lambda e: e.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=self.config.control_timeout_s)
+        )
+        self._report_versions(result)
+        return result
+
+    async def sleep(self, level: int = 1) -> FanOutResult:
+        """Release the KV cache (level 1), or the KV cache and the weights (level 2)."""
+        request = engine_pb2.SleepRequest(level=wire.SLEEP_LEVELS[level])
+        return await self._fan_out(lambda e: e.control.Sleep(request, timeout=self.config.control_timeout_s))
+
+    async def wake_up(self, resources: Iterable[Resource] = ALL_RESOURCES) -> FanOutResult:
+        request = engine_pb2.WakeUpRequest(tags=[wire.RESOURCE_TAGS[r] for r in resources])
+        return await self._fan_out(lambda e: e.control.WakeUp(request, timeout=self.config.control_timeout_s))
+
+    async def pause(self, mode: PauseMode = PauseMode.ABORT) -> FanOutResult:
+        request = engine_pb2.PauseRequest(mode=wire.PAUSE_MODES[mode])
+        return await self._fan_out(lambda e: e.control.Pause(request, timeout=self.config.control_timeout_s))
+
+    async def resume(self) -> FanOutResult:
+        return await self._fan_out(
+            lambda e: e.control.Resume(engine_pb2.ResumeRequest(), timeout=self.config.control_timeout_s)
+        )
+
+    async def flush_cache(self) -> FanOutResult:
+        return await self._fan_out(
+            lambda e: e.control.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.config.control_timeout_s)
+        )
+
+    async def update_weights(
+        self, tensors: Iterable[NamedTensor], weight_version: int | None = None, flush_cache: bool = True
+    ) -> FanOutResult:
+        """Stream the same tensors to every server concurrently; each applies them atomically on the commit. The
+        version the servers answer becomes the fleet's: a server that missed it is held out until it has it."""
+        messages = weight_update_messages(tensors, weight_version, flush_cache, self.config.weight_chunk_bytes)
+
+        async def send(endpoint: Endpoint):
+            async def stream():
+                for message in messages:
+                    yield message
+
+            return await endpoint.control.UpdateWeights(stream(), timeout=self.config.control_timeout_s)
+
+        result = await self._fan_out(send)
+        self._report_versions(result)
+        return result
+
+    def _report_versions(self, result: FanOutResult) -> None:
+        """Record the weight versions in the answers of a fan-out (GetServerInfo, UpdateWeights)."""
+        for address, response in result.responses.items():
+            if address in self._endpoints:
+                self._versions.report(address, response.weight_version)
