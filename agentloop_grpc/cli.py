@@ -1,7 +1,8 @@
 """The ``agentloop`` command line.
 
-``agentloop engine serve [--adapter embedded] --port 50051`` runs one engine server (one data-parallel group);
-with ``--port 0`` the chosen port is printed on the first line of standard output:
+``agentloop engine serve [--adapter embedded] [--config FILE.yaml] [--set KEY=VALUE ...] --port 50051`` runs one
+engine server (one data-parallel group) of the adapter's config (``engine_adapters.config.EngineConfig``); with
+``--port 0`` the chosen port is printed on the first line of standard output:
 ``agentloop engine listening on 127.0.0.1:PORT``. ``agentloop model prepare`` converts the default model once.
 """
 
@@ -24,9 +25,11 @@ from pathlib import Path
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import typer
+import yaml
 
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
-from agentloop_grpc.engine_adapters.protocol import EngineAdapter
+from agentloop_grpc.engine_adapters.config import ENGINE_KINDS, EngineConfig, engine_config
+from agentloop_grpc.engine_adapters.config_flags import apply_setting
+from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.server import serve, stop_signal
 from agentloop_grpc.serving.security import PortInUseError, ServerSecurity
 from agentloop_grpc.rollout.command import rollout as rollout_command
@@ -99,51 +102,57 @@ def _announce_metrics(kind: str, host: str) -> Callable[[int], None]:
 
 
 
-class AdapterKind(str, enum.Enum):
-    """Engines that can be served."""
+#: Engines that can be served (the ``kind`` of each engine config).
+AdapterKind = enum.Enum("AdapterKind", {kind.upper(): kind for kind in ENGINE_KINDS}, type=str)
 
-    EMBEDDED = "embedded"
-    VLLM = "vllm"
-    SGLANG = "sglang"
-    FAKE = "fake"
+# The engine config of every engine command (engine serve, engine launch): an adapter, a file of its config fields
+# and single-field overrides, read into that adapter's config model.
+_ENGINE_OPTIONS = {
+    "adapter": typer.Option(None, help="Which engine (default: the --config file's kind, else embedded)."),
+    "config": typer.Option(
+        None, "--config", exists=True, dir_okay=False,
+        help="YAML or JSON mapping of the adapter's config fields (docs/engine-config.md).",
+    ),
+    "overrides": typer.Option(
+        None, "--set", metavar="KEY=VALUE",
+        help="One config field, e.g. --set max_running=16 (repeatable; naming.prefix=p sets a nested field).",
+    ),
+}
+
+
+def _engine_config(adapter: AdapterKind | None, path: Path | None, overrides: list[str] | None) -> EngineConfig:
+    """The engine config the options describe; a bad field exits 2 with pydantic's message naming it."""
+    from pydantic import ValidationError
+
+    hint = "--adapter/--config/--set"
+    try:
+        fields = (yaml.safe_load(path.read_text()) if path else None) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
+    if not isinstance(fields, dict):
+        raise typer.BadParameter(f"{path} is not a mapping of config fields", param_hint="--config")
+    kind = adapter.value if adapter is not None else fields.get("kind", "embedded")
+    try:
+        for setting in overrides or ():
+            apply_setting(fields, setting)
+        return engine_config(kind, fields)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or kind}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in exc.errors())
+        raise typer.BadParameter(f"{kind} engine config: {problems}", param_hint=hint) from None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
 
 
 @engine_app.command("serve")
 @with_server_security
 def engine_serve(
-    adapter: AdapterKind = typer.Option(AdapterKind.EMBEDDED, help="Which engine to serve."),
-    model: str = typer.Option(
-        None,
-        help="embedded, vllm: a local HF checkpoint folder (default: SmolLM2-135M-Instruct, prepared on first use).",
-    ),
+    adapter: AdapterKind = _ENGINE_OPTIONS["adapter"],
+    config: Path = _ENGINE_OPTIONS["config"],
+    overrides: list[str] = _ENGINE_OPTIONS["overrides"],
     host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 to accept other machines)."),
     port: int = typer.Option(50051, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
-    max_model_len: int = typer.Option(4096, min=2, help="Longest prompt + generation of one request."),
-    max_running: int = typer.Option(32, min=1, help="Requests decoded together (batch capacity, KV slots)."),
-    max_waiting: int = typer.Option(4096, min=0, help="Requests that may wait before RESOURCE_EXHAUSTED."),
-    threads: int = typer.Option(2, min=1, help="embedded: torch threads (several servers on one node share its cores)."),
-    kv_cache_bytes: int = typer.Option(
-        1 << 30, min=1 << 20, help="vllm: bytes of KV cache (vLLM's CPU build cannot size it from free memory)."
-    ),
-    cpu_cores: str = typer.Option(
-        None, help="vllm: cores its OpenMP threads bind to, e.g. 0-1 or 0,2 (VLLM_CPU_OMP_THREADS_BIND)."
-    ),
-    enforce_eager: bool = typer.Option(
-        True, help="vllm: eager PyTorch (starts sooner); --no-enforce-eager compiles (starts much later, faster steps)."
-    ),
-    dp_rank: int = typer.Option(0, min=0, help="This server's data-parallel rank."),
-    dp_size: int = typer.Option(1, min=1, help="Number of data-parallel groups."),
-    tp: int = typer.Option(1, min=1, help="sglang: tensor-parallel size (number of TP actors in this DP group)."),
-    sglang_prefix: str = typer.Option("sglang", help="sglang: group prefix of the TP actors' names."),
-    sglang_namespace: str = typer.Option("agentloop", help="sglang: Ray namespace of the TP actors."),
-    sglang_name_template: str = typer.Option("{prefix}-dp{dp_rank}-tp{tp_rank}", help="sglang: actor name template."),
-    ray_address: str = typer.Option(None, help="sglang: Ray cluster address (default: auto)."),
     drain_timeout: float = typer.Option(30.0, min=0, help="Seconds in-flight requests get to finish on SIGTERM."),
-    fake_token_latency_ms: float = typer.Option(0.0, min=0, help="fake: milliseconds per decode step."),
-    fake_prefill_us_per_token: float = typer.Option(
-        0.0, min=0, help="fake: microseconds of prefill per uncached prompt token."
-    ),
-    fake_vocab_size: int = typer.Option(32000, min=3, help="fake: vocabulary size."),
     metrics_port: int = _METRICS_PORT,
     log_level: str = typer.Option("INFO", help="Python logging level."),
     *,
@@ -151,54 +160,11 @@ def engine_serve(
 ) -> None:
     """Serve one engine over agentloop.v1 (TokenGenerate, EngineControl, health, reflection)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if dp_rank >= dp_size:
-        raise typer.BadParameter(f"--dp-rank {dp_rank} must be below --dp-size {dp_size}")
-    if tp != 1 and adapter is not AdapterKind.SGLANG:
-        raise typer.BadParameter("--tp is for the sglang adapter (its TP group of Ray actors)")
-    if model is not None and adapter is AdapterKind.FAKE:
-        raise typer.BadParameter("--model is for real engines; the fake engine has no model")
-    engine: EngineAdapter
-    # What every engine's config takes (the fake one has no model).
-    limits = dict(max_model_len=max_model_len, max_running=max_running, max_waiting=max_waiting)
-    placement = dict(dp_rank=dp_rank, dp_size=dp_size)
-    if adapter is AdapterKind.FAKE:
-        engine = FakeEngine(
-            FakeEngineConfig(
-                vocab_size=fake_vocab_size,
-                token_latency_s=fake_token_latency_ms / 1000,
-                prefill_latency_s_per_token=fake_prefill_us_per_token / 1e6,
-                **limits,
-                **placement,
-            )
-        )
-    elif adapter is AdapterKind.VLLM:
-        from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig
-
-        engine = VllmEngine(
-            VllmEngineConfig(
-                model=model,
-                kv_cache_bytes=kv_cache_bytes,
-                enforce_eager=enforce_eager,
-                cpu_cores=cpu_cores,
-                **limits,
-                **placement,
-            )
-        )
-    elif adapter is AdapterKind.SGLANG:
-        from agentloop_grpc.engine_adapters.sglang import ActorNaming, SglangEngine, SglangEngineConfig
-
-        naming = ActorNaming(prefix=sglang_prefix, namespace=sglang_namespace, template=sglang_name_template)
-        # max_model_len / max_running are SGLang's own settings, given when its actors are deployed
-        engine = SglangEngine(
-            SglangEngineConfig(naming=naming, tp_size=tp, model_id=model or "", ray_address=ray_address, **placement)
-        )
-    else:
-        from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
-
-        engine = EmbeddedEngine(EmbeddedEngineConfig(model=model, threads=threads, **limits, **placement))
+    settings = _engine_config(adapter, config, overrides)
+    engine = make_adapter(settings.kind, settings)
 
     def announce(bound_port: int) -> None:
-        print(f"agentloop engine listening on {host}:{bound_port} (adapter {adapter.value})", flush=True)
+        print(f"agentloop engine listening on {host}:{bound_port} (adapter {settings.kind})", flush=True)
 
     try:
         asyncio.run(serve(engine, f"{host}:{port}", drain_timeout, on_listening=announce, security=security,
@@ -258,12 +224,11 @@ def tools_serve(
 @engine_app.command("launch")
 @with_server_security
 def engine_launch(
-    adapter: AdapterKind = typer.Option(AdapterKind.EMBEDDED, help="Which engine every replica serves."),
-    model: str = typer.Option(None, help="Model folder (default: the default model)."),
-    dp: int = typer.Option(1, min=1, help="Data-parallel replicas on this node (one server process each)."),
-    tp: int = typer.Option(1, min=1, help="Tensor-parallel size of each replica (vllm / sglang only)."),
+    adapter: AdapterKind = _ENGINE_OPTIONS["adapter"],
+    config: Path = _ENGINE_OPTIONS["config"],
+    overrides: list[str] = _ENGINE_OPTIONS["overrides"],
+    dp: int = typer.Option(1, min=1, help="Data-parallel replicas (one server process each; dp_rank, dp_size set)."),
     host: str = typer.Option("127.0.0.1", help="Address the servers bind."),
-    threads: int = typer.Option(None, min=1, help="embedded: torch threads per replica (default: cores / dp)."),
     discovery_file: Path = typer.Option(Path("discovery.json"), help="Where to write the servers' addresses."),
     log_dir: Path = typer.Option(Path("logs"), help="One log file per server (on the server's node)."),
     use_ray: bool = typer.Option(
@@ -283,8 +248,10 @@ def engine_launch(
     security: ServerSecurity,
 ) -> None:
     """Start one engine server per DP group (on this node, or over a Ray cluster with --ray), wait until all serve,
-    write the discovery file; stop them all on Ctrl-C or SIGTERM. With TLS or tokens, the discovery file says how
-    to reach the servers (certificate and token paths, variable names), never a secret."""
+    write the discovery file; stop them all on Ctrl-C or SIGTERM. Every server gets the engine config of --adapter,
+    --config and --set (embedded: threads default to the cores / dp). With TLS or tokens, the discovery file says
+    how to reach the servers (certificate and token paths, variable names), never a secret."""
+    engine = _engine_config(adapter, config, overrides)
     from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, LaunchError
     from agentloop_grpc.security import ClientSecurity
 
@@ -304,8 +271,7 @@ def engine_launch(
         sys.exit(2)
     protected = client_security != ClientSecurity()
     try:
-        launch = EngineLaunch(adapter=adapter.value, dp=dp, tp=tp, model=model, host=host, threads=threads,
-                              security=security if protected else None,
+        launch = EngineLaunch(engine=engine, dp=dp, host=host, security=security if protected else None,
                               client_security=client_security if protected else None)
         if use_ray:
             from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources
@@ -333,7 +299,7 @@ def engine_launch(
         try:
             path = launcher.write_discovery(discovery_file)
             where = " over Ray placement groups" if use_ray else ""
-            print(f"agentloop engine launch: {dp} {adapter.value} server(s) serving{where}: "
+            print(f"agentloop engine launch: {dp} {engine.kind} server(s) serving{where}: "
                   f"{', '.join(launcher.addresses)}; discovery file {path}", flush=True)
             await stop.wait()
         finally:

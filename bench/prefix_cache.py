@@ -23,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from agentloop_grpc.common import model_store  # noqa: E402
 
 from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
+from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
 from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams  # noqa: E402
 
 SESSIONS = 32
@@ -72,7 +73,7 @@ async def workload(engine: EmbeddedEngine, tokenizer, tag: str, sessions: int = 
 
 
 async def measure(cache_tokens: int, tokenizer) -> tuple[float, float]:
-    engine = EmbeddedEngine(EmbeddedEngineConfig(max_running=SESSIONS, prefix_cache_tokens=cache_tokens))
+    engine = make_adapter("embedded", {"max_running": SESSIONS, "prefix_cache_tokens": cache_tokens})
     await engine.start()
     try:
         await workload(engine, tokenizer, "warm", sessions=4)

@@ -1,5 +1,5 @@
-"""Write docs/rollout-config.md and docs/train-config.md from the pydantic models, so the references can never
-drift from the code (tests/test_docs.py checks the committed files equal what this prints)."""
+"""Write docs/rollout-config.md, docs/train-config.md and docs/engine-config.md from the pydantic models, so the
+references can never drift from the code (tests/test_docs.py checks the committed files equal what this prints)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from pydantic_core import PydanticUndefined
 
 from agentloop_grpc.agent.config import AgentLoopConfig, SamplingConfig
 from agentloop_grpc.agent.spec import ComponentSpec
+from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
+from agentloop_grpc.engine_adapters.sglang.config import ActorNaming, SglangEngineConfig
+from agentloop_grpc.engine_adapters.vllm.config import VllmEngineConfig
 from agentloop_grpc.rollout.config import ArithmeticDataset, Dataset, Engines, LaunchEngines, RolloutConfig, Tools
 from agentloop_grpc.router import RouterConfig
 from agentloop_grpc.security import ClientSecurity
@@ -43,11 +47,22 @@ TRAIN_SECTIONS: list[tuple[type[BaseModel], str]] = [
     (GrpoSettings, "grpo."),
 ]
 
+ENGINE_SECTIONS: list[tuple[type[BaseModel], str]] = [
+    (EmbeddedEngineConfig, "kind: embedded"),
+    (VllmEngineConfig, "kind: vllm"),
+    (SglangEngineConfig, "kind: sglang"),
+    (ActorNaming, "kind: sglang, naming."),
+    (FakeEngineConfig, "kind: fake"),
+]
+
 DOCUMENTS = {
     "rollout-config.md": ("`agentloop rollout`", "examples/demo.yaml", SECTIONS, ""),
     "train-config.md": ("`agentloop train`", "examples/train.yaml", TRAIN_SECTIONS,
                         "The `engines`, `tools`, `dataset`, `loop` and `router` sections are the rollout's: see "
                         "`rollout-config.md`."),
+    "engine-config.md": ("`agentloop engine serve --config`", "examples/engine.yaml", ENGINE_SECTIONS,
+                         "One adapter's fields, chosen by `kind` (or `--adapter`); `--set KEY=VALUE` sets one "
+                         "(`naming.prefix=p` a nested one). A rollout's `engines.launch.engine` is the same mapping."),
 }
 
 
@@ -61,9 +76,12 @@ def render(name: str = "rollout-config.md") -> str:
         "",
     ]
     for model, prefix in sections:
-        lines += [f"## `{prefix or '(top level)'}`", "", (model.__doc__ or "").strip().split("\n\n")[0], "",
+        summary = " ".join((model.__doc__ or "").strip().split("\n\n")[0].split())  # its first paragraph, one line
+        lines += [f"## `{prefix or '(top level)'}`", "", summary, "",
                   "| field | default | meaning |", "|---|---|---|"]
         for name, field in model.model_fields.items():
+            if field.exclude:  # set from Python only (a function), never from a file
+                continue
             lines.append(f"| `{name}` | {_default(field)} | {field.description or ''} |")
         lines.append("")
     return "\n".join(lines)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from agentloop_grpc import __version__
 
 from .block_hash import BlockChain
+from .fake_config import FakeEngineConfig
 from agentloop_grpc.common.errors import EngineOverloadedError, EngineUnavailableError, FailedPreconditionError, UnsupportedError
 from .grouping import merge_chunks
 from agentloop_grpc.common.types import (
@@ -73,41 +74,6 @@ class StepClock:
         start = now if self._end is None else max(self._end, now - self.max_debt_s)
         self._end = start + step_s
         return max(0.0, self._end - now)
-
-
-@dataclass(frozen=True, slots=True)
-class FakeEngineConfig:
-    """Shape and speed of the fake engine."""
-
-    vocab_size: int = 32_000
-    max_model_len: int = 4096
-    eos_token_id: int = 2
-    #: Seconds one decode step takes (every running request gets one token per step).
-    token_latency_s: float = 0.0
-    #: Seconds of prefill per prompt token not served from the prefix cache.
-    prefill_latency_s_per_token: float = 0.0
-    #: Batch capacity: requests decoded at once.
-    max_running: int = 64
-    #: Requests that may wait for a batch slot before Generate answers RESOURCE_EXHAUSTED.
-    max_waiting: int = 4096
-    #: Prefix-cache granularity in tokens, and capacity in blocks (LRU).
-    block_size: int = 16
-    cache_blocks: int = 65_536
-    dp_rank: int = 0
-    dp_size: int = 1
-    #: Scripted replies (agent-loop tests): when set, a request's tokens are ``script(request)`` followed by eos,
-    #: instead of the hash stream. Greedy or not, the script decides; logprobs stay the fake's deterministic ones.
-    script: Callable[[GenerateRequest], Sequence[int]] | None = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.vocab_size < 3 or not 0 <= self.eos_token_id < self.vocab_size:
-            raise ValueError("vocab_size must be >= 3 and eos_token_id inside it")
-        if self.max_model_len < 2 or self.max_running < 1 or self.max_waiting < 0 or self.block_size < 1:
-            raise ValueError("max_model_len >= 2, max_running >= 1, max_waiting >= 0 and block_size >= 1 required")
-        if self.token_latency_s < 0 or self.prefill_latency_s_per_token < 0:
-            raise ValueError("latencies must be >= 0")
-        if not 0 <= self.dp_rank < self.dp_size:
-            raise ValueError("dp_rank must be in [0, dp_size)")
 
 
 @dataclass(slots=True)

@@ -1,8 +1,9 @@
 """The per-node launcher: one engine server process per data-parallel group, ports chosen, health awaited, and a
 discovery file that ``Router.from_discovery_file`` reads.
 
-Each server is ``agentloop engine serve --port 0 --dp-rank i --dp-size N`` in its own process (its own GIL, its
-own torch threads), started together so model loading overlaps. A server prints ``listening on HOST:PORT`` once
+Each server is ``agentloop engine serve --adapter KIND --port 0 --set dp_rank=i --set dp_size=N ...`` in its own
+process (its own GIL, its own torch threads), its engine config passed as ``--set`` flags (``config_flags``),
+started together so model loading overlaps. A server prints ``listening on HOST:PORT`` once
 bound; the launcher then waits until its ``grpc.health.v1`` status is SERVING (the model loaded). Stopping sends
 SIGTERM (servers drain) and SIGKILL after a grace period. Server output goes to one log file per server, so the
 caller's terminal stays readable and a failed start can quote the log's tail.
@@ -29,6 +30,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentloop_grpc.channels import open_channel
+from agentloop_grpc.engine_adapters.config import EngineConfig
+from agentloop_grpc.engine_adapters.config_flags import settings
+from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.security import ClientSecurity
 from agentloop_grpc.serving.security import ServerSecurity
 
@@ -134,16 +138,13 @@ class ServerProcess:
 
 @dataclass(frozen=True)
 class EngineLaunch:
-    """What to launch on this node: ``dp`` servers of one adapter."""
+    """What to launch on this node: ``dp`` servers of one engine config."""
 
-    adapter: str = "embedded"
+    #: The engine every server serves; each gets its own dp_rank and dp_size.
+    engine: EngineConfig = field(default_factory=EmbeddedEngineConfig)
     dp: int = 1
-    tp: int = 1
-    model: str | None = None
     host: str = "127.0.0.1"
-    #: embedded: torch threads per server (the node's cores are shared by its servers).
-    threads: int | None = None
-    #: Extra ``agentloop engine serve`` options, e.g. ("--max-running", "16").
+    #: More ``agentloop engine serve`` options, e.g. ("--log-level", "WARNING").
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
     #: TLS and tokens of every server (paths and variable names: each server reads them on its node).
@@ -152,22 +153,25 @@ class EngineLaunch:
     client_security: ClientSecurity | None = None
 
     def __post_init__(self) -> None:
-        if self.dp < 1 or self.tp < 1:
-            raise ValueError("dp and tp must be >= 1")
-        if self.tp != 1 and self.adapter != "sglang":
-            raise ValueError(f"tensor parallelism (tp={self.tp}) needs the sglang adapter here (its TP group of "
-                             f"Ray actors); the {self.adapter} server runs one device")
+        if self.dp < 1:
+            raise ValueError("dp must be >= 1")
+
+    @property
+    def adapter(self) -> str:
+        return self.engine.kind
+
+    def server_engine(self, rank: int) -> EngineConfig:
+        """Server ``rank``'s config: DP group ``rank`` of ``dp``; an embedded engine whose threads are not set
+        shares the node's cores with the other servers."""
+        update: dict[str, int] = {"dp_rank": rank, "dp_size": self.dp}
+        if isinstance(self.engine, EmbeddedEngineConfig) and "threads" not in self.engine.model_fields_set:
+            update["threads"] = max(1, (os.cpu_count() or 1) // self.dp)
+        return self.engine.model_copy(update=update)
 
     def command(self, rank: int) -> list[str]:
-        args = [*agentloop_command(), "engine", "serve", "--adapter", self.adapter, "--host", self.host, "--port", "0",
-                "--dp-rank", str(rank), "--dp-size", str(self.dp)]
-        if self.model:
-            args += ["--model", self.model]
-        if self.tp != 1:
-            args += ["--tp", str(self.tp)]
-        if self.adapter == "embedded":
-            threads = self.threads or max(1, (os.cpu_count() or 1) // self.dp)
-            args += ["--threads", str(threads)]
+        args = [*agentloop_command(), "engine", "serve", "--adapter", self.adapter, "--host", self.host, "--port", "0"]
+        for setting in settings(self.server_engine(rank)):
+            args += ["--set", setting]
         if self.security is not None:
             args += self.security.cli_args()
         return args + list(self.extra_args)

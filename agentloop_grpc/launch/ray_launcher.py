@@ -24,6 +24,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
+
 from .launcher import EngineLaunch, LaunchError, ServerProcess, write_discovery
 
 log = logging.getLogger(__name__)
@@ -82,8 +84,11 @@ class RayEngineLauncher:
         self, launch: EngineLaunch, log_dir: str | Path, resources: RayResources | None = None, grace_s: float = 10.0
     ) -> None:
         self.resources = resources or RayResources()
-        if launch.adapter == "embedded" and launch.threads is None:  # the group's CPUs, not the node's
-            launch = dataclasses.replace(launch, threads=max(1, int(self.resources.cpus_per_server)))
+        engine = launch.engine
+        if isinstance(engine, EmbeddedEngineConfig) and "threads" not in engine.model_fields_set:
+            # the group's CPUs, not the node's
+            threads = max(1, int(self.resources.cpus_per_server))
+            launch = dataclasses.replace(launch, engine=engine.model_copy(update={"threads": threads}))
         self.launch = launch
         self.log_dir = Path(log_dir).absolute()
         self.grace_s = grace_s

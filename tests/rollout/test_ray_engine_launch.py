@@ -17,6 +17,7 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.launch.launcher import EngineLaunch
 from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources
 from agentloop_grpc.router import Router
@@ -49,7 +50,7 @@ def _alive(pid: int) -> bool:
 
 
 async def test_one_placement_group_per_dp_group_serving_a_router(local_ray, tmp_path) -> None:
-    launch = EngineLaunch(adapter="fake", dp=2, extra_args=("--log-level", "WARNING"), startup_timeout_s=60)
+    launch = EngineLaunch(engine=FakeEngineConfig(), dp=2, extra_args=("--log-level", "WARNING"), startup_timeout_s=60)
     launcher = RayEngineLauncher(launch, tmp_path / "logs", RayResources(cpus_per_server=0.5, ready_timeout_s=60))
     async with launcher:
         discovery = launcher.write_discovery(tmp_path / "discovery.json")
@@ -77,7 +78,7 @@ async def test_one_placement_group_per_dp_group_serving_a_router(local_ray, tmp_
 
 
 async def test_a_killed_host_actor_takes_its_server_with_it(local_ray, tmp_path) -> None:
-    launch = EngineLaunch(adapter="fake", dp=1, extra_args=("--log-level", "WARNING"), startup_timeout_s=60)
+    launch = EngineLaunch(engine=FakeEngineConfig(), dp=1, extra_args=("--log-level", "WARNING"), startup_timeout_s=60)
     async with RayEngineLauncher(launch, tmp_path / "logs", RayResources(cpus_per_server=0.5)) as launcher:
         pid = await launcher.hosts[0].server_pid.remote()
         assert pid is not None and _alive(pid)
@@ -91,7 +92,7 @@ async def test_a_killed_host_actor_takes_its_server_with_it(local_ray, tmp_path)
 async def test_no_room_in_the_cluster_is_a_clear_error(local_ray, tmp_path) -> None:
     from agentloop_grpc.launch.launcher import LaunchError
 
-    launch = EngineLaunch(adapter="fake", dp=1)
+    launch = EngineLaunch(engine=FakeEngineConfig(), dp=1)
     launcher = RayEngineLauncher(launch, tmp_path, RayResources(cpus_per_server=64, ready_timeout_s=1))
     with pytest.raises(LaunchError, match="no room for 1 placement groups"):
         await launcher.start()

@@ -27,8 +27,8 @@ AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
 
 def _config(tmp_path: Path, **overrides) -> Path:
     config = {
-        "engines": {"launch": {"replicas": 2, "adapter": "fake",
-                               "extra_args": ["--fake-vocab-size", "49152", "--fake-token-latency-ms", "1"]}},
+        "engines": {"launch": {"replicas": 2,
+                               "engine": {"kind": "fake", "vocab_size": 49152, "token_latency_s": 0.001}}},
         "tools": {"launch": "builtin"},
         "dataset": {"arithmetic": {"count": 3, "seed": 1}},
         "samples_per_prompt": 2,
@@ -113,8 +113,8 @@ def test_port_in_use_is_one_sentence():
 def test_ctrl_c_stops_servers_and_keeps_finished_trajectories(tmp_path):
     config = _config(
         tmp_path,
-        engines={"launch": {"replicas": 1, "adapter": "fake",
-                            "extra_args": ["--fake-vocab-size", "49152", "--fake-token-latency-ms", "40"]}},
+        engines={"launch": {"replicas": 1,
+                            "engine": {"kind": "fake", "vocab_size": 49152, "token_latency_s": 0.04}}},
         dataset={"arithmetic": {"count": 40, "seed": 1}},
         samples_per_prompt=1,
         max_concurrency=2,

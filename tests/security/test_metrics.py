@@ -11,7 +11,8 @@ import urllib.request
 import grpc
 import pytest
 
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.fake import FakeEngine
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.serving.metrics import ServerMetrics
 from agentloop_grpc.serving.security import ServerSecurity

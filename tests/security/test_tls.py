@@ -9,7 +9,8 @@ from contextlib import asynccontextmanager
 import grpc
 import pytest
 
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.fake import FakeEngine
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
 from agentloop_grpc.router import Router, RouterConfig
 from agentloop_grpc.channels import open_channel

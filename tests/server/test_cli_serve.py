@@ -42,7 +42,7 @@ class ServerProcess:
 
 @pytest.fixture
 def server() -> Iterator[ServerProcess]:
-    process = ServerProcess("--fake-token-latency-ms", "10", "--drain-timeout", "10")
+    process = ServerProcess("--set", "token_latency_s=0.01", "--drain-timeout", "10")
     yield process
     if process.process.poll() is None:
         process.process.kill()
@@ -98,7 +98,7 @@ async def test_sigterm_lets_in_flight_streams_finish_and_exits_zero(server: Serv
 
 
 async def test_drain_timeout_aborts_what_is_left_with_a_final_message() -> None:
-    server = ServerProcess("--fake-token-latency-ms", "10", "--drain-timeout", "0.3")
+    server = ServerProcess("--set", "token_latency_s=0.01", "--drain-timeout", "0.3")
     try:
         messages = await _sigterm_mid_stream(server, "drain-2", 3000)
         assert messages[-1].complete.finish_reason == generation_pb2.FINISH_REASON_ABORT
@@ -124,8 +124,8 @@ def test_port_in_use_is_a_clear_error(server: ServerProcess) -> None:
 async def test_embedded_adapter_serves_from_the_cli() -> None:
     """`agentloop engine serve --adapter embedded` prepares (or finds) the default model and serves it."""
     process = subprocess.Popen(
-        [AGENTLOOP, "engine", "serve", "--adapter", "embedded", "--port", "0", "--max-running", "2",
-         "--max-model-len", "512", "--log-level", "WARNING"],
+        [AGENTLOOP, "engine", "serve", "--adapter", "embedded", "--port", "0", "--set", "max_running=2",
+         "--set", "max_model_len=512", "--log-level", "WARNING"],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},

@@ -10,7 +10,8 @@ from contextlib import asynccontextmanager
 import grpc
 import pytest
 
-from agentloop_grpc.engine_adapters.fake import FakeEngine, FakeEngineConfig
+from agentloop_grpc.engine_adapters.fake import FakeEngine
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
 from agentloop_grpc.router import RequestError, Router, RouterConfig
 from agentloop_grpc.v1 import generation_pb2

@@ -14,7 +14,8 @@ import pytest
 import ray
 
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
-from agentloop_grpc.engine_adapters.sglang import ActorNaming, SglangEngine, SglangEngineConfig, deploy_tp_group
+from agentloop_grpc.engine_adapters.factory import make_adapter
+from agentloop_grpc.engine_adapters.sglang import ActorNaming, SglangEngineConfig, deploy_tp_group
 
 from ..ray_start import init_ray
 from .standin import STANDIN_API, CallRecorder
@@ -77,7 +78,7 @@ async def standin_group(tp_size: int = 1, dp_rank: int = 0, **engine_kwargs) -> 
 @asynccontextmanager
 async def sglang_server(group: StandInGroup, **config) -> AsyncIterator[EngineServer]:
     """A started gRPC server on loopback serving ``group`` through SglangEngine."""
-    server = await create_server(SglangEngine(group.config(**config)), "127.0.0.1:0")
+    server = await create_server(make_adapter("sglang", group.config(**config)), "127.0.0.1:0")
     try:
         await start_adapter(server)
         yield server

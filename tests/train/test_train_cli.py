@@ -19,8 +19,7 @@ AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
 
 def _config(tmp_path: Path, **overrides) -> Path:
     config = {
-        "engines": {"launch": {"replicas": 1, "adapter": "embedded", "max_running": 4,
-                               "extra_args": ["--max-model-len", "1024"]}},
+        "engines": {"launch": {"replicas": 1, "engine": {"kind": "embedded", "max_running": 4, "max_model_len": 1024}}},
         "tools": {"launch": "builtin"},
         "dataset": {"arithmetic": {"kind": "one_step", "count": 4, "seed": 0}},
         "loop": {"constrain_tool_calls": True, "max_assistant_turns": 2, "max_parallel_tool_calls": 1,

@@ -9,33 +9,44 @@ without a registry. Every call goes to the TP-rank-0 actor, which holds ``sgl.En
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..config_base import EnginePlacement
 
 DEFAULT_TEMPLATE = "{prefix}-dp{dp_rank}-tp{tp_rank}"
 DEFAULT_NAMESPACE = "agentloop"
 _FIELDS = {"prefix", "dp_rank", "tp_rank"}
 
 
-@dataclass(frozen=True, slots=True)
-class ActorNaming:
+class ActorNaming(BaseModel):
     """How the actors of every TP group are named: ``template`` filled with prefix, DP rank and TP rank."""
 
-    #: The deployment's group prefix (one per model replica set, e.g. ``"policy"``).
-    prefix: str
-    #: The Ray namespace the actors are registered in (named actors are only visible within their namespace).
-    namespace: str = DEFAULT_NAMESPACE
-    #: A ``str.format`` template over ``prefix``, ``dp_rank`` and ``tp_rank``; it must use all three, or two ranks
-    #: would share a name.
-    template: str = DEFAULT_TEMPLATE
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        if not self.prefix or not self.namespace:
-            raise ValueError("ActorNaming needs a non-empty prefix and namespace")
-        used = {name for _, name, _, _ in string.Formatter().parse(self.template) if name}
+    prefix: str = Field(
+        min_length=1, description="The deployment's group prefix (one per model replica set, e.g. policy)."
+    )
+    namespace: str = Field(
+        DEFAULT_NAMESPACE, min_length=1,
+        description="The Ray namespace the actors are registered in (named actors are only visible within it).",
+    )
+    template: str = Field(
+        DEFAULT_TEMPLATE, description="A str.format template over prefix, dp_rank and tp_rank; it must use all "
+        "three, or two ranks would share a name."
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _uses_every_rank(cls, template: str) -> str:
+        used = {name for _, name, _, _ in string.Formatter().parse(template) if name}
         if used != _FIELDS:
             raise ValueError(
-                f"ActorNaming.template must use exactly {{prefix}}, {{dp_rank}} and {{tp_rank}}; got {self.template!r}"
+                f"ActorNaming.template must use exactly {{prefix}}, {{dp_rank}} and {{tp_rank}}; got {template!r}"
             )
+        return template
 
     def name(self, dp_rank: int, tp_rank: int) -> str:
         return self.template.format(prefix=self.prefix, dp_rank=dp_rank, tp_rank=tp_rank)
@@ -61,30 +72,27 @@ class TpRank:
         return self.naming.name(self.dp_rank, self.tp_rank)
 
 
-@dataclass(frozen=True, slots=True)
-class SglangEngineConfig:
-    """One SGLang gRPC server: its DP group and where to find that group's TP actors."""
+class SglangEngineConfig(EnginePlacement):
+    """One SGLang gRPC server: its DP group and where to find that group's TP actors. It takes no request limits:
+    max_model_len and batch capacity are SGLang's own settings, given when its actors are deployed."""
 
-    naming: ActorNaming
-    dp_rank: int = 0
-    dp_size: int = 1
-    tp_size: int = 1
-    #: Reported as ServerInfo.model_id; empty: the engine's ``model_path``.
-    model_id: str = ""
-    #: How long start() waits for every TP actor of the group to be registered (actors may still be starting).
-    discovery_timeout_s: float = 60.0
-    #: Seconds between polls of SGLang's load (KV usage, cache hit rate) for GetLoad, which must answer at once.
-    load_poll_s: float = 1.0
-    #: Ray cluster address for ``ray.init`` when this process is not connected yet (None: ``"auto"``).
-    ray_address: str | None = field(default=None)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.dp_rank < self.dp_size:
-            raise ValueError("dp_rank must be in [0, dp_size)")
-        if self.tp_size < 1:
-            raise ValueError("tp_size must be >= 1")
-        if self.discovery_timeout_s < 0 or self.load_poll_s <= 0:
-            raise ValueError("discovery_timeout_s must be >= 0 and load_poll_s > 0")
+    kind: Literal["sglang"] = Field("sglang", description="The TP-rank-0 Ray actor holding sgl.Engine.")
+    naming: ActorNaming = Field(
+        default_factory=lambda: ActorNaming(prefix="sglang"), description="How the TP actors are named."
+    )
+    tp_size: int = Field(1, ge=1, description="Tensor-parallel size (number of TP actors in this DP group).")
+    model_id: str = Field("", description="Reported as ServerInfo.model_id; empty: the engine's model_path.")
+    discovery_timeout_s: float = Field(
+        60.0, ge=0, description="How long start() waits for every TP actor of the group to be registered (actors "
+        "may still be starting)."
+    )
+    load_poll_s: float = Field(
+        1.0, gt=0, description="Seconds between polls of SGLang's load (KV usage, cache hit rate) for GetLoad, "
+        "which must answer at once."
+    )
+    ray_address: str | None = Field(
+        None, description="Ray cluster address for ray.init when this process is not connected yet (None: auto)."
+    )
 
     def rank(self, tp_rank: int) -> TpRank:
         return TpRank(self.naming, self.dp_rank, tp_rank, self.tp_size)

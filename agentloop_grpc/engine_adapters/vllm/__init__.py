@@ -1,10 +1,17 @@
 """The vLLM engine adapter: vLLM's ``AsyncLLM`` in the server process, its EngineCore in its own process (ZMQ).
 
-Importing this package imports vLLM (seconds, and it must be installed: ``pip install agentloop-grpc[vllm]``
-or ``make setup``); the CLI and the contract suite import it only when the vLLM adapter is asked for.
+``VllmEngine`` imports vLLM (seconds, and it must be installed: ``pip install agentloop-grpc[vllm]`` or
+``make setup``), so it is imported on first use; ``VllmEngineConfig`` is importable without vLLM.
 """
 
 from .config import VllmEngineConfig
-from .engine import VllmEngine
+
+
+def __getattr__(name: str) -> object:
+    if name == "VllmEngine":  # on first use: importing vLLM takes seconds
+        from .engine import VllmEngine
+
+        return VllmEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["VllmEngine", "VllmEngineConfig"]

@@ -14,7 +14,7 @@ let clients;
 
 function startServer() {
   const bin = process.env.AGENTLOOP_BIN || path.resolve(__dirname, '..', '..', '..', '.venv', 'bin', 'agentloop');
-  const child = spawn(bin, ['engine', 'serve', '--adapter', 'fake', '--port', '0', '--fake-token-latency-ms', '1']);
+  const child = spawn(bin, ['engine', 'serve', '--adapter', 'fake', '--port', '0', '--set', 'token_latency_s=0.001']);
   return new Promise((resolve, reject) => {
     const lines = readline.createInterface({ input: child.stdout });
     child.on('error', reject);

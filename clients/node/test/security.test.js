@@ -38,7 +38,7 @@ before(async () => {
   makeCertificates();
   const bin = process.env.AGENTLOOP_BIN || path.resolve(__dirname, '..', '..', '..', '.venv', 'bin', 'agentloop');
   const file = (name) => path.join(dir, name);
-  server = spawn(bin, ['engine', 'serve', '--adapter', 'fake', '--port', '0', '--fake-token-latency-ms', '1',
+  server = spawn(bin, ['engine', 'serve', '--adapter', 'fake', '--port', '0', '--set', 'token_latency_s=0.001',
     '--tls-cert', file('server.pem'), '--tls-key', file('server.key'),
     '--auth-token-file', file('token'), '--admin-token-file', file('admin-token')]);
   address = await new Promise((resolve, reject) => {
