@@ -19,29 +19,56 @@ def _kv(value: float, block: int = 4) -> torch.Tensor:
 
 
 def _fill(cache: PrefixCache, tokens: list[int]) -> None:
-    for start, parent, key, block in cache.missing(tokens):
-        cache.insert(parent, key, block, _kv(float(start)))
+    blocks = cache.chain(tokens)
+    for index in cache.missing(blocks, len(tokens)):
+        cache.insert(blocks, index, _kv(float(index * cache.block_size)))
+
+
+def _lookup(cache: PrefixCache, prompt: list[int]) -> list[torch.Tensor]:
+    return cache.lookup(cache.chain(prompt), len(prompt))
 
 
 def test_prefix_cache_serves_whole_blocks_of_the_prompt_but_its_last_token() -> None:
     cache = PrefixCache(block_size=4, capacity_tokens=64)
     _fill(cache, list(range(12)))
     assert len(cache) == 3
-    assert [b[0, 0, 0, 0, 0].item() for b in cache.lookup(list(range(12)))] == [0.0, 4.0]  # 12th token computed
-    assert len(cache.lookup(list(range(13)))) == 3
-    assert len(cache.lookup([0, 1, 2, 3, 9, 9, 9, 9, 9])) == 1  # diverges in the second block
-    assert cache.lookup([5, 1, 2, 3, 4]) == []  # a block's key covers everything before it
-    assert cache.missing(list(range(12))) == []
+    assert [b[0, 0, 0, 0, 0].item() for b in _lookup(cache, list(range(12)))] == [0.0, 4.0]  # 12th token computed
+    assert len(_lookup(cache, list(range(13)))) == 3
+    assert len(_lookup(cache, [0, 1, 2, 3, 9, 9, 9, 9, 9])) == 1  # diverges in the second block
+    assert _lookup(cache, [5, 1, 2, 3, 4]) == []  # a block's key covers everything before it
+    assert cache.missing(cache.chain(list(range(12))), 12) == []
+    assert cache.prompt_keys(cache.chain(list(range(13))), 13) == cache.chain(list(range(12))).keys
+
+
+def test_prefix_cache_stores_a_sequence_as_it_grows_and_only_computed_blocks() -> None:
+    cache = PrefixCache(block_size=4, capacity_tokens=64)
+    blocks = cache.chain(list(range(10)))  # a prompt: 2 full blocks
+    assert cache.missing(blocks, 6) == [0]  # prefill stopped after 6 tokens: one block's KV exists
+    blocks.extend([10, 11, 12])  # its output
+    assert cache.missing(blocks, 13) == [0, 1, 2] and blocks.keys == cache.chain(list(range(13))).keys
+
+
+def test_prefix_cache_never_serves_a_block_whose_ids_or_parent_differ() -> None:
+    """A key that collides (forced here) still misses: a lookup compares the entry's ids and parent key."""
+    cache = PrefixCache(block_size=4, capacity_tokens=64)
+    _fill(cache, list(range(8)))
+    _fill(cache, [5, 5, 5, 5, 4, 5, 6, 7])
+    other = cache.chain([9] * 9)
+    other.keys[:] = cache.chain(list(range(8))).keys  # other ids under cached keys
+    assert cache.lookup(other, 9) == []
+    other = cache.chain(list(range(9)))
+    other.keys[1] = cache.chain([5, 5, 5, 5, 4, 5, 6, 7]).keys[1]  # the same ids as a cached block, its key...
+    assert len(cache.lookup(other, 9)) == 1  # ... but another parent
 
 
 def test_prefix_cache_evicts_least_recently_used_blocks() -> None:
     cache = PrefixCache(block_size=4, capacity_tokens=16)
     _fill(cache, [1] * 8)
     _fill(cache, [2] * 8)
-    assert len(cache.lookup([1] * 9)) == 2
+    assert len(_lookup(cache, [1] * 9)) == 2
     _fill(cache, [3] * 8)  # evicts the [2] blocks, used least recently
     assert len(cache) == 4
-    assert cache.lookup([2] * 9) == [] and len(cache.lookup([1] * 9)) == 2
+    assert _lookup(cache, [2] * 9) == [] and len(_lookup(cache, [1] * 9)) == 2
     cache.record(prompt_tokens=10, cached_tokens=4)
     assert cache.hit_rate == pytest.approx(0.4)
     cache.clear()
@@ -50,7 +77,8 @@ def test_prefix_cache_evicts_least_recently_used_blocks() -> None:
 
 def test_disabled_prefix_cache_never_hits() -> None:
     cache = PrefixCache(block_size=4, capacity_tokens=0)
-    assert not cache.enabled and cache.missing(list(range(12))) == [] and cache.lookup(list(range(12))) == []
+    blocks = cache.chain(list(range(12)))
+    assert not cache.enabled and blocks.keys == [] and cache.missing(blocks, 12) == [] and cache.lookup(blocks, 12) == []
 
 
 def test_slot_moves_and_block_copies() -> None:

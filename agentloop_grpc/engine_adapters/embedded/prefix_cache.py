@@ -1,8 +1,9 @@
 """PrefixCache: KV of already-computed token prefixes, in fixed-size blocks, LRU-bounded.
 
-A block's key chains the key of the block before it with its own tokens, so a key names a whole prefix; the
-entry also keeps its tokens and its parent key, and a lookup compares them, so a hash collision can never serve
-foreign KV. A hit copies the blocks into the new request's slot and its prefill starts after them. At most
+Blocks are keyed by a request's BlockChain (``block_hash.py``), hashed once when the request arrives and extended
+by its output, so admission and lookups never rehash a prompt. A key names a whole prefix; the entry also keeps
+its block's ids and its parent key, and a lookup compares them, so a hash collision can never serve foreign KV.
+A hit copies the blocks into the new request's slot and its prefill starts after them. At most
 ``len(prompt) - 1`` tokens are served from the cache: the last prompt token is always computed, because its
 logits choose the first generated token.
 
@@ -18,11 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..block_hash import BlockChain
+
 
 @dataclass(frozen=True, slots=True)
 class _Block:
     parent: int | None
-    tokens: tuple[int, ...]
+    ids: bytes  # the block's token ids, as BlockChain.block gives them
     kv: torch.Tensor  # [layers, 2, kv_heads, block_size, head_dim]
 
 
@@ -45,30 +48,25 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def _keys(self, tokens: Sequence[int], limit: int) -> list[tuple[int | None, int, tuple[int, ...]]]:
-        """(parent key, key, tokens) of every full block within tokens[:limit]."""
-        size, parent, keys = self.block_size, None, []
-        for start in range(0, limit - size + 1, size):
-            block = tuple(tokens[start : start + size])
-            key = hash((parent, block))
-            keys.append((parent, key, block))
+    def chain(self, prompt: Sequence[int]) -> BlockChain:
+        """The block keys of ``prompt``, to extend with its output (none when the cache is disabled)."""
+        return BlockChain(self.block_size, prompt if self.enabled else ())
+
+    def prompt_keys(self, blocks: BlockChain, prompt_len: int) -> list[int]:
+        """Keys of the blocks a lookup of a prompt of ``prompt_len`` tokens tries: those within ``prompt[:-1]``."""
+        return blocks.keys[: (prompt_len - 1) // self.block_size]
+
+    def lookup(self, blocks: BlockChain, prompt_len: int) -> list[torch.Tensor]:
+        """The KV blocks of the longest cached prefix of the prompt's first ``prompt_len - 1`` tokens (refreshing
+        their LRU position)."""
+        found, parent = [], None
+        for index, key in enumerate(self.prompt_keys(blocks, prompt_len)):
+            block = self._blocks.get(key)
+            if block is None or block.parent != parent or block.ids != blocks.block(index):
+                break
             parent = key
-        return keys
-
-    def block_keys(self, prompt: Sequence[int]) -> list[int]:
-        """Keys of the blocks a lookup of ``prompt`` would try (none when the cache is disabled)."""
-        return [key for _, key, _ in self._keys(prompt, len(prompt) - 1)] if self.enabled else []
-
-    def lookup(self, prompt: Sequence[int]) -> list[torch.Tensor]:
-        """The KV blocks of the longest cached prefix of ``prompt[:-1]`` (refreshing their LRU position)."""
-        found = []
-        if self.enabled:
-            for parent, key, tokens in self._keys(prompt, len(prompt) - 1):
-                block = self._blocks.get(key)
-                if block is None or block.parent != parent or block.tokens != tokens:
-                    break
-                self._blocks.move_to_end(key)
-                found.append(block.kv)
+            self._blocks.move_to_end(key)
+            found.append(block.kv)
         return found
 
     def record(self, prompt_tokens: int, cached_tokens: int) -> None:
@@ -79,20 +77,23 @@ class PrefixCache:
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def missing(self, tokens: Sequence[int]) -> list[tuple[int, int | None, int, tuple[int, ...]]]:
-        """(start, parent, key, tokens) of the full blocks of ``tokens`` not cached yet (their KV is wanted)."""
+    def missing(self, blocks: BlockChain, length: int) -> list[int]:
+        """Indexes of the full blocks within the first ``length`` tokens of ``blocks`` not cached yet (their KV is
+        wanted); cached ones are refreshed. A colliding key counts as cached: the lookup, which compares, misses it."""
         if not self.enabled:
             return []
         out = []
-        for index, (parent, key, block) in enumerate(self._keys(tokens, len(tokens))):
-            if key in self._blocks and self._blocks[key].tokens == block:
+        for index, key in enumerate(blocks.keys[: length // self.block_size]):
+            if key in self._blocks:
                 self._blocks.move_to_end(key)
             else:
-                out.append((index * self.block_size, parent, key, block))
+                out.append(index)
         return out
 
-    def insert(self, parent: int | None, key: int, tokens: tuple[int, ...], kv: torch.Tensor) -> None:
-        self._blocks[key] = _Block(parent, tokens, kv)
+    def insert(self, blocks: BlockChain, index: int, kv: torch.Tensor) -> None:
+        """Cache ``kv`` as block ``index`` of ``blocks``, evicting the least recently used beyond the capacity."""
+        key = blocks.keys[index]
+        self._blocks[key] = _Block(blocks.keys[index - 1] if index else None, blocks.block(index), kv)
         self._blocks.move_to_end(key)
         while len(self._blocks) > self.capacity_blocks:
             self._blocks.popitem(last=False)

@@ -96,6 +96,7 @@ class Scheduler:
     def _take_submissions(self) -> None:
         while not self._inbox.empty():
             sequence = self._inbox.get_nowait()
+            sequence.blocks = self.prefix_cache.chain(sequence.request.prompt_ids)  # hashed once, here
             heapq.heappush(self._waiting, (-sequence.request.priority, sequence.arrival, sequence))
 
     def _admit(self) -> None:
@@ -112,7 +113,7 @@ class Scheduler:
             sequence = item[2]
             if sequence.aborted:
                 continue
-            keys = self.prefix_cache.block_keys(sequence.request.prompt_ids)
+            keys = self.prefix_cache.prompt_keys(sequence.blocks, sequence.prompt_len)
             if any(key in in_prefill for key in keys):
                 deferred.append(item)
                 continue
@@ -126,7 +127,7 @@ class Scheduler:
         keys: set[int] = set()
         size = self.prefix_cache.block_size
         for sequence in self._slots[self._decoding :]:
-            keys.update(self.prefix_cache.block_keys(sequence.request.prompt_ids)[sequence.cached // size :])
+            keys.update(self.prefix_cache.prompt_keys(sequence.blocks, sequence.prompt_len)[sequence.cached // size :])
         return keys
 
     def _start(self, sequence: Sequence) -> None:
@@ -139,7 +140,7 @@ class Scheduler:
         sequence.cache_epoch = self.prefix_cache.epoch
         self._slots.append(sequence)
         start = 0
-        for block in self.prefix_cache.lookup(request.prompt_ids):
+        for block in self.prefix_cache.lookup(sequence.blocks, sequence.prompt_len):
             self.runner.kv.write(sequence.slot, start, block)
             start += block.shape[3]
         sequence.computed = sequence.cached = start
@@ -215,12 +216,13 @@ class Scheduler:
                 moved.slot = new_slot
 
     def _store_prefix(self, sequence: Sequence) -> None:
-        if sequence.cache_epoch != self.prefix_cache.epoch:  # part of its KV predates a flush or weight update
+        cache, blocks = self.prefix_cache, sequence.blocks
+        if not cache.enabled or sequence.cache_epoch != cache.epoch:  # part of its KV predates a flush or update
             return
-        tokens = sequence.tokens[: sequence.computed]
-        for start, parent, key, block in self.prefix_cache.missing(tokens):
-            kv = self.runner.kv.read(sequence.slot, start, start + len(block))
-            self.prefix_cache.insert(parent, key, block, kv)
+        blocks.extend(sequence.tokens[len(blocks) : sequence.computed])  # its output so far
+        for index in cache.missing(blocks, sequence.computed):
+            start = index * cache.block_size
+            cache.insert(blocks, index, self.runner.kv.read(sequence.slot, start, start + cache.block_size))
 
     # -- control (called between steps, on the worker thread) ----------------------------------------------
 

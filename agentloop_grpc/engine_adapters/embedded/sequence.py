@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import xgrammar as xgr
 
 from agentloop_grpc.common.types import GenerateEvent, GenerateRequest
+from ..block_hash import BlockChain
 from .sampling import RequestSampler
 from .structured import StructuredState
 
@@ -37,6 +38,9 @@ class Sequence:
     cached: int = 0
     #: The prefix cache's epoch when the request started: its KV is stored only if no clear happened since.
     cache_epoch: int = 0
+    #: Prefix-cache keys of its full blocks (the prompt's, then its output's as stored), made by the core when it
+    #: takes the request.
+    blocks: BlockChain | None = None
     generated: int = 0
     #: Tokens queued on ``events`` (event loop).
     emitted: int = 0
