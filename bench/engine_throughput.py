@@ -98,7 +98,7 @@ async def engine_tokens_per_s(engine: EngineAdapter, batch: list[list[int]], tag
 async def measure(name: str, engine: EngineAdapter, tokenizer) -> dict[int, float]:
     """Start ``engine``, warm it up, take the median of REPEATS runs per concurrency, shut it down."""
     start = time.perf_counter()
-    await engine.start()
+    await engine.start(lambda: 0)  # no weight updates here: version 0
     print(f"{name}: started in {time.perf_counter() - start:.1f} s")
     await engine_tokens_per_s(engine, prompts(tokenizer, 8), f"{name}-warm")
     figures = {}

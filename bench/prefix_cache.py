@@ -74,7 +74,7 @@ async def workload(engine: EmbeddedEngine, tokenizer, tag: str, sessions: int = 
 
 async def measure(cache_tokens: int, tokenizer) -> tuple[float, float]:
     engine = make_adapter("embedded", {"max_running": SESSIONS, "prefix_cache_tokens": cache_tokens})
-    await engine.start()
+    await engine.start(lambda: 0)  # no weight updates here: version 0
     try:
         await workload(engine, tokenizer, "warm", sessions=4)
         runs = [await workload(engine, tokenizer, f"r{r}") for r in range(REPEATS)]

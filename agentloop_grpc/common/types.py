@@ -125,8 +125,9 @@ GenerateEvent = TokenChunk | GenerateComplete
 
 
 @dataclass(frozen=True, slots=True)
-class ServerInfo:
-    """What GetServerInfo reports."""
+class ServerFacts:
+    """What an engine is, known once it loaded and fixed from then on; GetServerInfo adds the dynamic state
+    (``EngineState`` and the weight version) that the servicer keeps."""
 
     engine_kind: str
     engine_version: str
@@ -135,8 +136,6 @@ class ServerInfo:
     vocab_size: int
     max_model_len: int
     eos_token_ids: tuple[int, ...]
-    weight_version: int
-    state: EngineState
     dp_rank: int = 0
     dp_size: int = 1
     tp_size: int = 1

@@ -6,14 +6,13 @@ within the engine's limits, with every default resolved.
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import dataclasses
 
 import numpy as np
 
 from agentloop_grpc.v1 import engine_pb2, generation_pb2
 
+from agentloop_grpc.common import wire as wire_maps
 from agentloop_grpc.common.wire import FINISH_REASONS
 
 from . import validation
@@ -22,20 +21,14 @@ from .grouping import TokenGrouper
 from agentloop_grpc.common.prompt import PromptIds
 from agentloop_grpc.common.types import (
     EngineState,
-    FinishReason,
     GenerateComplete,
     GenerateRequest,
     LoadInfo,
-    PauseMode,
-    Resource,
     SamplingParams,
-    ServerInfo,
+    ServerFacts,
     StructuredOutput,
     TokenChunk,
 )
-
-if TYPE_CHECKING:  # sampling_cache imports this module
-    from .sampling_cache import SamplingCache
 
 ENGINE_STATES = {
     EngineState.LOADING: engine_pb2.ENGINE_STATE_LOADING,
@@ -44,27 +37,21 @@ ENGINE_STATES = {
     EngineState.SLEEPING: engine_pb2.ENGINE_STATE_SLEEPING,
     EngineState.DRAINING: engine_pb2.ENGINE_STATE_DRAINING,
 }
-PAUSE_MODES = {
-    engine_pb2.PAUSE_MODE_ABORT: PauseMode.ABORT,
-    engine_pb2.PAUSE_MODE_KEEP: PauseMode.KEEP,
-    engine_pb2.PAUSE_MODE_WAIT: PauseMode.WAIT,
-}
-WAKE_UP_TAGS = {
-    engine_pb2.WAKE_UP_TAG_WEIGHTS: Resource.WEIGHTS,
-    engine_pb2.WAKE_UP_TAG_KV_CACHE: Resource.KV_CACHE,
-}
-SLEEP_LEVELS = {engine_pb2.SLEEP_LEVEL_KV_CACHE: 1, engine_pb2.SLEEP_LEVEL_KV_CACHE_AND_WEIGHTS: 2}
+# The server reads what the client side writes (common/wire.py), so its maps are those inverted.
+PAUSE_MODES = {wire: mode for mode, wire in wire_maps.PAUSE_MODES.items()}
+WAKE_UP_TAGS = {wire: resource for resource, wire in wire_maps.RESOURCE_TAGS.items()}
+SLEEP_LEVELS = {wire: level for level, wire in wire_maps.SLEEP_LEVELS.items()}
 
 
 def _optional(message, name: str, default):
     return getattr(message, name) if message.HasField(name) else default
 
 
-def sampling_from_proto(params: generation_pb2.SamplingParams, prompt_len: int, info: ServerInfo) -> SamplingParams:
+def sampling_from_proto(params: generation_pb2.SamplingParams, prompt_len: int, facts: ServerFacts) -> SamplingParams:
     """Resolve defaults and validate; raise InvalidRequestError naming the field."""
     sampling = SamplingParams(
         max_new_tokens=validation.resolve_max_new_tokens(
-            _optional(params, "max_new_tokens", None), prompt_len, info
+            _optional(params, "max_new_tokens", None), prompt_len, facts
         ),
         temperature=_optional(params, "temperature", 1.0),
         top_p=_optional(params, "top_p", 1.0),
@@ -79,7 +66,7 @@ def sampling_from_proto(params: generation_pb2.SamplingParams, prompt_len: int, 
         logprobs=params.logprobs or params.top_logprobs > 0,
         top_logprobs=params.top_logprobs,
     )
-    validation.check_sampling(sampling, info)
+    validation.check_sampling(sampling, facts)
     return sampling
 
 
@@ -94,34 +81,30 @@ def structured_from_proto(request: generation_pb2.GenerateRequest) -> Structured
     return spec
 
 
-def prompt_from_proto(request: generation_pb2.GenerateRequest, info: ServerInfo) -> PromptIds:
+def prompt_from_proto(request: generation_pb2.GenerateRequest, facts: ServerFacts) -> PromptIds:
     """The request's prompt, from whichever of its two forms it came in, bounds-checked (vectorised)."""
     raw = request.prompt_ids_raw
     if not raw:
         # numpy copies the repeated field out in one call, far cheaper than Python's min/max over the container
         prompt = np.asarray(request.prompt_ids)
-        validation.check_prompt(prompt, info)
+        validation.check_prompt(prompt, facts)
         return PromptIds.from_raw(prompt.astype("<i4").tobytes())
     validation.check_raw_prompt(raw, has_repeated=len(request.prompt_ids) > 0)
-    validation.check_prompt(np.frombuffer(raw, dtype="<i4"), info, "prompt_ids_raw")
+    validation.check_prompt(np.frombuffer(raw, dtype="<i4"), facts, "prompt_ids_raw")
     # kept as the bytes it came in: unpacking into Python ints costs CPU on every call, and most engines convert
     # to their own form anyway (tensors, lists)
     return PromptIds.from_raw(raw)
 
 
-def request_from_proto(
-    request: generation_pb2.GenerateRequest, info: ServerInfo, sampling_cache: SamplingCache | None = None
-) -> GenerateRequest:
-    """Validate a GenerateRequest against the engine's limits and convert it (its sampling params through
-    ``sampling_cache`` when given)."""
+def request_from_proto(request: generation_pb2.GenerateRequest, facts: ServerFacts) -> GenerateRequest:
+    """Validate a GenerateRequest against the engine's limits and convert it."""
     validation.check_request_id(request.request_id)
-    prompt_ids = prompt_from_proto(request, info)
-    resolve = sampling_from_proto if sampling_cache is None else sampling_cache.resolve
+    prompt_ids = prompt_from_proto(request, facts)
     return GenerateRequest(
         request_id=request.request_id,
         session_id=request.session_id,
         prompt_ids=prompt_ids,
-        sampling=resolve(request.sampling_params, len(prompt_ids), info),
+        sampling=sampling_from_proto(request.sampling_params, len(prompt_ids), facts),
         structured_output=structured_from_proto(request),
         priority=request.priority,
     )
@@ -180,23 +163,12 @@ def complete_to_proto(complete: GenerateComplete, tail: TokenChunk | None = None
     return response
 
 
-def info_to_proto(info: ServerInfo) -> engine_pb2.GetServerInfoResponse:
-    return engine_pb2.GetServerInfoResponse(
-        engine_kind=info.engine_kind,
-        engine_version=info.engine_version,
-        model_id=info.model_id,
-        tokenizer_fingerprint=info.tokenizer_fingerprint,
-        vocab_size=info.vocab_size,
-        max_model_len=info.max_model_len,
-        eos_token_ids=info.eos_token_ids,
-        dp_rank=info.dp_rank,
-        dp_size=info.dp_size,
-        tp_size=info.tp_size,
-        weight_version=info.weight_version,
-        state=ENGINE_STATES[info.state],
-        sleep_releases_memory=info.sleep_releases_memory,
-        supports_structured_output=info.supports_structured_output,
-    )
+def info_to_proto(
+    facts: ServerFacts | None, state: EngineState, weight_version: int
+) -> engine_pb2.GetServerInfoResponse:
+    """GetServerInfo: the engine's facts (none while it loads) and its state now."""
+    facts_fields = dataclasses.asdict(facts) if facts is not None else {}  # named as the message's fields
+    return engine_pb2.GetServerInfoResponse(state=ENGINE_STATES[state], weight_version=weight_version, **facts_fields)
 
 
 def load_to_proto(load: LoadInfo) -> generation_pb2.GetLoadResponse:

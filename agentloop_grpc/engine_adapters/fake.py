@@ -5,8 +5,7 @@ It is named a fake everywhere it appears. Its tokens are a deterministic functio
 behaves like a real engine where the contract cares: a scheduler with a bounded batch (continuous batching: a
 request joins between decode steps and leaves when done), a bounded waiting queue, configurable prefill and
 per-token latency, a block-hashed prefix cache whose hits shorten prefill (least recently used blocks leave
-first, a sequence's tail before its head, as in vLLM), abort, the three pause modes, sleep/wake bookkeeping and
-weight versions. As in vLLM and SGLang, a prompt's blocks are reusable from the step after its prefill (not only
+first, a sequence's tail before its head, as in vLLM), abort and freezing for Pause(KEEP). As in vLLM and SGLang, a prompt's blocks are reusable from the step after its prefill (not only
 once the request finishes), so requests that share a system prompt and arrive while the first one still decodes
 hit it; requests prefilled in the same step do not share.
 """
@@ -27,22 +26,18 @@ from agentloop_grpc import __version__
 
 from .block_hash import BlockChain
 from .fake_config import FakeEngineConfig
-from agentloop_grpc.common.errors import EngineOverloadedError, EngineUnavailableError, FailedPreconditionError, UnsupportedError
+from agentloop_grpc.common.errors import EngineOverloadedError, UnsupportedError
 from .grouping import merge_chunks
 from agentloop_grpc.common.types import (
-    EngineState,
     FinishReason,
     GenerateComplete,
     GenerateEvent,
     GenerateRequest,
     LoadInfo,
     NamedTensor,
-    PauseMode,
-    PauseResult,
     Resource,
-    ServerInfo,
+    ServerFacts,
     TokenChunk,
-    WeightUpdateResult,
 )
 
 _MASK64 = (1 << 64) - 1
@@ -108,53 +103,23 @@ class FakeEngine:
 
     def __init__(self, config: FakeEngineConfig | None = None) -> None:
         self.config = config or FakeEngineConfig()
-        self._weight_version = 0
-        self._started = False
-        self._released: set[Resource] = set()
-        self._paused = False
-        self._hold_new = False  # new requests wait in _held (paused, or a PAUSE_MODE_WAIT in progress)
+        self._weight_version: Callable[[], int] = lambda: 0
+        self._frozen = False
         self._running: dict[str, _Request] = {}
         self._waiting: list[tuple[int, int, _Request]] = []  # heap of (-priority, arrival, request)
-        self._held: list[_Request] = []
         self._arrivals = itertools.count()
         self._work = asyncio.Event()
-        self._idle = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._cache: OrderedDict[int, None] = OrderedDict()  # block keys, least recently used first
-        self._info: ServerInfo | None = None
         self._prompt_tokens_seen = 0
         self._prompt_tokens_cached = 0
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, weight_version: Callable[[], int]) -> ServerFacts:
+        self._weight_version = weight_version
         self._loop_task = asyncio.create_task(self._schedule(), name="fake-engine-scheduler")
-        self._started = True
-
-    async def shutdown(self) -> None:
-        await self.abort(None)
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
-
-    def _state(self) -> EngineState:
-        if not self._started:
-            return EngineState.LOADING
-        if self._released:
-            return EngineState.SLEEPING
-        return EngineState.PAUSED if self._paused or self._hold_new else EngineState.RUNNING
-
-    def info(self) -> ServerInfo:
-        """Built again only when the state or the weight version changed: the servicer asks once per request, and
-        building the frozen dataclass is not free."""
-        state = self._state()
-        if self._info is None or self._info.state is not state or self._info.weight_version != self._weight_version:
-            self._info = self._build_info(state)
-        return self._info
-
-    def _build_info(self, state: EngineState) -> ServerInfo:
-        return ServerInfo(
+        return ServerFacts(
             engine_kind="fake",
             engine_version=__version__,
             model_id="fake",
@@ -162,21 +127,23 @@ class FakeEngine:
             vocab_size=self.config.vocab_size,
             max_model_len=self.config.max_model_len,
             eos_token_ids=(self.config.eos_token_id,),
-            weight_version=self._weight_version,
-            state=state,
             dp_rank=self.config.dp_rank,
             dp_size=self.config.dp_size,
-            tp_size=1,
-            sleep_releases_memory=False,
-            supports_structured_output=False,
         )
+
+    async def shutdown(self) -> None:
+        await self.abort([e.request_id for e in self._entries()])
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
 
     def load(self) -> LoadInfo:
         in_kv = sum(len(r.request.prompt_ids) + len(r.generated) for r in self._running.values())
         seen = self._prompt_tokens_seen
         return LoadInfo(
             running_requests=len(self._running),
-            waiting_requests=len(self._waiting) + len(self._held),
+            waiting_requests=len(self._waiting),
             kv_cache_usage=min(1.0, in_kv / (self.config.max_running * self.config.max_model_len)),
             prefix_cache_hit_rate=self._prompt_tokens_cached / seen if seen else 0.0,
             max_running_requests=self.config.max_running,
@@ -185,11 +152,9 @@ class FakeEngine:
     # -- generation ------------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        if self._released:
-            raise EngineUnavailableError("the fake engine is asleep")
         if request.structured_output is not None:
             raise UnsupportedError("the fake engine does not support structured output")
-        if self._in_flight() >= self.config.max_running + self.config.max_waiting:
+        if len(self._running) + len(self._waiting) >= self.config.max_running + self.config.max_waiting:
             raise EngineOverloadedError(
                 f"the waiting queue is full ({self.config.max_waiting} waiting behind {self.config.max_running} running)"
             )
@@ -201,11 +166,7 @@ class FakeEngine:
         entry = _Request(request=request, base=base, blocks=BlockChain(self.config.block_size, prompt))
         if self.config.script is not None:
             entry.scripted = tuple(self.config.script(request))
-        if self._hold_new or self._paused:
-            self._held.append(entry)
-        else:
-            heapq.heappush(self._waiting, (-request.priority, next(self._arrivals), entry))
-        self._idle.clear()
+        heapq.heappush(self._waiting, (-request.priority, next(self._arrivals), entry))
         self._work.set()
         loop = asyncio.get_running_loop()
         try:
@@ -225,15 +186,14 @@ class FakeEngine:
             if not entry.done:
                 self._finish(entry, FinishReason.ABORT)
 
-    async def abort(self, request_ids: Sequence[str] | None) -> list[str]:
-        entries = [e for _, _, e in self._waiting] + self._held + list(self._running.values())
-        wanted = None if request_ids is None else set(request_ids)
-        aborted = []
-        for entry in entries:
-            if wanted is None or entry.request_id in wanted:
+    def _entries(self) -> list[_Request]:
+        return [e for _, _, e in self._waiting] + list(self._running.values())
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        wanted = set(request_ids)
+        for entry in self._entries():
+            if entry.request_id in wanted:
                 self._finish(entry, FinishReason.ABORT)
-                aborted.append(entry.request_id)
-        return aborted
 
     # -- scheduler -------------------------------------------------------------------------------------------
 
@@ -247,7 +207,7 @@ class FakeEngine:
         loop = asyncio.get_running_loop()
         clock = StepClock()
         while True:
-            if self._paused or not (self._running or self._waiting):
+            if self._frozen or not (self._running or self._waiting):
                 self._work.clear()
                 await self._work.wait()
                 clock.reset()
@@ -262,7 +222,7 @@ class FakeEngine:
             step_s = self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s
             if step_s:
                 await asyncio.sleep(clock.sleep_s(loop.time(), step_s))
-                if self._paused:  # PAUSE_MODE_KEEP arrived during the step: keep the requests, emit nothing
+                if self._frozen:  # PAUSE_MODE_KEEP arrived during the step: keep the requests, emit nothing
                     continue
             for entry in list(self._running.values()):
                 if entry.prefilled:
@@ -315,7 +275,7 @@ class FakeEngine:
                         ((token + j) % self.config.vocab_size, logprob - 0.5 * j) for j in range(sampling.top_logprobs)
                     ),
                 )
-        entry.emit(TokenChunk((token,), self._weight_version, logprobs, top))
+        entry.emit(TokenChunk((token,), self._weight_version(), logprobs, top))
         if token in sampling.stop_token_ids or (token == self.config.eos_token_id and not sampling.ignore_eos):
             self._finish(entry, FinishReason.STOP, matched=token)
         elif len(entry.generated) >= sampling.max_new_tokens:
@@ -325,12 +285,9 @@ class FakeEngine:
         if entry.done:
             return
         entry.done = True
-        if self._running.pop(entry.request_id, None) is None:  # never scheduled: held or waiting
-            if entry in self._held:
-                self._held.remove(entry)
-            else:
-                self._waiting = [item for item in self._waiting if item[2] is not entry]
-                heapq.heapify(self._waiting)
+        if self._running.pop(entry.request_id, None) is None:  # never scheduled: waiting
+            self._waiting = [item for item in self._waiting if item[2] is not entry]
+            heapq.heapify(self._waiting)
         if entry.prefilled:  # what it generated is reusable too (the next turn's prompt starts with it)
             stored = len(entry.blocks.keys)
             entry.blocks.extend(entry.generated)
@@ -341,65 +298,31 @@ class FakeEngine:
                 finish_reason=reason,
                 prompt_tokens=len(entry.request.prompt_ids),
                 completion_tokens=len(entry.generated),
-                weight_version=self._weight_version,
+                weight_version=self._weight_version(),
                 cached_prompt_tokens=entry.cached_tokens,
                 matched_stop_token_id=matched,
             )
         )
-        if not (self._running or self._waiting):
-            self._idle.set()
 
     # -- control ---------------------------------------------------------------------------------------------
 
-    def _in_flight(self) -> int:
-        return len(self._running) + len(self._waiting) + len(self._held)
+    async def release(self, resources: frozenset[Resource]) -> None:
+        if Resource.KV_CACHE in resources:  # a fake holds no device memory; its prefix cache goes with the KV
+            await self.flush_cache()
 
-    async def sleep(self, level: int) -> bool:
-        if self._in_flight():
-            raise FailedPreconditionError(f"{self._in_flight()} requests are in flight")
-        self._released |= {Resource.KV_CACHE} if level == 1 else {Resource.KV_CACHE, Resource.WEIGHTS}
-        await self.flush_cache()
-        return False  # a fake holds no device memory
+    async def restore(self, resources: frozenset[Resource]) -> None:
+        """Nothing to restore: a fake holds no device memory."""
 
-    async def wake_up(self, resources: frozenset[Resource]) -> EngineState:
-        self._released -= resources
-        return self._state()
+    async def freeze(self) -> None:
+        self._frozen = True
 
-    async def pause(self, mode: PauseMode) -> PauseResult:
-        if mode is PauseMode.ABORT:
-            self._paused = True
-            return PauseResult(aborted_requests=len(await self.abort(None)))
-        if mode is PauseMode.KEEP:
-            self._paused = True
-            return PauseResult(kept_requests=self._in_flight())
-        self._hold_new, self._paused = True, False  # WAIT: let what is in flight finish, hold newcomers
-        self._work.set()
-        try:
-            if self._running or self._waiting:
-                self._idle.clear()
-                await self._idle.wait()
-        except asyncio.CancelledError:
-            await self.resume()
-            raise
-        self._paused = True
-        return PauseResult()
-
-    async def resume(self) -> None:
-        self._paused = self._hold_new = False
-        for entry in self._held:
-            heapq.heappush(self._waiting, (-entry.request.priority, next(self._arrivals), entry))
-        self._held.clear()
+    async def thaw(self) -> None:
+        self._frozen = False
         self._work.set()
 
-    async def update_weights(
-        self, tensors: Sequence[NamedTensor], weight_version: int, flush_cache: bool
-    ) -> WeightUpdateResult:
-        if Resource.WEIGHTS in self._released:
-            raise EngineUnavailableError("the weights are released (asleep); WakeUp with WAKE_UP_TAG_WEIGHTS first")
-        self._weight_version = weight_version
+    async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int, flush_cache: bool) -> None:
         if flush_cache:
             await self.flush_cache()
-        return WeightUpdateResult(weight_version=weight_version, tensors_updated=len(tensors))
 
     async def flush_cache(self) -> None:
         self._cache.clear()

@@ -21,9 +21,11 @@ from agentloop_grpc.serving.security import ServerSecurity, bind
 from agentloop_grpc.serving.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
 from agentloop_grpc.v1 import engine_pb2_grpc, generation_pb2_grpc
 
+from agentloop_grpc.common.types import EngineState
+
+from .lifecycle import EngineLifecycle
 from .protocol import EngineAdapter
 from .servicer import SERVICE_NAMES, EngineServicer
-from agentloop_grpc.common.types import EngineState
 
 log = logging.getLogger(__name__)
 
@@ -43,31 +45,31 @@ class EngineServer:
     server: grpc.aio.Server
     port: int
     servicer: EngineServicer
-    adapter: EngineAdapter
+    lifecycle: EngineLifecycle
 
     async def stop(self, grace_s: float = 30.0) -> None:
         """Drain: refuse new Generate calls, give in-flight ones ``grace_s`` to finish, abort the rest (their
         streams end with FINISH_REASON_ABORT, so clients keep their tokens), then stop and release the engine."""
         await self.servicer.begin_drain()
-        if not await self.servicer.wait_idle(grace_s):
-            aborted = await self.adapter.abort(None)
+        if not await self.lifecycle.wait_idle(grace_s):
+            aborted = await self.lifecycle.abort(None)
             log.warning("drain timeout: aborted %d in-flight requests", len(aborted))
-            await self.servicer.wait_idle(_ABORT_FLUSH_S)
+            await self.lifecycle.wait_idle(_ABORT_FLUSH_S)
         await self.server.stop(_ABORT_FLUSH_S)
-        await self.adapter.shutdown()
+        await self.lifecycle.shutdown()
 
 
-def engine_gauges(adapter: EngineAdapter) -> GaugesCollector:
+def engine_gauges(lifecycle: EngineLifecycle) -> GaugesCollector:
     """What the engine reports of itself (GetLoad and GetServerInfo figures), read when scraped."""
 
     def read() -> list[GaugeSample]:
-        info = adapter.info()
+        now = lifecycle.state
         gauges: list[GaugeSample] = [("agentloop_engine_weight_version", "Weight version loaded", {},
-                                      info.weight_version)]
+                                      lifecycle.weight_version)]
         gauges += [("agentloop_engine_state", "1 for the engine's current state", {"state": state.value},
-                    1.0 if state is info.state else 0.0) for state in EngineState]
+                    1.0 if state is now else 0.0) for state in EngineState]
         try:
-            load = adapter.load()
+            load = lifecycle.load()
         except Exception:  # noqa: BLE001 (an engine that is loading or asleep may have no load to report)
             return gauges
         return gauges + [
@@ -90,22 +92,23 @@ async def create_server(
 ) -> EngineServer:
     """Serve ``adapter`` on ``address`` (with ``security``'s TLS and tokens, counting into ``metrics``); the
     adapter is not started here (see ``start_adapter``)."""
+    lifecycle = EngineLifecycle(adapter)
     if metrics is not None:
-        metrics.registry.register(engine_gauges(adapter))
+        metrics.registry.register(engine_gauges(lifecycle))
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=server_interceptors(security, metrics))
     health_servicer = add_health_and_reflection(server, SERVICE_NAMES)
-    servicer = EngineServicer(adapter, health_servicer)
+    servicer = EngineServicer(lifecycle, health_servicer)
     generation_pb2_grpc.add_TokenGenerateServicer_to_server(servicer, server)
     engine_pb2_grpc.add_EngineControlServicer_to_server(servicer, server)
     port = bind(server, address, security, ENGINE_EXPOSES)
     await servicer.sync_health()
     await server.start()
-    return EngineServer(server=server, port=port, servicer=servicer, adapter=adapter)
+    return EngineServer(server=server, port=port, servicer=servicer, lifecycle=lifecycle)
 
 
 async def start_adapter(engine_server: EngineServer) -> None:
     """Load the engine, then report SERVING."""
-    await engine_server.adapter.start()
+    await engine_server.lifecycle.start()
     await engine_server.servicer.sync_health()
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from agentloop_grpc.common.errors import InvalidRequestError
-from agentloop_grpc.common.types import SamplingParams, ServerInfo, StructuredOutput
+from agentloop_grpc.common.types import SamplingParams, ServerFacts, StructuredOutput
 
 MAX_TOP_LOGPROBS = 20
 PENALTY_BOUND = 2.0
@@ -99,21 +99,21 @@ def check_request_id(request_id: str) -> None:
     check_id("request_id", request_id)
 
 
-def check_prompt(prompt_ids: Sequence[int] | np.ndarray, info: ServerInfo, field: str = "prompt_ids") -> None:
+def check_prompt(prompt_ids: Sequence[int] | np.ndarray, facts: ServerFacts, field: str = "prompt_ids") -> None:
     ids = np.asarray(prompt_ids)  # int32 from the wire (PromptIds, prompt_ids_raw) or int64 from a list
     if ids.size == 0:
         raise _fail(PROMPT_EMPTY)
     if ids.dtype == np.int32:  # one reduction: as uint32, a negative id is >= 2**31, beyond any vocabulary
-        out_of_range = ids.view(np.uint32).max() >= info.vocab_size
+        out_of_range = ids.view(np.uint32).max() >= facts.vocab_size
     else:
-        out_of_range = ids.min() < 0 or ids.max() >= info.vocab_size
+        out_of_range = ids.min() < 0 or ids.max() >= facts.vocab_size
     if out_of_range:
-        index = int(np.flatnonzero((ids < 0) | (ids >= info.vocab_size))[0])
+        index = int(np.flatnonzero((ids < 0) | (ids >= facts.vocab_size))[0])
         raise _fail(
-            PROMPT_ID_OUT_OF_RANGE, field=field, index=index, value=int(ids[index]), vocab_size=info.vocab_size
+            PROMPT_ID_OUT_OF_RANGE, field=field, index=index, value=int(ids[index]), vocab_size=facts.vocab_size
         )
-    if ids.size >= info.max_model_len:
-        raise _fail(PROMPT_TOO_LONG, length=ids.size, max_model_len=info.max_model_len)
+    if ids.size >= facts.max_model_len:
+        raise _fail(PROMPT_TOO_LONG, length=ids.size, max_model_len=facts.max_model_len)
 
 
 def check_raw_prompt(prompt_ids_raw: bytes, has_repeated: bool) -> None:
@@ -124,21 +124,21 @@ def check_raw_prompt(prompt_ids_raw: bytes, has_repeated: bool) -> None:
         raise _fail(PROMPT_RAW_LENGTH, length=len(prompt_ids_raw))
 
 
-def resolve_max_new_tokens(requested: int | None, prompt_len: int, info: ServerInfo) -> int:
+def resolve_max_new_tokens(requested: int | None, prompt_len: int, facts: ServerFacts) -> int:
     """The concrete budget: the request's, or all the room left under max_model_len."""
-    room = info.max_model_len - prompt_len
+    room = facts.max_model_len - prompt_len
     if requested is None:
         return room
     if requested < 1:
         raise _fail(MAX_NEW_TOKENS_INVALID, value=requested)
     if requested > room:
         raise _fail(
-            MAX_NEW_TOKENS_OVER_LIMIT, value=requested, prompt=prompt_len, max_model_len=info.max_model_len, room=room
+            MAX_NEW_TOKENS_OVER_LIMIT, value=requested, prompt=prompt_len, max_model_len=facts.max_model_len, room=room
         )
     return requested
 
 
-def check_sampling(params: SamplingParams, info: ServerInfo) -> None:
+def check_sampling(params: SamplingParams, facts: ServerFacts) -> None:
     if not math.isfinite(params.temperature) or params.temperature < 0:
         raise _fail(TEMPERATURE_INVALID, value=params.temperature)
     if not (0 < params.top_p <= 1):  # also rejects NaN
@@ -154,8 +154,8 @@ def check_sampling(params: SamplingParams, info: ServerInfo) -> None:
         if not (-PENALTY_BOUND <= value <= PENALTY_BOUND):
             raise _fail(PENALTY_INVALID, name=name, value=value)
     for index, value in enumerate(params.stop_token_ids):
-        if not 0 <= value < info.vocab_size:
-            raise _fail(STOP_ID_OUT_OF_RANGE, index=index, value=value, vocab_size=info.vocab_size)
+        if not 0 <= value < facts.vocab_size:
+            raise _fail(STOP_ID_OUT_OF_RANGE, index=index, value=value, vocab_size=facts.vocab_size)
     if not (0 <= params.top_logprobs <= MAX_TOP_LOGPROBS):
         raise _fail(TOP_LOGPROBS_INVALID, value=params.top_logprobs, bound=MAX_TOP_LOGPROBS)
 

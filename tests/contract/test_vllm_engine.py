@@ -34,8 +34,9 @@ PROMPTS = [
 async def embedded():
     """The embedded engine in-process (no server), serving the same default-model checkpoint."""
     from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(max_running=4, max_model_len=2048))
+    engine = EngineLifecycle(EmbeddedEngine(EmbeddedEngineConfig(max_running=4, max_model_len=2048)))
     await engine.start()
     yield engine
     await engine.shutdown()
@@ -54,7 +55,7 @@ async def _embedded_greedy(engine, prompt: list[int], max_new_tokens: int) -> tu
 
 
 async def test_server_info_matches_the_embedded_engine_on_the_same_checkpoint(engine: ContractTarget, embedded) -> None:
-    served, local = await engine.info(), embedded.info()
+    served, local = await engine.info(), embedded.facts
     assert served.engine_kind == "vllm" and served.model_id == local.model_id
     assert served.tokenizer_fingerprint == local.tokenizer_fingerprint
     assert (served.vocab_size, tuple(served.eos_token_ids)) == (local.vocab_size, local.eos_token_ids)

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from agentloop_grpc.common import model_store  # noqa: E402
 
 from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
+from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle  # noqa: E402
 from agentloop_grpc.common.types import ALL_RESOURCES  # noqa: E402
 
 
@@ -45,21 +46,22 @@ def tokenizer(reference):
 
 
 @pytest.fixture(scope="session")
-async def shared_engine(checkpoint) -> AsyncIterator[EmbeddedEngine]:
-    engine = EmbeddedEngine(EmbeddedEngineConfig(max_running=8, max_model_len=2048, prefill_chunk=64))
+async def shared_engine(checkpoint) -> AsyncIterator[EngineLifecycle]:
+    """The embedded engine under the lifecycle every server gives it (pause, sleep and weight versions)."""
+    engine = EngineLifecycle(EmbeddedEngine(EmbeddedEngineConfig(max_running=8, max_model_len=2048, prefill_chunk=64)))
     await engine.start()
     yield engine
     await engine.shutdown()
 
 
-async def _reset(engine: EmbeddedEngine) -> None:
+async def _reset(engine: EngineLifecycle) -> None:
     await engine.resume()
     await engine.wake_up(ALL_RESOURCES)
     await engine.abort(None)
 
 
 @pytest.fixture
-async def engine(shared_engine: EmbeddedEngine) -> AsyncIterator[EmbeddedEngine]:
+async def engine(shared_engine: EngineLifecycle) -> AsyncIterator[EngineLifecycle]:
     """The session's engine, resumed, awake and idle before and after each test."""
     await _reset(shared_engine)
     yield shared_engine

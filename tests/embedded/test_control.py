@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
 from agentloop_grpc.common.errors import (
     EngineOverloadedError,
     EngineUnavailableError,
@@ -31,7 +32,7 @@ async def test_update_weights_changes_outputs_and_a_bad_tensor_changes_nothing(e
     original = dict(model.named_parameters())[NORM].detach().clone()
     prompt = chat(tokenizer, "Name a colour.")
     before = await generate(engine, prompt, max_new_tokens=12, ignore_eos=True, temperature=0.0)
-    version = engine.info().weight_version
+    version = engine.weight_version
     generator = torch.Generator().manual_seed(0)
     perturbed = original * (1 + 0.5 * torch.randn(original.shape, generator=generator))
     result = await engine.update_weights([_tensor(NORM, perturbed)], version + 1, flush_cache=False)
@@ -49,7 +50,7 @@ async def test_update_weights_changes_outputs_and_a_bad_tensor_changes_nothing(e
     for needle, tensors in bad_batches.items():
         with pytest.raises(InvalidRequestError, match=needle if needle != "dtype" else "embed_tokens"):
             await engine.update_weights(tensors, version + 2, flush_cache=True)
-        assert engine.info().weight_version == version + 1
+        assert engine.weight_version == version + 1
         still = await generate(engine, prompt, max_new_tokens=12, ignore_eos=True, temperature=0.0)
         assert still.tokens == after.tokens  # the perturbed weights still serve: nothing was applied
 
@@ -61,9 +62,9 @@ async def test_update_weights_changes_outputs_and_a_bad_tensor_changes_nothing(e
 async def test_tied_weights_update_under_either_name(engine, reference, tokenizer) -> None:
     model, _ = reference
     embed = dict(model.named_parameters())["model.embed_tokens.weight"].detach().clone()
-    version = engine.info().weight_version
+    version = engine.weight_version
     await engine.update_weights([_tensor("lm_head.weight", embed)], version + 1, flush_cache=True)
-    assert engine.info().weight_version == version + 1
+    assert engine.weight_version == version + 1
 
 
 def _rss() -> int:
@@ -76,7 +77,7 @@ async def test_sleep_releases_memory_and_wake_restores_the_same_outputs(engine, 
     before = await generate(engine, prompt, max_new_tokens=8, ignore_eos=True, temperature=0.0)
     rss = _rss()
     assert await engine.sleep(level) is True
-    assert engine.info().state is EngineState.SLEEPING
+    assert engine.state is EngineState.SLEEPING
     if level == 2:
         assert rss - _rss() > 300e6  # the 540 MB of fp32 weights left the process
     with pytest.raises(EngineUnavailableError):
@@ -105,7 +106,7 @@ async def test_pause_keep_resumes_the_same_stream(engine, tokenizer) -> None:
     while engine.load().running_requests == 0:
         await asyncio.sleep(0.01)
     result = await engine.pause(PauseMode.KEEP)
-    assert result.kept_requests == 1 and engine.info().state is EngineState.PAUSED
+    assert result.kept_requests == 1 and engine.state is EngineState.PAUSED
     await asyncio.sleep(0.5)
     assert not task.done()
     await engine.resume()
@@ -158,12 +159,12 @@ async def test_flush_cache_forgets_prefixes(engine, tokenizer) -> None:
 
 async def test_full_waiting_queue_is_overloaded(checkpoint, tokenizer) -> None:
     """(Also serves a checkpoint folder given by path, as `--model PATH` does.)"""
-    engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model=str(checkpoint), max_running=1, max_waiting=1, max_model_len=256)
+    engine = EngineLifecycle(
+        EmbeddedEngine(EmbeddedEngineConfig(model=str(checkpoint), max_running=1, max_waiting=1, max_model_len=256))
     )
     await engine.start()
     try:
-        assert engine.info().model_id == checkpoint.name and engine.info().max_model_len == 256
+        assert engine.facts.model_id == checkpoint.name and engine.facts.max_model_len == 256
         prompt = chat(tokenizer, "Hello")
         first = asyncio.create_task(generate(engine, prompt, max_new_tokens=40, ignore_eos=True))
         while engine.load().running_requests == 0:
@@ -187,7 +188,7 @@ async def test_a_prompt_is_reusable_as_soon_as_its_prefill_is_done(engine, token
     await asyncio.sleep(0.2)  # past the prefill (a few steps)
     second = await generate(engine, prompt, max_new_tokens=2, ignore_eos=True)
     assert not first.done()
-    assert second.complete.cached_prompt_tokens >= len(prompt) - engine.config.prefix_block_size
+    assert second.complete.cached_prompt_tokens >= len(prompt) - engine.adapter.config.prefix_block_size
     await first
 
 
@@ -198,7 +199,7 @@ async def test_samples_of_one_prompt_arriving_together_compute_it_once(engine, t
         *(generate(engine, prompt, max_new_tokens=6, ignore_eos=True, seed=s, logprobs=True) for s in range(4))
     )
     cached = sorted(r.complete.cached_prompt_tokens for r in group)
-    assert cached[0] == 0 and all(c >= len(prompt) - engine.config.prefix_block_size for c in cached[1:])
+    assert cached[0] == 0 and all(c >= len(prompt) - engine.adapter.config.prefix_block_size for c in cached[1:])
     await engine.flush_cache()
     cold = await generate(engine, prompt, max_new_tokens=6, ignore_eos=True, seed=2, logprobs=True)
     assert group[2].tokens == cold.tokens
@@ -213,7 +214,7 @@ async def test_kv_from_before_a_weight_update_never_reenters_the_cache(engine, r
     while engine.load().running_requests == 0:
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)
-    await engine.update_weights([_tensor(NORM, norm)], engine.info().weight_version + 1, flush_cache=False)
+    await engine.update_weights([_tensor(NORM, norm)], engine.weight_version + 1, flush_cache=False)
     await running
     after = await generate(engine, prompt, max_new_tokens=2, ignore_eos=True)
     assert after.complete.cached_prompt_tokens == 0

@@ -72,7 +72,7 @@ async def test_prefix_cache_hit_gives_the_cold_run_exactly(engine, tokenizer) ->
         return generate(engine, second_turn, max_new_tokens=12, ignore_eos=True, seed=11, logprobs=True)
 
     warm = await request()
-    assert warm.complete.cached_prompt_tokens >= len(first_turn) - engine.config.prefix_block_size
+    assert warm.complete.cached_prompt_tokens >= len(first_turn) - engine.adapter.config.prefix_block_size
     assert engine.load().prefix_cache_hit_rate > 0
     await engine.flush_cache()
     cold = await request()
@@ -165,6 +165,6 @@ async def test_more_requests_than_slots_each_equal_their_solo_run(engine, tokeni
     together = await asyncio.gather(
         *(generate(engine, p, max_new_tokens=b, ignore_eos=True, temperature=0.0) for p, b in zip(prompts, budgets))
     )
-    assert len(prompts) > engine.config.max_running
+    assert len(prompts) > engine.adapter.config.max_running
     for alone, batched in zip(solo, together):
         assert batched.tokens == alone.tokens

@@ -155,7 +155,7 @@ async def test_requests_sharing_a_constraint_share_its_compilation(engine, token
 @pytest.mark.fault
 async def test_a_compilation_past_its_time_or_size_bound_is_invalid(engine, tokenizer) -> None:
     config = EmbeddedEngineConfig(grammar_workers=1, grammar_compile_timeout_s=1, grammar_max_bytes=1 << 20)
-    compiler = GrammarCompiler(tokenizer, engine.info().vocab_size, config)
+    compiler = GrammarCompiler(tokenizer, engine.facts.vocab_size, config)
     try:
         with pytest.raises(InvalidRequestError, match="ebnf_grammar did not compile within 1 s"):
             await compiler.compile(PATHOLOGICAL)
@@ -192,7 +192,7 @@ async def test_sleep_stops_the_compiler_processes_and_a_constraint_compiles_afte
 @pytest.mark.fault
 async def test_a_compilation_cancelled_while_its_process_starts_leaves_no_process(engine, tokenizer) -> None:
     engines = _compiler_processes()
-    compiler = GrammarCompiler(tokenizer, engine.info().vocab_size, EmbeddedEngineConfig(grammar_workers=1))
+    compiler = GrammarCompiler(tokenizer, engine.facts.vocab_size, EmbeddedEngineConfig(grammar_workers=1))
     task = asyncio.create_task(compiler.compile(StructuredOutput("regex", "[0-9]")))
     async with asyncio.timeout(30):
         while not _compiler_processes() - engines:  # started, loading xgrammar

@@ -14,8 +14,8 @@ import time
 import psutil
 import pytest
 
-from agentloop_grpc.router import Router
-from agentloop_grpc.v1 import generation_pb2
+from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.router import GenerateCall, Router
 
 from .launching import sigterm_while_loading
 
@@ -43,15 +43,15 @@ async def test_launch_dp2_serves_two_replicas_a_router_uses(tmp_path, adapter):
         servers = json.loads(discovery.read_text())["servers"]
         assert [s["dp_rank"] for s in servers] == [0, 1] and len({s["address"] for s in servers}) == 2
         async with Router.from_discovery_file(discovery) as router:
-            await router.wait_ready(min_servers=2, timeout_s=30)
-            info = await router.server_info()
+            await router.fleet.wait_ready(min_servers=2, timeout_s=30)
+            info = await router.fleet.server_info()
             assert sorted(r.dp_rank for r in info.responses.values()) == [0, 1]
             assert {r.dp_size for r in info.responses.values()} == {2}
             used = set()
             # sequential calls see equal loads: a hash of the session breaks the tie, so 64 new sessions miss a
             # server with probability 2**-63 (8 missed one in 128 runs)
             for i in range(64):
-                result = await router.generate(f"s{i}", [1, 2, 3, 4], generation_pb2.SamplingParams(max_new_tokens=2))
+                result = await router.generate(GenerateCall(f"s{i}", [1, 2, 3, 4], SamplingParams(max_new_tokens=2)))
                 used.update(result.servers)
                 if len(used) == 2:
                     break

@@ -20,8 +20,8 @@ from ray.util import placement_group_table
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.launch.launcher import EngineLaunch
 from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources
-from agentloop_grpc.router import Router
-from agentloop_grpc.v1 import generation_pb2
+from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.router import GenerateCall, Router
 
 from ..ray_start import init_ray
 from .launching import sigterm_while_loading
@@ -62,12 +62,12 @@ async def test_one_placement_group_per_dp_group_serving_a_router(local_ray, tmp_
         assert [g["bundles"] for g in groups] == [{0: {"CPU": 0.5}}, {0: {"CPU": 0.5}}]
         assert sorted(s["placement_group"] for s in servers) == sorted(g["placement_group_id"] for g in groups)
         async with Router.from_discovery_file(discovery) as router:
-            await router.wait_ready(min_servers=2, timeout_s=30)
-            info = await router.server_info()
+            await router.fleet.wait_ready(min_servers=2, timeout_s=30)
+            info = await router.fleet.server_info()
             assert sorted(r.dp_rank for r in info.responses.values()) == [0, 1]
             used = set()
             for i in range(64):  # equal loads: a hash of the session breaks the tie, so both get used
-                result = await router.generate(f"s{i}", [1, 2, 3], generation_pb2.SamplingParams(max_new_tokens=2))
+                result = await router.generate(GenerateCall(f"s{i}", [1, 2, 3], SamplingParams(max_new_tokens=2)))
                 used.update(result.servers)
                 if len(used) == 2:
                     break

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from agentloop_grpc.common.types import FinishReason
-from agentloop_grpc.router import GenerateCall, InfrastructureError, Router, RouterConfig
+from agentloop_grpc.router import GenerateCall, InfrastructureError, Router
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 
 from .conftest import ServerProcess, address, fake_servers, sampling_proto

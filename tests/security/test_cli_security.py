@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from agentloop_grpc.router import Router
-from agentloop_grpc.v1 import generation_pb2
+from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.router import GenerateCall, Router
 
 from .conftest import ADMIN_TOKEN, TOKEN, Pki
 
@@ -81,10 +81,10 @@ async def test_launch_with_tls_and_tokens_writes_a_discovery_file_without_secret
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("AGENTLOOP_TEST_ADMIN", ADMIN_TOKEN)
             async with Router.from_discovery_file(discovery) as router:
-                await router.wait_ready(min_servers=2, timeout_s=30)
-                result = await router.generate("s", [1, 2, 3], generation_pb2.SamplingParams(max_new_tokens=2))
+                await router.fleet.wait_ready(min_servers=2, timeout_s=30)
+                result = await router.generate(GenerateCall("s", [1, 2, 3], SamplingParams(max_new_tokens=2)))
                 assert len(result.token_ids) == 2
-                assert (await router.flush_cache()).ok  # a control call: the admin token from the variable
+                assert (await router.fleet.flush_cache()).ok  # a control call: the admin token from the variable
     finally:
         launcher.send_signal(signal.SIGTERM)
         launcher.communicate(timeout=60)

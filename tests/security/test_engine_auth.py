@@ -12,7 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
-from agentloop_grpc.router import Router, RouterConfig
+from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 from agentloop_grpc.security import ClientSecurity
 from agentloop_grpc.serving.security import ServerSecurity
 from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
@@ -140,13 +141,13 @@ async def test_user_token_generates_but_control_needs_the_admin_token(channel: g
 async def test_router_sends_the_right_token_to_each_call(server: EngineServer, pki: Pki) -> None:
     security = ClientSecurity(token_file=str(pki.token), admin_token_file=str(pki.admin_token))
     async with Router([f"127.0.0.1:{server.port}"], RouterConfig(security=security)) as router:
-        result = await router.generate("s", [1, 2, 3], generation_pb2.SamplingParams(max_new_tokens=3, ignore_eos=True))
+        result = await router.generate(GenerateCall("s", [1, 2, 3], SamplingParams(max_new_tokens=3, ignore_eos=True)))
         assert len(result.token_ids) == 3
-        assert (await router.pause()).ok and (await router.resume()).ok
+        assert (await router.fleet.pause()).ok and (await router.fleet.resume()).ok
     user_only = ClientSecurity(token_file=str(pki.token))
     async with Router([f"127.0.0.1:{server.port}"], RouterConfig(security=user_only)) as router:
-        result = await router.generate("s", [1, 2, 3], generation_pb2.SamplingParams(max_new_tokens=2, ignore_eos=True))
+        result = await router.generate(GenerateCall("s", [1, 2, 3], SamplingParams(max_new_tokens=2, ignore_eos=True)))
         assert len(result.token_ids) == 2
-        refused = await router.pause()
+        refused = await router.fleet.pause()
         assert not refused.ok and "PERMISSION_DENIED" in str(refused.errors)
 

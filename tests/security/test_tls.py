@@ -12,20 +12,21 @@ import pytest
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
-from agentloop_grpc.router import Router, RouterConfig
+from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 from agentloop_grpc.channels import open_channel
 from agentloop_grpc.security import ClientSecurity
 from agentloop_grpc.serving.security import ServerSecurity
 from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError
 from agentloop_grpc.tools.config import load_config
 from agentloop_grpc.tools.server import create_tool_server
-from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
+from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc
 
 from .conftest import BUILTIN_TOOLS, Pki
 
 pytestmark = pytest.mark.fault
 
-PARAMS = generation_pb2.SamplingParams(max_new_tokens=3, ignore_eos=True)
+PARAMS = SamplingParams(max_new_tokens=3, ignore_eos=True)
 
 
 @asynccontextmanager
@@ -62,7 +63,7 @@ async def test_tls_server_is_reached_only_by_clients_that_trust_its_ca(pki: Pki)
         wrong_name = ClientSecurity(ca_file=str(pki.ca), server_name="engine.example.com")
         assert await refused(address, wrong_name) == grpc.StatusCode.UNAVAILABLE
         async with Router([address], RouterConfig(security=ClientSecurity(ca_file=str(pki.ca)))) as router:
-            assert len((await router.generate("s", [1, 2, 3], PARAMS)).token_ids) == 3
+            assert len((await router.generate(GenerateCall("s", [1, 2, 3], PARAMS))).token_ids) == 3
 
 
 async def test_mtls_needs_a_client_certificate_from_the_configured_ca(pki: Pki) -> None:

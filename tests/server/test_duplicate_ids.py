@@ -13,8 +13,8 @@ import pytest
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
-from agentloop_grpc.router import RequestError, Router, RouterConfig
-from agentloop_grpc.v1 import generation_pb2
+from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.router import GenerateCall, RequestError, Router, RouterConfig
 
 pytestmark = pytest.mark.fault
 
@@ -34,20 +34,20 @@ async def _two_fake_servers() -> AsyncIterator[list[EngineServer]]:
             await server.stop(grace_s=0.5)
 
 
-def _params(tokens: int) -> generation_pb2.SamplingParams:
-    return generation_pb2.SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+def _params(tokens: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=tokens, ignore_eos=True)
 
 
 @pytest.mark.parametrize("request_id", ["dup", "d" * 256])
 async def test_a_duplicate_request_id_is_already_exists_and_not_retried(request_id: str) -> None:
     async with _two_fake_servers() as servers, Router([f"127.0.0.1:{s.port}" for s in servers], FAST) as router:
-        await router.wait_ready(2)
-        first = asyncio.create_task(router.generate("s", [1, 2, 3], _params(400), request_id=request_id))
+        await router.fleet.wait_ready(2)
+        first = asyncio.create_task(router.generate(GenerateCall("s", [1, 2, 3], _params(400), request_id=request_id)))
         async with asyncio.timeout(30):
-            while not any(e.in_flight for e in router.servers.values()):
+            while not any(e.in_flight for e in router.fleet.servers.values()):
                 await asyncio.sleep(0.01)
         with pytest.raises(RequestError) as refused:  # the same session: the server that runs the first
-            await router.generate("s", [1, 2, 3], _params(2), request_id=request_id)
+            await router.generate(GenerateCall("s", [1, 2, 3], _params(2), request_id=request_id))
         assert refused.value.code == grpc.StatusCode.ALREADY_EXISTS, refused.value.details
         assert request_id[:32] in refused.value.details
         for code in ("ALREADY_EXISTS", "RESOURCE_EXHAUSTED"):

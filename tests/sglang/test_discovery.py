@@ -45,9 +45,9 @@ async def test_finds_rank_zero_among_its_groups_tp_actors() -> None:
         assert found.names == tuple(f"{group.naming.prefix}-dp1-tp{r}" for r in range(3))
         assert await found.leader.identity.remote() == TpRank(group.naming, 1, 0, 3)
         engine = SglangEngine(group.config())
-        await engine.start()
+        facts = await engine.start(lambda: 0)
         try:
-            assert engine.info().tp_size == 3 and engine.info().dp_rank == 1
+            assert facts.tp_size == 3 and facts.dp_rank == 1
             assert await group.calls("async_generate", count=0) == []
             # the engine was created in this group's rank-0 actor only: the other group's is untouched
             with pytest.raises(NotLeaderError):

@@ -140,22 +140,25 @@ async def test_client_cancel_aborts_in_the_engine(target: ContractTarget, group)
 @pytest.mark.parametrize(
     ("mode", "sglang_mode"),
     [
-        (engine_pb2.PAUSE_MODE_ABORT, "abort"),
+        (engine_pb2.PAUSE_MODE_ABORT, None),  # the lifecycle aborts and holds: SGLang has nothing to do
         (engine_pb2.PAUSE_MODE_KEEP, "in_place"),
-        (engine_pb2.PAUSE_MODE_WAIT, "in_place"),
+        (engine_pb2.PAUSE_MODE_WAIT, None),  # the lifecycle holds newcomers and waits
     ],
 )
-async def test_pause_and_resume_reach_the_engine(target: ContractTarget, group, mode: int, sglang_mode: str) -> None:
+async def test_pause_holds_new_requests_and_keep_reaches_the_engine(
+    target: ContractTarget, group, mode: int, sglang_mode: str | None
+) -> None:
     paused = await target.control.Pause(engine_pb2.PauseRequest(mode=mode), timeout=10)
     assert paused.state == engine_pb2.ENGINE_STATE_PAUSED
-    assert [p["mode"] for p in await group.calls("pause_generation")] == [sglang_mode]
+    expected = [sglang_mode] if sglang_mode else []
+    assert [p["mode"] for p in await group.calls("pause_generation", count=len(expected))] == expected
     held = StreamWatcher(target, request(target, max_new_tokens=3, ignore_eos=True))
     await asyncio.sleep(0.3)
     assert held.token_count == 0 and (await target.load()).waiting_requests == 1
     assert await group.calls("async_generate", count=0, timeout_s=0) == []  # held here, not sent to SGLang
     resumed = await target.control.Resume(engine_pb2.ResumeRequest(), timeout=10)
     assert resumed.state == engine_pb2.ENGINE_STATE_RUNNING
-    assert len(await group.calls("continue_generation")) == 1
+    assert len(await group.calls("continue_generation", count=len(expected))) == len(expected)
     assert len((await held.result()).tokens) == 3
 
 

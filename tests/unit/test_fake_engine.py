@@ -11,6 +11,7 @@ import pytest
 from agentloop_grpc.common.errors import EngineOverloadedError
 from agentloop_grpc.engine_adapters.fake import FakeEngine, StepClock
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
+from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
@@ -37,7 +38,7 @@ async def _run(engine: FakeEngine, request: GenerateRequest, finished: list[str]
 
 async def test_batch_capacity_and_priority_order() -> None:
     engine = FakeEngine(FakeEngineConfig(max_running=1, token_latency_s=0.001))
-    await engine.start()
+    await engine.start(lambda: 0)
     finished: list[str] = []
     first = asyncio.create_task(_run(engine, _request("first", 20), finished))
     await asyncio.sleep(0.005)
@@ -90,7 +91,7 @@ async def test_full_queue_is_resource_exhausted_over_grpc() -> None:
 
 async def test_no_queue_means_only_the_batch_runs() -> None:
     engine = FakeEngine(FakeEngineConfig(max_running=1, max_waiting=0, token_latency_s=0.01))
-    await engine.start()
+    await engine.start(lambda: 0)
     finished: list[str] = []
     running = asyncio.create_task(_run(engine, _request("a", 5), finished))
     await asyncio.sleep(0.005)
@@ -127,7 +128,7 @@ async def test_prompt_blocks_are_reusable_from_the_step_after_their_prefill() ->
     """As in vLLM and SGLang: a request arriving while another one with the same prefix still decodes hits it;
     requests prefilled in the same step each compute it."""
     engine = FakeEngine(FakeEngineConfig(token_latency_s=0.002))
-    await engine.start()
+    await engine.start(lambda: 0)
     finished: list[str] = []
     together = [asyncio.create_task(_run(engine, _shared_prompt_request(f"t{i}", i), finished)) for i in range(2)]
     while engine.load().running_requests < 2:
@@ -152,7 +153,7 @@ async def _tokens(engine: FakeEngine, request: GenerateRequest) -> tuple[list[in
 
 async def test_a_finished_requests_output_blocks_are_reusable_by_the_next_turn() -> None:
     engine = FakeEngine()
-    await engine.start()
+    await engine.start(lambda: 0)
     prompt = tuple(range(500, 560))  # 60 tokens: 3 full blocks; with 20 output tokens, 5
     first_turn = GenerateRequest("turn1", prompt, SamplingParams(max_new_tokens=20, ignore_eos=True))
     output, _ = await _tokens(engine, first_turn)
@@ -172,7 +173,7 @@ def test_the_token_stream_is_the_same_in_every_process() -> None:
         "from agentloop_grpc.engine_adapters.fake import FakeEngine\n"
         "from agentloop_grpc.common.types import GenerateRequest, SamplingParams\n"
         "async def main():\n"
-        "    engine = FakeEngine(); await engine.start(); tokens = []\n"
+        "    engine = FakeEngine(); await engine.start(lambda: 0); tokens = []\n"
         "    sampling = SamplingParams(max_new_tokens=8, temperature=0.0)\n"
         "    async for event in engine.generate(GenerateRequest('r', tuple(range(40)), sampling)):\n"
         "        tokens.extend(getattr(event, 'token_ids', ()))\n"
@@ -185,7 +186,7 @@ def test_the_token_stream_is_the_same_in_every_process() -> None:
 
 async def test_the_prefix_cache_evicts_the_least_recently_used_blocks() -> None:
     engine = FakeEngine(FakeEngineConfig(cache_blocks=12))
-    await engine.start()
+    await engine.start(lambda: 0)
     greedy = SamplingParams(max_new_tokens=1, temperature=0.0)
     old, recent, new = (tuple(range(base, base + 81)) for base in (1000, 2000, 3000))  # 5 full blocks each
 
@@ -204,7 +205,7 @@ async def test_the_prefix_cache_evicts_the_least_recently_used_blocks() -> None:
 
 async def test_the_last_prompt_token_is_always_computed_and_a_flush_forgets_every_block() -> None:
     engine = FakeEngine()
-    await engine.start()
+    await engine.start(lambda: 0)
     greedy = SamplingParams(max_new_tokens=1, temperature=0.0)
     prompt = tuple(range(700, 732))  # exactly 2 full blocks
 
@@ -242,12 +243,13 @@ def test_what_the_prefix_cache_keeps_of_a_sequence_is_a_prefix_of_it() -> None:
 
 async def test_a_slow_reader_gets_merged_chunks_that_keep_each_tokens_weight_version() -> None:
     """Tokens that piled up while nobody read are merged, but never across a weight update."""
-    engine = FakeEngine()
+    fake = FakeEngine()
+    engine = EngineLifecycle(fake)
     await engine.start()
     request = GenerateRequest("slow", (1, 2, 3), SamplingParams(max_new_tokens=6, ignore_eos=True, logprobs=True))
-    events = engine.generate(request)
+    events = fake.generate(request)
     first = await anext(events)  # the engine now decodes ahead of its reader
-    while len(engine._running["slow"].generated) < 3:
+    while len(fake._running["slow"].generated) < 3:
         await asyncio.sleep(0)
     await engine.update_weights([], weight_version=1, flush_cache=False)
     while engine.load().running_requests:  # all six decoded before the reader comes back

@@ -1,15 +1,15 @@
 """EmbeddedEngine: the default engine (transformers on CPU) behind the EngineAdapter protocol.
 
-The async front (this module) owns requests' streams and the engine's state (paused, released resources,
-weight version); the scheduler core (``scheduler.py``) owns the model, the KV slots and the prefix cache and runs
+The async front (this module) owns requests' streams and what Pause(KEEP), Sleep and weight updates do to the
+engine (the state itself is the lifecycle's, ``lifecycle.py``); the scheduler core (``scheduler.py``) owns the model, the KV slots and the prefix cache and runs
 one step at a time on a single worker thread, so the event loop stays responsive while the model computes.
 Every torch operation (loading, steps, weight updates, sleep and wake, even creating a request's sampler) runs
 on that one thread, under ``_step_lock``: a control call waits for the current step to end and no step starts
 until it is done. One thread is also a performance rule: torch's OpenMP pool is per calling thread, and as soon
 as a second thread runs parallel torch ops the two pools throttle each other and every step slows (NOTES.md).
 
-Semantics follow the fake engine: while paused new requests are held (not refused); ABORT aborts in-flight
-requests, KEEP holds them mid-stream, WAIT returns once they finished; Sleep needs nothing in flight.
+Freezing (Pause(KEEP)) stops the scheduling loop between steps: the requests keep their KV and continue
+token-exactly when thawed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,23 +29,19 @@ import torch
 from agentloop_grpc import __version__
 from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 
-from agentloop_grpc.common.errors import DuplicateRequestError, EngineOverloadedError, EngineUnavailableError, FailedPreconditionError
+from agentloop_grpc.common.errors import EngineOverloadedError
 from agentloop_grpc.common.types import (
-    EngineState,
     FinishReason,
     GenerateComplete,
     GenerateEvent,
     GenerateRequest,
     LoadInfo,
     NamedTensor,
-    PauseMode,
-    PauseResult,
     Resource,
-    ServerInfo,
+    ServerFacts,
     TokenChunk,
-    WeightUpdateResult,
 )
-from ..validation import check_prompt, check_sampling, quote
+from ..validation import check_prompt, check_sampling
 from agentloop_grpc.common import model_store
 from agentloop_grpc.common.model_store import eos_token_ids
 
@@ -73,11 +69,7 @@ class _Loaded:
     scheduler: Scheduler
     grammars: GrammarCompiler
     offload: weight_update.WeightOffload
-    model_id: str
-    fingerprint: str
-    vocab_size: int
-    max_model_len: int
-    eos_token_ids: tuple[int, ...]
+    facts: ServerFacts
 
 
 class EmbeddedEngine:
@@ -87,28 +79,25 @@ class EmbeddedEngine:
         self.config = config or EmbeddedEngineConfig()
         self._loaded: _Loaded | None = None
         self._prefix_cache = PrefixCache(self.config.prefix_block_size, self.config.prefix_cache_tokens)
-        self._weight_version = 0
-        self._released: set[Resource] = set()
-        self._paused = False
-        self._hold_new = False  # new requests wait in _held (paused, or a PAUSE_MODE_WAIT in progress)
+        self._weight_version: Callable[[], int] = lambda: 0
+        self._frozen = False
         self._live: dict[str, Sequence] = {}
         # requests whose constraint compiles (in flight, not yet in _live), each with a future Abort sets
         self._compiling: dict[str, asyncio.Future[None]] = {}
-        self._held: list[Sequence] = []
         self._arrivals = itertools.count()
         self._work = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._step_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedded-engine")
         self._loop_task: asyncio.Task | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, weight_version: Callable[[], int]) -> ServerFacts:
+        self._weight_version = weight_version
         self._loaded = await self._on_worker(self._load)
         await self._loaded.grammars.start()
         self._loop_task = asyncio.create_task(self._run(), name="embedded-engine-scheduler")
+        return self._loaded.facts
 
     def _load(self) -> _Loaded:
         cfg = self.config
@@ -125,21 +114,23 @@ class EmbeddedEngine:
         offload = weight_update.WeightOffload(model, (cfg.cache_dir or model_store.cache_root()) / "offload")
         model_id = model_store.DEFAULT_MODEL_ID if cfg.model is None else folder.name
         log.info("embedded engine: %s from %s, %d slots x %d tokens", model_id, folder, cfg.max_running, max_len)
-        return _Loaded(
-            model,
-            runner,
-            scheduler,
-            grammars,
-            offload,
-            model_id,
-            tokenizer_fingerprint(tokenizer),
-            vocab,
-            max_len,
-            tuple(sorted(eos)),
+        facts = ServerFacts(
+            engine_kind="embedded",
+            engine_version=__version__,
+            model_id=model_id,
+            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+            vocab_size=vocab,
+            max_model_len=max_len,
+            eos_token_ids=tuple(sorted(eos)),
+            dp_rank=cfg.dp_rank,
+            dp_size=cfg.dp_size,
+            sleep_releases_memory=True,
+            supports_structured_output=True,
         )
+        return _Loaded(model, runner, scheduler, grammars, offload, facts)
 
     async def shutdown(self) -> None:
-        await self.abort(None)
+        await self.abort(list(self._live) + list(self._compiling))
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -150,32 +141,6 @@ class EmbeddedEngine:
 
     async def _on_worker(self, function, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
-
-    def _state(self) -> EngineState:
-        if self._loaded is None:
-            return EngineState.LOADING
-        if self._released:
-            return EngineState.SLEEPING
-        return EngineState.PAUSED if self._paused or self._hold_new else EngineState.RUNNING
-
-    def info(self) -> ServerInfo:
-        loaded = self._loaded
-        return ServerInfo(
-            engine_kind="embedded",
-            engine_version=__version__,
-            model_id=loaded.model_id if loaded else "",
-            tokenizer_fingerprint=loaded.fingerprint if loaded else "",
-            vocab_size=loaded.vocab_size if loaded else 0,
-            max_model_len=loaded.max_model_len if loaded else self.config.max_model_len,
-            eos_token_ids=loaded.eos_token_ids if loaded else (),
-            weight_version=self._weight_version,
-            state=self._state(),
-            dp_rank=self.config.dp_rank,
-            dp_size=self.config.dp_size,
-            tp_size=1,
-            sleep_releases_memory=True,
-            supports_structured_output=True,
-        )
 
     def _running_count(self) -> int:
         return sum(1 for s in self._live.values() if s.slot >= 0)
@@ -194,32 +159,23 @@ class EmbeddedEngine:
     # -- generation ------------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        loaded = self._loaded
-        if loaded is None or self._released:
-            raise EngineUnavailableError("the embedded engine is " + ("loading" if loaded is None else "asleep"))
-        if request.request_id in self._live or request.request_id in self._compiling:
-            raise DuplicateRequestError(f"request_id {quote(request.request_id)} is already in flight on this engine")
         # The servicer validated already; checking again keeps direct (in-process) callers from feeding the core
         # a request that would fail a whole batch step.
-        info = self.info()
-        check_prompt(request.prompt_ids, info)
-        check_sampling(request.sampling, info)
+        facts = self._loaded.facts
+        check_prompt(request.prompt_ids, facts)
+        check_sampling(request.sampling, facts)
         grammar = None
         if request.structured_output is not None:
             grammar = await self._compile(request)
             if grammar is None:  # aborted while compiling
                 yield self._aborted_before_start(request)
                 return
-            if self._released:  # put to sleep while compiling
-                raise EngineUnavailableError("the embedded engine is asleep")
         if len(self._live) - self._running_count() >= self.config.max_waiting:
             raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
         sequence = Sequence(request, grammar, next(self._arrivals), list(request.prompt_ids))
         self._live[request.request_id] = sequence
-        if self._hold_new or self._paused:
-            self._held.append(sequence)
-        else:
-            self._submit(sequence)
+        self._loaded.scheduler.submit(sequence)
+        self._work.set()
         try:
             async for event in stream(sequence.events):
                 yield event
@@ -244,14 +200,9 @@ class EmbeddedEngine:
             finish_reason=FinishReason.ABORT,
             prompt_tokens=len(request.prompt_ids),
             completion_tokens=0,
-            weight_version=self._weight_version,
+            weight_version=self._weight_version(),
             cached_prompt_tokens=0,
         )
-
-    def _submit(self, sequence: Sequence) -> None:
-        self._loaded.scheduler.submit(sequence)
-        self._idle.clear()
-        self._work.set()
 
     def _close(self, sequence: Sequence, reason: FinishReason, matched: int | None = None) -> None:
         """Queue the completion (once); an aborted request is released by the core at its next step."""
@@ -262,40 +213,32 @@ class EmbeddedEngine:
             sequence.aborted = True
             self._work.set()
         self._live.pop(sequence.request_id, None)
-        if sequence in self._held:
-            self._held.remove(sequence)
         sequence.events.put_nowait(
             GenerateComplete(
                 finish_reason=reason,
                 prompt_tokens=sequence.prompt_len,
                 completion_tokens=sequence.emitted,
-                weight_version=self._weight_version,
+                weight_version=self._weight_version(),
                 cached_prompt_tokens=sequence.cached,
                 matched_stop_token_id=matched,
             )
         )
-        if len(self._live) == len(self._held):
-            self._idle.set()
 
-    async def abort(self, request_ids: Seq[str] | None) -> list[str]:
-        wanted = None if request_ids is None else set(request_ids)
-        aborted = []
-        for sequence in list(self._live.values()):
-            if wanted is None or sequence.request_id in wanted:
+    async def abort(self, request_ids: Seq[str]) -> None:
+        for request_id in request_ids:
+            sequence = self._live.get(request_id)
+            if sequence is not None:
                 self._close(sequence, FinishReason.ABORT)
-                aborted.append(sequence.request_id)
-        for request_id, compile_aborted in self._compiling.items():
-            if (wanted is None or request_id in wanted) and not compile_aborted.done():
+            compile_aborted = self._compiling.get(request_id)
+            if compile_aborted is not None and not compile_aborted.done():
                 compile_aborted.set_result(None)
-                aborted.append(request_id)
-        return aborted
 
     # -- the scheduling loop ---------------------------------------------------------------------------------
 
     async def _run(self) -> None:
         scheduler = self._loaded.scheduler
         while True:
-            if self._paused or self._released or not scheduler.has_work():
+            if self._frozen or not scheduler.has_work():
                 self._work.clear()
                 await self._work.wait()
                 continue
@@ -310,12 +253,11 @@ class EmbeddedEngine:
             self._emit(emissions)
 
     def _fail_all(self, error: Exception) -> None:
-        """Fail every request the core had (held ones never reached it and go on waiting)."""
-        for sequence in [s for s in self._live.values() if s not in self._held]:
+        """Fail every request the core had."""
+        failed, self._live = self._live, {}
+        for sequence in failed.values():
             sequence.closed = sequence.aborted = True
-            del self._live[sequence.request_id]
             sequence.events.put_nowait(RuntimeError(f"the embedded engine failed this request: {error!r}"))
-        self._idle.set()
 
     def _emit(self, emissions: list[Emission]) -> None:
         for emission in emissions:
@@ -329,7 +271,7 @@ class EmbeddedEngine:
             sequence.events.put_nowait(
                 TokenChunk(
                     token_ids=(sampled.token,),
-                    weight_version=self._weight_version,
+                    weight_version=self._weight_version(),
                     logprobs=(sampled.logprob,) if want_logprobs else (),
                     top_logprobs=(sampled.top,) if params.top_logprobs else (),
                 )
@@ -339,32 +281,25 @@ class EmbeddedEngine:
 
     # -- control ---------------------------------------------------------------------------------------------
 
-    async def sleep(self, level: int) -> bool:
-        if self._live:
-            raise FailedPreconditionError(f"{len(self._live)} requests are in flight")
+    async def release(self, resources: frozenset[Resource]) -> None:
         loaded = self._loaded
         async with self._step_lock:
-            await self._on_worker(self._release, loaded, level)
+            await self._on_worker(self._release, loaded, resources)
         await loaded.grammars.release()
-        self._released |= {Resource.KV_CACHE} if level == 1 else {Resource.KV_CACHE, Resource.WEIGHTS}
-        return True
 
-    def _release(self, loaded: _Loaded, level: int) -> None:
-        loaded.scheduler.clear()
-        loaded.runner.kv.release()
-        self._prefix_cache.clear()
-        if level >= 2:
+    def _release(self, loaded: _Loaded, resources: frozenset[Resource]) -> None:
+        if Resource.KV_CACHE in resources:
+            loaded.scheduler.clear()
+            loaded.runner.kv.release()
+            self._prefix_cache.clear()
+        if Resource.WEIGHTS in resources:
             loaded.offload.offload()
         memory.trim()
 
-    async def wake_up(self, resources: frozenset[Resource]) -> EngineState:
-        restore = frozenset(resources) & self._released
-        if restore:
-            async with self._step_lock:
-                await self._on_worker(self._restore, self._loaded, restore)
-            self._released -= restore
-            self._work.set()
-        return self._state()
+    async def restore(self, resources: frozenset[Resource]) -> None:
+        async with self._step_lock:
+            await self._on_worker(self._restore, self._loaded, resources)
+        self._work.set()
 
     @staticmethod
     def _restore(loaded: _Loaded, resources: frozenset[Resource]) -> None:
@@ -373,40 +308,17 @@ class EmbeddedEngine:
         if Resource.KV_CACHE in resources:
             loaded.runner.kv.allocate()
 
-    async def pause(self, mode: PauseMode) -> PauseResult:
-        if mode is PauseMode.ABORT:
-            self._paused = True
-            return PauseResult(aborted_requests=len(await self.abort(None)))
-        if mode is PauseMode.KEEP:
-            self._paused = True
-            return PauseResult(kept_requests=len(self._live) - len(self._held))
-        self._hold_new, self._paused = True, False  # WAIT: let what is in flight finish, hold newcomers
-        self._work.set()
-        try:
-            await self._idle.wait()
-        except asyncio.CancelledError:
-            await self.resume()
-            raise
-        self._paused = True
-        return PauseResult()
+    async def freeze(self) -> None:
+        self._frozen = True  # the loop stops before its next step (a step under way ends first)
 
-    async def resume(self) -> None:
-        self._paused = self._hold_new = False
-        held, self._held = self._held, []
-        for sequence in held:
-            self._submit(sequence)
+    async def thaw(self) -> None:
+        self._frozen = False
         self._work.set()
 
-    async def update_weights(
-        self, tensors: Seq[NamedTensor], weight_version: int, flush_cache: bool
-    ) -> WeightUpdateResult:
-        if Resource.WEIGHTS in self._released:
-            raise EngineUnavailableError("the weights are released (asleep); WakeUp with WAKE_UP_TAG_WEIGHTS first")
+    async def update_weights(self, tensors: Seq[NamedTensor], weight_version: int, flush_cache: bool) -> None:
         loaded = self._loaded
         async with self._step_lock:
             await self._on_worker(self._apply_weights, loaded, tensors)
-            self._weight_version = weight_version
-        return WeightUpdateResult(weight_version=weight_version, tensors_updated=len(tensors))
 
     def _apply_weights(self, loaded: _Loaded, tensors: Seq[NamedTensor]) -> None:
         weight_update.apply(weight_update.stage(loaded.model, tensors))

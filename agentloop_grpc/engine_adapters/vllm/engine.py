@@ -2,13 +2,12 @@
 
 vLLM does the engine's work: its EngineCore (scheduler, KV cache, prefix cache, model) runs in its own process
 and talks to ``AsyncLLM`` over ZMQ; ``AsyncLLM`` lives in the server's event loop. This adapter maps our
-contract onto it and keeps the state vLLM does not own (weight version, what Sleep released). Semantics follow
-the embedded engine:
+contract onto it (the state, Pause's gate and the weight version are the lifecycle's, ``lifecycle.py``):
 
 - Generate: ``TokensPrompt`` in, token deltas with logprobs out (``sampling.py``, ``outputs.py``); closing the
   stream (client gone) closes vLLM's generator, which aborts the request inside the engine.
-- Pause uses vLLM's own modes (``pause_generation(mode=abort|keep|wait)``); while paused vLLM queues new
-  requests, so they wait, they are not refused. Pause never clears the cache (``clear_cache=False``).
+- Pause(KEEP) is vLLM's ``pause_generation(mode="keep")``, which never clears the cache here
+  (``clear_cache=False``); the other modes need nothing of vLLM (the lifecycle aborts or waits).
 - Sleep: vLLM's CPU worker cannot release memory (it logs "sleep mode is not supported on CPU" and frees
   nothing), so on CPU Sleep only changes the state (Generate is refused, health says NOT_SERVING), returns
   ``memory_released = False`` and GetServerInfo says ``sleep_releases_memory = False``. Where vLLM's platform
@@ -26,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,26 +43,21 @@ from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 from agentloop_grpc.common import model_store
 from agentloop_grpc.common.model_store import eos_token_ids
 from agentloop_grpc.common.errors import (
-    DuplicateRequestError,
     EngineOverloadedError,
     EngineUnavailableError,
     FailedPreconditionError,
     InvalidRequestError,
 )
 from agentloop_grpc.common.types import (
-    EngineState,
     GenerateComplete,
     GenerateEvent,
     GenerateRequest,
     LoadInfo,
     NamedTensor,
-    PauseMode,
-    PauseResult,
     Resource,
-    ServerInfo,
-    WeightUpdateResult,
+    ServerFacts,
 )
-from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling, quote
+from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling
 from . import outputs, sampling, weights
 from .config import VllmEngineConfig
 from .stats import SchedulerLoad, recorder_factory
@@ -71,7 +65,6 @@ from .stats import SchedulerLoad, recorder_factory
 log = logging.getLogger(__name__)
 
 _WORKER_EXTENSION = "agentloop_grpc.engine_adapters.vllm.worker.AgentloopWorkerExtension"
-_PAUSE_MODES = {PauseMode.ABORT: "abort", PauseMode.KEEP: "keep", PauseMode.WAIT: "wait"}
 _WAKE_TAGS = {Resource.WEIGHTS: "weights", Resource.KV_CACHE: "kv_cache"}
 
 
@@ -80,11 +73,7 @@ class _Loaded:
     """What start() built; None before."""
 
     llm: AsyncLLM
-    model_id: str
-    fingerprint: str
-    vocab_size: int
-    max_model_len: int
-    eos_token_ids: tuple[int, ...]
+    facts: ServerFacts
     checkpoint: weights.CheckpointWeights
     packed_modules: dict[str, list[str]]
 
@@ -131,17 +120,14 @@ class VllmEngine:
         self.config = config or VllmEngineConfig()
         self._loaded: _Loaded | None = None
         self._scheduler = SchedulerLoad()
-        self._weight_version = 0
-        self._released: set[Resource] = set()
-        self._paused = False
-        self._pausing = False  # a PAUSE_MODE_WAIT in progress: new requests already wait
-        self._streams: set[str] = set()  # request ids of our open Generate streams
-        self._control = asyncio.Lock()  # pause, resume, weights, flush and sleep one at a time
+        self._weight_version: Callable[[], int] = lambda: 0
+        self._control = asyncio.Lock()  # freeze, thaw, weights, flush and sleep one at a time
         self._sleep_frees_memory = current_platform.is_sleep_mode_available()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, weight_version: Callable[[], int]) -> ServerFacts:
+        self._weight_version = weight_version
         cfg = self.config
         folder = await asyncio.to_thread(model_store.resolve, cfg.model, cfg.cache_dir)
         tokenizer = await asyncio.to_thread(model_store.load_tokenizer, folder)
@@ -155,52 +141,30 @@ class VllmEngine:
         tied = bool(getattr(llm.model_config.hf_config, "tie_word_embeddings", False))
         (packed, *_) = await llm.collective_rpc("agentloop_packed_modules")
         generation_eos = llm.model_config.try_get_generation_config().get("eos_token_id")
-        self._loaded = _Loaded(
-            llm=llm,
+        facts = ServerFacts(
+            engine_kind="vllm",
+            engine_version=vllm.__version__,
             model_id=model_id,
-            fingerprint=tokenizer_fingerprint(tokenizer),
+            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
             vocab_size=llm.model_config.get_vocab_size(),
             max_model_len=llm.model_config.max_model_len,
             eos_token_ids=tuple(sorted(eos_token_ids(tokenizer.eos_token_id, generation_eos))),
-            checkpoint=weights.CheckpointWeights(folder, cfg.dtype, tied),
-            packed_modules=packed,
+            dp_rank=cfg.dp_rank,
+            dp_size=cfg.dp_size,
+            sleep_releases_memory=self._sleep_frees_memory,
+            supports_structured_output=True,
         )
+        self._loaded = _Loaded(llm, facts, weights.CheckpointWeights(folder, cfg.dtype, tied), packed)
         log.info("vLLM %s engine: %s from %s (max_model_len %d)", vllm.__version__, model_id, folder, cfg.max_model_len)
+        return facts
 
     async def shutdown(self) -> None:
         loaded = self._loaded
         if loaded is None:
             return
-        await self.abort(None)
         loaded.llm.shutdown()
         # Drop AsyncLLM now: left to interpreter exit, its __del__ shuts down again with half-torn-down modules.
         self._loaded = None
-
-    def _state(self) -> EngineState:
-        if self._loaded is None:
-            return EngineState.LOADING
-        if self._released:
-            return EngineState.SLEEPING
-        return EngineState.PAUSED if self._paused or self._pausing else EngineState.RUNNING
-
-    def info(self) -> ServerInfo:
-        loaded = self._loaded
-        return ServerInfo(
-            engine_kind="vllm",
-            engine_version=vllm.__version__,
-            model_id=loaded.model_id if loaded else "",
-            tokenizer_fingerprint=loaded.fingerprint if loaded else "",
-            vocab_size=loaded.vocab_size if loaded else 0,
-            max_model_len=loaded.max_model_len if loaded else self.config.max_model_len,
-            eos_token_ids=loaded.eos_token_ids if loaded else (),
-            weight_version=self._weight_version,
-            state=self._state(),
-            dp_rank=self.config.dp_rank,
-            dp_size=self.config.dp_size,
-            tp_size=1,
-            sleep_releases_memory=self._sleep_frees_memory,
-            supports_structured_output=True,
-        )
 
     def _in_engine(self) -> int:
         """Requests vLLM has not finished (its output processor's count: a final output not yet read by our
@@ -220,45 +184,32 @@ class VllmEngine:
 
     # -- generation ------------------------------------------------------------------------------------------
 
-    def _serving(self) -> _Loaded:
-        loaded = self._loaded
-        if loaded is None or self._released:
-            raise EngineUnavailableError("the vLLM engine is " + ("loading" if loaded is None else "asleep"))
-        return loaded
-
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        loaded = self._serving()
-        if request.request_id in self._streams:
-            raise DuplicateRequestError(f"request_id {quote(request.request_id)} is already in flight on this engine")
-        info = self.info()  # the servicer validated already; direct (in-process) callers are checked here too
-        check_prompt(request.prompt_ids, info)
-        check_sampling(request.sampling, info)
+        loaded = self._loaded
+        check_prompt(request.prompt_ids, loaded.facts)  # the servicer validated; direct callers are checked too
+        check_sampling(request.sampling, loaded.facts)
         if self._in_engine() >= self.config.max_running + self.config.max_waiting:
             raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
         params = sampling.to_vllm(request)
-        self._streams.add(request.request_id)
         emitted, last_token = 0, None
-        try:
-            stream = loaded.llm.generate(
-                TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
-                params,
-                request.request_id,
-                priority=sampling.priority(request),
-            )
-            async with contextlib.aclosing(_translated_errors(stream)) as stream_outputs:
-                async for output in stream_outputs:
-                    completion = output.outputs[0]
-                    chunk = outputs.token_chunk(completion, request.sampling, self._weight_version)
-                    if chunk is not None:
-                        emitted += len(chunk.token_ids)
-                        last_token = chunk.token_ids[-1]
-                        yield chunk
-                    if output.finished:
-                        yield self._complete(request, output, emitted, last_token)
-                        return
-            raise RuntimeError(f"vLLM ended request {request.request_id!r} without a finished output")
-        finally:
-            self._streams.discard(request.request_id)
+        stream = loaded.llm.generate(
+            TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
+            params,
+            request.request_id,
+            priority=sampling.priority(request),
+        )
+        async with contextlib.aclosing(_translated_errors(stream)) as stream_outputs:
+            async for output in stream_outputs:
+                completion = output.outputs[0]
+                chunk = outputs.token_chunk(completion, request.sampling, self._weight_version())
+                if chunk is not None:
+                    emitted += len(chunk.token_ids)
+                    last_token = chunk.token_ids[-1]
+                    yield chunk
+                if output.finished:
+                    yield self._complete(request, output, emitted, last_token)
+                    return
+        raise RuntimeError(f"vLLM ended request {request.request_id!r} without a finished output")
 
     def _complete(self, request: GenerateRequest, output, emitted: int, last_token: int | None) -> GenerateComplete:
         completion = output.outputs[0]
@@ -269,67 +220,35 @@ class VllmEngine:
             completion_tokens=emitted,
             cached_prompt_tokens=output.num_cached_tokens or 0,
             last_token=last_token,
-            weight_version=self._weight_version,
+            weight_version=self._weight_version(),
         )
 
-    async def abort(self, request_ids: Seq[str] | None) -> list[str]:
-        wanted = sorted(self._streams) if request_ids is None else [r for r in request_ids if r in self._streams]
-        if wanted and self._loaded is not None:
-            await self._loaded.llm.abort(wanted)  # each stream then ends with its final ABORT output
-        return wanted
+    async def abort(self, request_ids: Seq[str]) -> None:
+        if self._loaded is not None:
+            await self._loaded.llm.abort(list(request_ids))  # each stream then ends with its final ABORT output
 
     # -- control ---------------------------------------------------------------------------------------------
 
-    async def sleep(self, level: int) -> bool:
+    async def release(self, resources: frozenset[Resource]) -> None:
+        if self._sleep_frees_memory:
+            async with self._control:
+                await self._loaded.llm.sleep(2 if Resource.WEIGHTS in resources else 1)
+
+    async def restore(self, resources: frozenset[Resource]) -> None:
+        if self._sleep_frees_memory:
+            async with self._control:
+                await self._loaded.llm.wake_up(tags=sorted(_WAKE_TAGS[r] for r in resources))
+
+    async def freeze(self) -> None:
+        async with self._control:
+            await self._loaded.llm.pause_generation(mode="keep", clear_cache=False)
+
+    async def thaw(self) -> None:
+        async with self._control:
+            await self._loaded.llm.resume_generation()
+
+    async def update_weights(self, tensors: Seq[NamedTensor], weight_version: int, flush_cache: bool) -> None:
         loaded = self._loaded
-        async with self._control:
-            if self._in_engine():
-                raise FailedPreconditionError(f"{self._in_engine()} requests are in flight")
-            if self._sleep_frees_memory:
-                await loaded.llm.sleep(level)
-            self._released |= {Resource.KV_CACHE} if level == 1 else {Resource.KV_CACHE, Resource.WEIGHTS}
-        return self._sleep_frees_memory
-
-    async def wake_up(self, resources: frozenset[Resource]) -> EngineState:
-        async with self._control:
-            restore = frozenset(resources) & self._released
-            if restore and self._sleep_frees_memory:
-                await self._loaded.llm.wake_up(tags=sorted(_WAKE_TAGS[r] for r in restore))
-            self._released -= restore
-        return self._state()
-
-    async def pause(self, mode: PauseMode) -> PauseResult:
-        llm = self._serving().llm
-        async with self._control:
-            in_flight = self._in_engine()
-            if mode is PauseMode.WAIT:
-                self._pausing = True
-            try:
-                await llm.pause_generation(mode=_PAUSE_MODES[mode], clear_cache=False)
-            except asyncio.CancelledError:
-                await llm.resume_generation()
-                raise
-            finally:
-                self._pausing = False
-            self._paused = True
-        if mode is PauseMode.ABORT:
-            return PauseResult(aborted_requests=in_flight)
-        return PauseResult(kept_requests=in_flight if mode is PauseMode.KEEP else 0)
-
-    async def resume(self) -> None:
-        async with self._control:
-            if self._paused and self._loaded is not None:
-                await self._loaded.llm.resume_generation()
-            self._paused = False
-
-    async def update_weights(
-        self, tensors: Seq[NamedTensor], weight_version: int, flush_cache: bool
-    ) -> WeightUpdateResult:
-        if Resource.WEIGHTS in self._released:
-            raise EngineUnavailableError("the weights are released (asleep); WakeUp with WAKE_UP_TAG_WEIGHTS first")
-        loaded = self._loaded
-        if loaded is None:
-            raise EngineUnavailableError("the vLLM engine is loading")
         staged = loaded.checkpoint.stage(tensors)
         async with self._control:
             payload = await asyncio.to_thread(loaded.checkpoint.complete, staged, loaded.packed_modules)
@@ -338,12 +257,10 @@ class VllmEngine:
             # KV computed with the old weights must not be reused, whatever flush_cache says.
             await self._reset_prefix_cache(loaded.llm)
             await loaded.llm.update_weight_version(str(weight_version))
-            self._weight_version = weight_version
-        return WeightUpdateResult(weight_version=weight_version, tensors_updated=len(tensors))
 
     async def flush_cache(self) -> None:
         async with self._control:
-            await self._reset_prefix_cache(self._serving().llm)
+            await self._reset_prefix_cache(self._loaded.llm)
 
     @staticmethod
     async def _reset_prefix_cache(llm: AsyncLLM) -> None:
