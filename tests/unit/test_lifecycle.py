@@ -1,0 +1,109 @@
+"""EngineLifecycle's rules, written once for every adapter: the gate of Pause, the in-flight registry, Sleep and
+weight versions (the fake engine underneath; the contract suite checks the same over gRPC on every engine)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentloop_grpc.common.errors import DuplicateRequestError, EngineUnavailableError, FailedPreconditionError
+from agentloop_grpc.common.types import (
+    ALL_RESOURCES,
+    EngineState,
+    FinishReason,
+    GenerateComplete,
+    GenerateRequest,
+    PauseMode,
+    Resource,
+    SamplingParams,
+)
+from agentloop_grpc.engine_adapters.fake import FakeEngine
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
+from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
+
+
+def _request(request_id: str, tokens: int = 4) -> GenerateRequest:
+    return GenerateRequest(request_id, (1, 2, 3), SamplingParams(max_new_tokens=tokens, ignore_eos=True))
+
+
+async def _collect(lifecycle: EngineLifecycle, request: GenerateRequest) -> tuple[list[int], GenerateComplete]:
+    tokens: list[int] = []
+    async for event in lifecycle.generate(request):
+        if isinstance(event, GenerateComplete):
+            return tokens, event
+        tokens += event.token_ids
+    raise AssertionError("no completion")
+
+
+@pytest.fixture
+async def lifecycle():
+    engine = EngineLifecycle(FakeEngine(FakeEngineConfig(token_latency_s=0.002)))
+    assert engine.state is EngineState.LOADING
+    with pytest.raises(EngineUnavailableError, match="loading"):
+        await engine.sleep(1)
+    await engine.start()
+    yield engine
+    await engine.shutdown()
+
+
+async def test_a_request_held_at_the_gate_waits_for_resume_and_counts_as_waiting(lifecycle) -> None:
+    await lifecycle.pause(PauseMode.WAIT)
+    held = asyncio.create_task(_collect(lifecycle, _request("held")))
+    await asyncio.sleep(0.02)
+    assert not held.done() and lifecycle.state is EngineState.PAUSED
+    assert (lifecycle.load().running_requests, lifecycle.load().waiting_requests) == (0, 1)
+    await lifecycle.resume()
+    tokens, complete = await held
+    assert len(tokens) == 4 and complete.finish_reason is FinishReason.LENGTH
+
+
+async def test_abort_ends_a_request_held_at_the_gate_without_reaching_the_engine(lifecycle) -> None:
+    await lifecycle.pause(PauseMode.ABORT)
+    held = asyncio.create_task(_collect(lifecycle, _request("held")))
+    await asyncio.sleep(0.01)
+    assert await lifecycle.abort(["held", "unknown"]) == ["held"]
+    tokens, complete = await held
+    assert tokens == [] and complete.finish_reason is FinishReason.ABORT and complete.completion_tokens == 0
+    assert lifecycle.in_flight == 0
+
+
+async def test_wait_after_keep_thaws_the_engine_so_its_requests_finish(lifecycle) -> None:
+    running = asyncio.create_task(_collect(lifecycle, _request("kept", tokens=20)))
+    while not lifecycle.load().running_requests:
+        await asyncio.sleep(0.001)
+    assert (await lifecycle.pause(PauseMode.KEEP)).kept_requests == 1
+    await asyncio.wait_for(lifecycle.pause(PauseMode.WAIT), 5)  # without the thaw it would wait forever
+    tokens, complete = await running
+    assert len(tokens) == 20 and complete.finish_reason is FinishReason.LENGTH
+
+
+async def test_a_duplicate_id_is_refused_while_the_first_is_in_flight(lifecycle) -> None:
+    first = asyncio.create_task(_collect(lifecycle, _request("same", tokens=20)))
+    await asyncio.sleep(0.005)
+    with pytest.raises(DuplicateRequestError, match="same"):
+        await _collect(lifecycle, _request("same"))
+    await first
+    await _collect(lifecycle, _request("same"))  # free again once the first ended
+
+
+async def test_sleep_rules_and_weight_versions(lifecycle) -> None:
+    stream = lifecycle.generate(_request("in-flight", tokens=20))
+    await anext(stream)
+    with pytest.raises(FailedPreconditionError, match="in flight"):
+        await lifecycle.sleep(1)
+    await stream.aclose()
+    assert lifecycle.in_flight == 0
+    await lifecycle.sleep(2)
+    assert lifecycle.state is EngineState.SLEEPING
+    with pytest.raises(EngineUnavailableError, match="asleep"):
+        await _collect(lifecycle, _request("asleep"))
+    with pytest.raises(EngineUnavailableError, match="weights are released"):
+        await lifecycle.update_weights([], 1, flush_cache=False)
+    assert await lifecycle.wake_up(frozenset({Resource.WEIGHTS})) is EngineState.SLEEPING
+    assert await lifecycle.wake_up(ALL_RESOURCES) is EngineState.RUNNING
+    assert (await lifecycle.update_weights([], None, flush_cache=False)).weight_version == 1
+    with pytest.raises(FailedPreconditionError, match="greater than the current 1"):
+        await lifecycle.update_weights([], 1, flush_cache=False)
+    _, complete = await _collect(lifecycle, _request("after"))
+    assert complete.weight_version == 1
