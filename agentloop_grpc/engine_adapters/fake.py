@@ -29,14 +29,7 @@ from .fake_config import FakeEngineConfig
 from agentloop_grpc.common.errors import EngineOverloadedError, UnsupportedError
 from .grouping import merge_chunks
 from agentloop_grpc.common.types import (
-    FinishReason,
-    GenerateComplete,
-    GenerateEvent,
-    GenerateRequest,
-    LoadInfo,
-    NamedTensor,
-    Resource,
-    ServerFacts,
+    FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
     TokenChunk,
 )
 

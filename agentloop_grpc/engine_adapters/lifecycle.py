@@ -24,18 +24,8 @@ from agentloop_grpc.common.errors import (
     FailedPreconditionError,
 )
 from agentloop_grpc.common.types import (
-    EngineState,
-    FinishReason,
-    GenerateComplete,
-    GenerateEvent,
-    GenerateRequest,
-    LoadInfo,
-    NamedTensor,
-    PauseMode,
-    PauseResult,
-    Resource,
-    ServerFacts,
-    WeightUpdateResult,
+    EngineState, FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, PauseMode,
+    PauseResult, Resource, ServerFacts, WeightUpdateResult,
 )
 
 from .protocol import EngineAdapter

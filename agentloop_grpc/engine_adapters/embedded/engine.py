@@ -31,14 +31,7 @@ from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 
 from agentloop_grpc.common.errors import EngineOverloadedError
 from agentloop_grpc.common.types import (
-    FinishReason,
-    GenerateComplete,
-    GenerateEvent,
-    GenerateRequest,
-    LoadInfo,
-    NamedTensor,
-    Resource,
-    ServerFacts,
+    FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
     TokenChunk,
 )
 from ..validation import check_prompt, check_sampling

@@ -30,14 +30,7 @@ import ray
 
 from agentloop_grpc.common.errors import EngineUnavailableError, FailedPreconditionError, InvalidRequestError
 from agentloop_grpc.common.types import (
-    FinishReason,
-    GenerateComplete,
-    GenerateEvent,
-    GenerateRequest,
-    LoadInfo,
-    NamedTensor,
-    Resource,
-    ServerFacts,
+    FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
     TokenChunk,
 )
 from .actor import PAUSE_IN_PLACE

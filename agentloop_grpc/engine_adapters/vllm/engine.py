@@ -49,13 +49,7 @@ from agentloop_grpc.common.errors import (
     InvalidRequestError,
 )
 from agentloop_grpc.common.types import (
-    GenerateComplete,
-    GenerateEvent,
-    GenerateRequest,
-    LoadInfo,
-    NamedTensor,
-    Resource,
-    ServerFacts,
+    GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
 )
 from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling
 from . import outputs, sampling, weights
