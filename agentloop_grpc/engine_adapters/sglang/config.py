@@ -81,7 +81,7 @@ class SglangEngineConfig(EnginePlacement):
         default_factory=lambda: ActorNaming(prefix="sglang"), description="How the TP actors are named."
     )
     tp_size: int = Field(1, ge=1, description="Tensor-parallel size (number of TP actors in this DP group).")
-    model_id: str = Field("", description="Reported as ServerInfo.model_id; empty: the engine's model_path.")
+    model_id: str = Field("", description="Reported as GetServerInfo.model_id; empty: the engine's model_path.")
     discovery_timeout_s: float = Field(
         60.0, ge=0, description="How long start() waits for every TP actor of the group to be registered (actors "
         "may still be starting)."
