@@ -21,7 +21,7 @@ AUTHORIZATION = "authorization"
 #: RPCs that change what a server does for every caller: they need the admin token where one is configured.
 CONTROL_METHODS = frozenset(
     f"/agentloop.v1.EngineControl/{name}"
-    for name in ("Sleep", "WakeUp", "Pause", "Resume", "UpdateWeights", "FlushCache")
+    for name in ("Sleep", "WakeUp", "Pause", "Resume", "UpdateWeights", "LoadWeights", "FlushCache")
 )
 #: Abort is a control call only when it aborts every request (``AbortRequest.all``).
 ABORT_METHOD = "/agentloop.v1.TokenGenerate/Abort"

@@ -28,6 +28,7 @@ from agentloop_grpc.common.types import (
     PauseResult, Resource, ServerFacts, WeightUpdateResult,
 )
 
+from .checkpoint import read_checkpoint
 from .protocol import EngineAdapter
 from .validation import quote
 
@@ -276,6 +277,13 @@ class EngineLifecycle:
         await self.adapter.update_weights(tensors, version, flush_cache)
         self.weight_version = version
         return WeightUpdateResult(weight_version=version, tensors_updated=len(tensors))
+
+    async def load_weights(
+        self, path: str, weight_version: int | None, flush_cache: bool
+    ) -> tuple[WeightUpdateResult, int]:
+        """``update_weights`` with the tensors of the safetensors checkpoint at ``path``; also the bytes read."""
+        tensors, read = await asyncio.to_thread(read_checkpoint, path)
+        return await self.update_weights(tensors, weight_version, flush_cache), read
 
     async def flush_cache(self) -> None:
         self._loaded()

@@ -186,6 +186,16 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         )
 
     @map_errors
+    async def LoadWeights(self, request, context):
+        version = request.weight_version if request.HasField("weight_version") else None
+        result, read = await self.lifecycle.load_weights(request.path, version, request.flush_cache)
+        log.info("weights loaded from %s as version %d (%d tensors, %d bytes)", request.path, result.weight_version,
+                 result.tensors_updated, read)
+        return engine_pb2.LoadWeightsResponse(
+            weight_version=result.weight_version, tensors_updated=result.tensors_updated, bytes_read=read
+        )
+
+    @map_errors
     async def FlushCache(self, request, context):
         await self.lifecycle.flush_cache()
         return engine_pb2.FlushCacheResponse()

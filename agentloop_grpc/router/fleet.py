@@ -198,8 +198,20 @@ class Fleet:
         self._report_versions(result)
         return result
 
+    async def load_weights(
+        self, path: str, weight_version: int | None = None, flush_cache: bool = True
+    ) -> FanOutResult:
+        """Have every server load the safetensors checkpoint at ``path`` (a file or folder each server can read,
+        e.g. on shared storage): one small call each, the bytes never cross gRPC. Versions as ``update_weights``."""
+        request = engine_pb2.LoadWeightsRequest(path=path, flush_cache=flush_cache)
+        if weight_version is not None:
+            request.weight_version = weight_version
+        result = await self._fan_out(lambda e: e.control.LoadWeights(request, timeout=self.config.control_timeout_s))
+        self._report_versions(result)
+        return result
+
     def _report_versions(self, result: FanOutResult) -> None:
-        """Record the weight versions in the answers of a fan-out (GetServerInfo, UpdateWeights)."""
+        """Record the weight versions in the answers of a fan-out (GetServerInfo, UpdateWeights, LoadWeights)."""
         for address, response in result.responses.items():
             if address in self._endpoints:
                 self._versions.report(address, response.weight_version)

@@ -1,9 +1,12 @@
-"""Helpers of the embedded-engine tests: build requests, run them to completion, chat prompts."""
+"""Helpers of the embedded-engine tests: build requests, run them to completion, chat prompts, and what
+transformers computes for the same prompts (the reference)."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+
+import torch
 
 from agentloop_grpc.common.types import (
     GenerateComplete,
@@ -56,3 +59,21 @@ def chat(tokenizer, text: str, tools=None, system: str | None = None) -> list[in
         messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
     )
     return list(ids)
+
+
+def hf_greedy(reference, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Transformers' greedy generation, up to and including eos."""
+    model, tokenizer = reference
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    tokens = out[0, len(prompt) :].tolist()
+    eos = tokenizer.eos_token_id
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+def recompute(reference, prompt: list[int], generated: list[int]) -> torch.Tensor:
+    """Transformers' log-softmax at every generated position from one full forward pass."""
+    model, _ = reference
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + generated])).logits[0]
+    return torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)

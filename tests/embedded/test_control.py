@@ -7,6 +7,7 @@ import asyncio
 import psutil
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
@@ -18,7 +19,7 @@ from agentloop_grpc.common.errors import (
 )
 from agentloop_grpc.common.types import ALL_RESOURCES, EngineState, NamedTensor, PauseMode, Resource
 
-from .helpers import chat, generate, make, run
+from .helpers import chat, generate, hf_greedy, make, recompute, run
 
 NORM = "model.norm.weight"
 
@@ -57,6 +58,35 @@ async def test_update_weights_changes_outputs_and_a_bad_tensor_changes_nothing(e
     await engine.update_weights([_tensor(NORM, original)], version + 2, flush_cache=True)
     restored = await generate(engine, prompt, max_new_tokens=12, ignore_eos=True, temperature=0.0)
     assert restored.tokens == before.tokens
+
+
+async def test_loading_a_checkpoint_serves_what_transformers_computes_with_it(
+    engine, reference, tokenizer, tmp_path
+) -> None:
+    """LoadWeights' path: greedy tokens and logprobs after loading equal transformers run with the same weights."""
+    model, _ = reference
+    param = dict(model.named_parameters())[NORM]
+    original = param.detach().clone()
+    perturbed = original * (1 + 0.5 * torch.randn(original.shape, generator=torch.Generator().manual_seed(1)))
+    save_file({NORM: perturbed.contiguous()}, str(tmp_path / "model.safetensors"))
+    prompt = chat(tokenizer, "Name a colour.")
+    version = engine.weight_version
+    try:
+        result, read = await engine.load_weights(str(tmp_path), version + 1, flush_cache=True)
+        assert (result.weight_version, result.tensors_updated, read) == (version + 1, 1, perturbed.numel() * 4)
+        served = await generate(engine, prompt, max_new_tokens=12, ignore_eos=True, temperature=0.0, logprobs=True)
+        with torch.no_grad():
+            param.copy_(perturbed)
+        expected = recompute(reference, prompt, served.tokens)
+        greedy = hf_greedy(reference, prompt, 12)  # up to eos, which the served run ignores
+        assert served.tokens[: len(greedy)] == greedy
+        chosen = expected[torch.arange(len(served.tokens)), torch.tensor(served.tokens)]
+        assert served.logprobs == pytest.approx(chosen.tolist(), abs=1e-4)
+        assert served.versions == {version + 1}
+    finally:
+        with torch.no_grad():
+            param.copy_(original)
+        await engine.update_weights([_tensor(NORM, original)], None, flush_cache=True)
 
 
 async def test_tied_weights_update_under_either_name(engine, reference, tokenizer) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from .helpers import chat, generate
+from .helpers import chat, generate, hf_greedy, recompute
 
 PROMPTS = [
     "What is the capital of France?",
@@ -16,34 +16,17 @@ PROMPTS = [
 ]
 
 
-def _hf_greedy(reference, prompt: list[int], max_new_tokens: int) -> list[int]:
-    model, tokenizer = reference
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
-    tokens = out[0, len(prompt) :].tolist()
-    eos = tokenizer.eos_token_id
-    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
-
-
-def _recompute(reference, prompt: list[int], generated: list[int]) -> torch.Tensor:
-    """Log-softmax at every generated position from one full forward pass."""
-    model, _ = reference
-    with torch.inference_mode():
-        logits = model(torch.tensor([prompt + generated])).logits[0]
-    return torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
-
-
 async def test_greedy_equals_transformers_generate(engine, reference, tokenizer) -> None:
     prompts = [chat(tokenizer, text) for text in PROMPTS]
     results = await asyncio.gather(*(generate(engine, p, max_new_tokens=24, temperature=0.0) for p in prompts))
     for prompt, result in zip(prompts, results):
-        assert result.tokens == _hf_greedy(reference, prompt, 24)
+        assert result.tokens == hf_greedy(reference, prompt, 24)
 
 
 async def test_logprobs_equal_a_full_forward_recompute(engine, reference, tokenizer) -> None:
     prompt = chat(tokenizer, PROMPTS[1])
     result = await generate(engine, prompt, max_new_tokens=16, ignore_eos=True, seed=7, logprobs=True, top_logprobs=3)
-    expected = _recompute(reference, prompt, result.tokens)
+    expected = recompute(reference, prompt, result.tokens)
     chosen = expected[torch.arange(len(result.tokens)), torch.tensor(result.tokens)]
     assert result.logprobs == pytest.approx(chosen.tolist(), abs=1e-4)
     for position, alternatives in enumerate(result.top):
@@ -55,7 +38,7 @@ async def test_logprobs_equal_a_full_forward_recompute(engine, reference, tokeni
 async def test_greedy_logprobs_are_the_model_distribution(engine, reference, tokenizer) -> None:
     prompt = chat(tokenizer, PROMPTS[0])
     result = await generate(engine, prompt, max_new_tokens=8, ignore_eos=True, temperature=0.0, logprobs=True)
-    expected = _recompute(reference, prompt, result.tokens)
+    expected = recompute(reference, prompt, result.tokens)
     assert result.tokens == expected.argmax(dim=-1).tolist()
     chosen = expected[torch.arange(len(result.tokens)), torch.tensor(result.tokens)]
     assert result.logprobs == pytest.approx(chosen.tolist(), abs=1e-4)

@@ -118,6 +118,7 @@ async def test_user_token_generates_but_control_needs_the_admin_token(channel: g
         control.Resume(engine_pb2.ResumeRequest(), metadata=user, timeout=10),
         control.FlushCache(engine_pb2.FlushCacheRequest(), metadata=user, timeout=10),
         control.UpdateWeights(weights(), metadata=user, timeout=10),
+        control.LoadWeights(engine_pb2.LoadWeightsRequest(path="/etc"), metadata=user, timeout=10),
     ]
     for call in denied:
         assert await error_of(call) == grpc.StatusCode.PERMISSION_DENIED

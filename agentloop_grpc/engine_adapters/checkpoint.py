@@ -1,0 +1,102 @@
+"""Reading a safetensors checkpoint that LoadWeights names, into the same NamedTensors UpdateWeights delivers.
+
+The format is parsed here (an 8-byte little-endian header length, a JSON header of name -> dtype, shape and byte
+range, then the data), so no framework is needed and every adapter gets the update the same way. Files are
+memory-mapped: only the tensors' bytes are read, once, from the page cache. Everything is checked before an
+adapter sees a byte, so a bad checkpoint changes nothing in the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import struct
+from pathlib import Path
+
+from agentloop_grpc.common.errors import InvalidRequestError
+from agentloop_grpc.common.types import NamedTensor
+
+#: safetensors dtype -> (our dtype name, bytes per element).
+SAFETENSORS_DTYPES = {
+    "F32": ("float32", 4),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "F64": ("float64", 8),
+    "I64": ("int64", 8),
+    "I32": ("int32", 4),
+    "I8": ("int8", 1),
+    "U8": ("uint8", 1),
+    "BOOL": ("bool", 1),
+}
+#: A safetensors header larger than this is refused (the format's own limit).
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def checkpoint_files(path: str) -> list[Path]:
+    """The safetensors files ``path`` names: the file itself, or a folder's ``*.safetensors`` (not recursive)."""
+    if not path:
+        raise InvalidRequestError("path is required (a safetensors file or a folder of them, as the server sees it)")
+    where = Path(path)
+    if where.is_file():
+        return [where]
+    if where.is_dir():
+        files = sorted(where.glob("*.safetensors"))
+        if not files:
+            raise InvalidRequestError(f"path {path!r} is a folder without *.safetensors files")
+        return files
+    raise InvalidRequestError(f"path {path!r} is neither a file nor a folder this server can read")
+
+
+def read_checkpoint(path: str) -> tuple[list[NamedTensor], int]:
+    """Every tensor in the checkpoint at ``path``, and their bytes in all; InvalidRequestError names what is wrong."""
+    tensors: dict[str, NamedTensor] = {}
+    for file in checkpoint_files(path):
+        for tensor in _read_file(file):
+            if tensor.name in tensors:
+                raise InvalidRequestError(f"tensor {tensor.name!r} is in more than one file under {path!r}")
+            tensors[tensor.name] = tensor
+    return list(tensors.values()), sum(len(t.data) for t in tensors.values())
+
+
+def _read_file(file: Path) -> list[NamedTensor]:
+    with file.open("rb") as handle:
+        try:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError as error:  # an empty file cannot be mapped
+            raise InvalidRequestError(f"{file} is not a safetensors file: {error}") from error
+    with mapped:
+        header, start = _header(file, mapped)
+        tensors = []
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            tensors.append(_tensor(file, mapped, start, name, entry))
+        return tensors
+
+
+def _header(file: Path, mapped: mmap.mmap) -> tuple[dict, int]:
+    if len(mapped) < 8:
+        raise InvalidRequestError(f"{file} is not a safetensors file: {len(mapped)} bytes")
+    (length,) = struct.unpack("<Q", mapped[:8])
+    if length > MAX_HEADER_BYTES or 8 + length > len(mapped):
+        raise InvalidRequestError(f"{file} is not a safetensors file: a header of {length} bytes")
+    try:
+        header = json.loads(mapped[8 : 8 + length])
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidRequestError(f"{file} is not a safetensors file: its header is not JSON ({error})") from error
+    if not isinstance(header, dict):
+        raise InvalidRequestError(f"{file} is not a safetensors file: its header is not a JSON object")
+    return header, 8 + length
+
+
+def _tensor(file: Path, mapped: mmap.mmap, start: int, name: str, entry) -> NamedTensor:
+    try:
+        dtype, itemsize = SAFETENSORS_DTYPES[entry["dtype"]]
+        shape = tuple(int(d) for d in entry["shape"])
+        begin, end = (int(o) for o in entry["data_offsets"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise InvalidRequestError(f"tensor {name!r} in {file}: unsupported or malformed entry {entry!r}") from error
+    if begin < 0 or any(d < 0 for d in shape) or end - begin != math.prod(shape) * itemsize or start + end > len(mapped):
+        raise InvalidRequestError(f"tensor {name!r} in {file}: bytes [{begin}, {end}) do not hold shape {list(shape)}")
+    return NamedTensor(name=name, dtype=dtype, shape=shape, data=mapped[start + begin : start + end])
