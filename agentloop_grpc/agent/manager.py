@@ -25,6 +25,7 @@ from .sample import Sample
 from .spec import WorkerSpec, build_worker, load_codec
 from .tokenizer_check import check_engine_tokenizers
 from .trajectory import Trajectory
+from .weight_transfer import StreamTransfer, WeightTransfer, choose_weight_transfer
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,7 @@ class AgentLoopManager:
         self._fleets: list[Fleet] = []
         self._tokenizer_checked = False
         self._tokenizer = None  # the loops' tokenizer, loaded once for the check
+        self._weights: WeightTransfer = StreamTransfer()
 
     async def __aenter__(self) -> AgentLoopManager:
         await self.start()
@@ -87,6 +89,12 @@ class AgentLoopManager:
                 self._local.append(worker)
                 self._fleets.append(router.fleet)
                 self.control = self.control or router.fleet
+        self._weights = choose_weight_transfer(self.spec.weight_transfer, self.control.servers, self.spec.weights_dir)
+
+    @property
+    def weight_transfer(self) -> str:
+        """How ``update_weights`` moves the tensors: "stream" or "path" (``weight_transfer.py``)."""
+        return self._weights.name
 
     @property
     def fleets(self) -> tuple[Fleet, ...]:
@@ -144,7 +152,7 @@ class AgentLoopManager:
     async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int) -> None:
         """Update every engine's weights, also while ``generate`` runs (see ``update_weights_mid_rollout``)."""
         try:
-            await update_weights_mid_rollout(self.control, tensors, weight_version)
+            await update_weights_mid_rollout(self.control, tensors, weight_version, self._weights)
         finally:
             # the workers' Fleets did not push: told the fleet's version now, they hold out an engine that
             # missed it (or returns without it) before any of their generations could show them
@@ -152,8 +160,11 @@ class AgentLoopManager:
                 fleet.expect_weight_version(self.control.weight_version)
 
 
-async def update_weights_mid_rollout(control: Fleet, tensors: Sequence[NamedTensor], weight_version: int) -> None:
-    """Pause (ABORT) -> update weights -> resume on every engine; running loops keep their tokens and go on.
+async def update_weights_mid_rollout(
+    control: Fleet, tensors: Sequence[NamedTensor], weight_version: int, transfer: WeightTransfer | None = None
+) -> None:
+    """Pause (ABORT) -> update weights (by ``transfer``; default: stream) -> resume on every engine; running loops
+    keep their tokens and go on.
 
     Whatever fails, every engine is resumed before the error is raised: an engine left paused holds each later
     generation until its deadline. When some engine cannot pause (it is down), nothing is applied anywhere, so the
@@ -162,7 +173,7 @@ async def update_weights_mid_rollout(control: Fleet, tensors: Sequence[NamedTens
     paused = await control.pause(PauseMode.ABORT)
     try:
         paused.raise_for_errors()
-        (await control.update_weights(tensors, weight_version)).raise_for_errors()
+        (await (transfer or StreamTransfer()).push(control, tensors, weight_version)).raise_for_errors()
     finally:
         resumed = await control.resume()
     resumed.raise_for_errors()

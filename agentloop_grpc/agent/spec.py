@@ -22,6 +22,7 @@ from .config import AgentLoopConfig
 from .context import LoopContext
 from .loops.base import LoopRegistry
 from .tracing import JsonlTracer
+from .weight_transfer import WeightTransferKind
 from .worker import AgentLoopWorker
 
 
@@ -54,6 +55,11 @@ class WorkerSpec(BaseModel):
     max_concurrency: int = Field(256, ge=1, description="Loops running at once in one worker.")
     reward: ComponentSpec | None = Field(None, description="Reward function; None: the default (tool rewards).")
     interactions: dict[str, ComponentSpec] = Field(default_factory=dict)
+    weight_transfer: WeightTransferKind = Field(
+        "auto", description="How update_weights reaches the engines: stream (UpdateWeights), path (a checkpoint they "
+        "load, LoadWeights), auto (path when every engine is on this machine or weights_dir is set, else stream).")
+    weights_dir: str | None = Field(None, description="Folder every engine can read, for path transfers (shared "
+                                    "storage across machines); None: a temporary folder (engines on this machine).")
     trace_path: str | None = Field(None, description="Append one JSON line per turn here (per worker: a suffix "
                                    "with the worker index is added when there are several).")
 

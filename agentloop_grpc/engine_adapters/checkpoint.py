@@ -1,9 +1,8 @@
 """Reading a safetensors checkpoint that LoadWeights names, into the same NamedTensors UpdateWeights delivers.
 
-The format is parsed here (an 8-byte little-endian header length, a JSON header of name -> dtype, shape and byte
-range, then the data), so no framework is needed and every adapter gets the update the same way. Files are
-memory-mapped: only the tensors' bytes are read, once, from the page cache. Everything is checked before an
-adapter sees a byte, so a bad checkpoint changes nothing in the engine.
+The format (``common/safetensors_format.py``) is parsed here, so no framework is needed and every adapter gets the
+update the same way. Files are memory-mapped: only the tensors' bytes are read, once, from the page cache.
+Everything is checked before an adapter sees a byte, so a bad checkpoint changes nothing in the engine.
 """
 
 from __future__ import annotations
@@ -15,20 +14,9 @@ import struct
 from pathlib import Path
 
 from agentloop_grpc.common.errors import InvalidRequestError
+from agentloop_grpc.common.safetensors_format import SAFETENSORS_DTYPES
 from agentloop_grpc.common.types import NamedTensor
 
-#: safetensors dtype -> (our dtype name, bytes per element).
-SAFETENSORS_DTYPES = {
-    "F32": ("float32", 4),
-    "F16": ("float16", 2),
-    "BF16": ("bfloat16", 2),
-    "F64": ("float64", 8),
-    "I64": ("int64", 8),
-    "I32": ("int32", 4),
-    "I8": ("int8", 1),
-    "U8": ("uint8", 1),
-    "BOOL": ("bool", 1),
-}
 #: A safetensors header larger than this is refused (the format's own limit).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
