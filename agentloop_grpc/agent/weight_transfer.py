@@ -9,7 +9,6 @@ machine). The choice is logged once, when made.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from agentloop_grpc.common.addresses import is_loopback
 from agentloop_grpc.common.safetensors_format import write_safetensors
 from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.router import FanOutResult, Fleet
@@ -58,17 +58,6 @@ class PathTransfer:
             file.unlink(missing_ok=True)
 
 
-def on_this_machine(address: str) -> bool:
-    """Whether ``host:port`` names this machine by a loopback address (how local servers are reached)."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def choose_weight_transfer(
     kind: WeightTransferKind, addresses: Iterable[str], folder: str | None = None
 ) -> WeightTransfer:
@@ -76,7 +65,7 @@ def choose_weight_transfer(
     given: the caller says the engines can read it), else ``stream``."""
     addresses = list(addresses)
     if kind == "auto":
-        kind = "path" if folder or (addresses and all(on_this_machine(a) for a in addresses)) else "stream"
+        kind = "path" if folder or (addresses and all(is_loopback(a) for a in addresses)) else "stream"
     if kind == "stream":
         log.info("weight updates go to %d engines by stream (UpdateWeights)", len(addresses))
         return StreamTransfer()

@@ -11,7 +11,6 @@ PERMISSION_DENIED when an admin token is configured; the call's handler never ru
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentloop_grpc.common.addresses import is_loopback
 from agentloop_grpc.security import ABORT_METHOD, AUTHORIZATION, CONTROL_METHODS, read_secret
 
 from .handlers import with_behavior
@@ -153,17 +153,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return await behavior(request, context)
 
         return with_behavior(handler, abort)
-
-
-def is_loopback(address: str) -> bool:
-    """Whether ``host:port`` binds only this machine's loopback interface."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to any interface
 
 
 def bind(server: grpc.aio.Server, address: str, security: ServerSecurity | None = None, exposes: str = "") -> int:

@@ -9,7 +9,8 @@ from contextlib import AsyncExitStack
 import pytest
 
 from agentloop_grpc.agent import AgentLoopManager, WorkerSpec
-from agentloop_grpc.agent.weight_transfer import choose_weight_transfer, on_this_machine
+from agentloop_grpc.agent.weight_transfer import choose_weight_transfer
+from agentloop_grpc.common.addresses import is_loopback
 from agentloop_grpc.common.safetensors_format import write_safetensors
 from agentloop_grpc.common.types import NamedTensor
 
@@ -40,8 +41,8 @@ async def test_updates_reach_every_engine_by_the_chosen_transfer(codec, caplog, 
 
 
 def test_auto_takes_path_only_when_every_engine_is_on_this_machine(tmp_path) -> None:
-    assert on_this_machine("127.0.0.1:5") and on_this_machine("localhost:5") and on_this_machine("[::1]:5")
-    assert not on_this_machine("10.0.0.2:5") and not on_this_machine("node-3:5")
+    assert is_loopback("127.0.0.1:5") and is_loopback("localhost:5") and is_loopback("[::1]:5")
+    assert not is_loopback("10.0.0.2:5") and not is_loopback("node-3:5")
     assert choose_weight_transfer("auto", ["127.0.0.1:1", "10.0.0.2:1"]).name == "stream"
     assert choose_weight_transfer("auto", ["10.0.0.2:1"], str(tmp_path)).name == "path"  # shared storage given
 
