@@ -45,6 +45,7 @@ import re
 import statistics
 import subprocess
 import sys
+from array import array
 import threading
 import time
 from pathlib import Path
@@ -182,15 +183,17 @@ async def _bench_stream(address: str, calls: int, in_flight: int) -> dict[str, f
 
 
 async def _bench_router(address: str, calls: int, in_flight: int, unary: bool = True) -> dict[str, float]:
-    """Every call packs its prompt (a list, as the Ray case sends it)."""
+    """The prompt as an agent loop holds it (the trajectory's append-only ``array('i')``, sent as its bytes); the
+    Ray case gets the list verl keeps."""
     from agentloop_grpc.common.types import SamplingParams
     from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 
     params = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    context = array("i", PROMPT)
     async with Router([address], RouterConfig(unary_generate=unary)) as router:
         await router.fleet.wait_ready()
-        await router.generate(GenerateCall("warm", PROMPT, params))
-        return await _drive(lambda i: router.generate(GenerateCall(f"s{i % 64}", PROMPT, params)), calls, in_flight)
+        await router.generate(GenerateCall("warm", context, params))
+        return await _drive(lambda i: router.generate(GenerateCall(f"s{i % 64}", context, params)), calls, in_flight)
 
 
 # -- (b) Ray async actor -------------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ class EngineLifecycle:
         self._engine_idle.set()
         self._idle = asyncio.Event()  # nothing in flight (a drain waits for it)
         self._idle.set()
+        self._weights = asyncio.Lock()  # weight updates, Sleep and WakeUp one at a time: each changes the weights
 
     # -- state -----------------------------------------------------------------------------------------------
 
@@ -251,31 +252,37 @@ class EngineLifecycle:
             raise FailedPreconditionError(
                 f"{self.in_flight} requests are in flight; Pause(PAUSE_MODE_ABORT) or let them finish first"
             )
-        releasing = SLEEP_LEVELS[level] - self._released
-        if releasing:
-            await self.adapter.release(releasing)
-            self._released |= releasing
+        async with self._weights:
+            releasing = SLEEP_LEVELS[level] - self._released
+            if releasing:
+                await self.adapter.release(releasing)
+                self._released |= releasing
         return facts.sleep_releases_memory
 
     async def wake_up(self, resources: frozenset[Resource]) -> EngineState:
-        restoring = frozenset(resources) & self._released
-        if restoring:
-            await self.adapter.restore(restoring)
-            self._released -= restoring
+        async with self._weights:
+            restoring = frozenset(resources) & self._released
+            if restoring:
+                await self.adapter.restore(restoring)
+                self._released -= restoring
         return self.state
 
     async def update_weights(
         self, tensors: Sequence[NamedTensor], weight_version: int | None, flush_cache: bool
     ) -> WeightUpdateResult:
-        """Apply ``tensors`` as ``weight_version`` (None: the current one + 1)."""
+        """Apply ``tensors`` as ``weight_version`` (None: the current one + 1). Nothing needs to be paused: an
+        adapter swaps the weights in between its steps, and tokens after the swap carry the new version."""
         self._loaded()
-        version = self.weight_version + 1 if weight_version is None else weight_version
-        if version <= self.weight_version:
-            raise FailedPreconditionError(f"weight_version {version} must be greater than the current {self.weight_version}")
-        if Resource.WEIGHTS in self._released:
-            raise EngineUnavailableError("the weights are released (asleep); WakeUp with WAKE_UP_TAG_WEIGHTS first")
-        await self.adapter.update_weights(tensors, version, flush_cache)
-        self.weight_version = version
+        async with self._weights:
+            version = self.weight_version + 1 if weight_version is None else weight_version
+            if version <= self.weight_version:
+                raise FailedPreconditionError(
+                    f"weight_version {version} must be greater than the current {self.weight_version}"
+                )
+            if Resource.WEIGHTS in self._released:
+                raise EngineUnavailableError("the weights are released (asleep); WakeUp with WAKE_UP_TAG_WEIGHTS first")
+            await self.adapter.update_weights(tensors, version, flush_cache)
+            self.weight_version = version
         return WeightUpdateResult(weight_version=version, tensors_updated=len(tensors))
 
     async def load_weights(

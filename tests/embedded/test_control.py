@@ -17,7 +17,9 @@ from agentloop_grpc.common.errors import (
     FailedPreconditionError,
     InvalidRequestError,
 )
-from agentloop_grpc.common.types import ALL_RESOURCES, EngineState, NamedTensor, PauseMode, Resource
+from agentloop_grpc.common.types import (
+    ALL_RESOURCES, EngineState, GenerateComplete, NamedTensor, PauseMode, Resource,
+)
 
 from .helpers import chat, generate, hf_greedy, make, recompute, run
 
@@ -87,6 +89,30 @@ async def test_loading_a_checkpoint_serves_what_transformers_computes_with_it(
         with torch.no_grad():
             param.copy_(original)
         await engine.update_weights([_tensor(NORM, original)], None, flush_cache=True)
+
+
+async def test_an_update_while_generating_swaps_between_steps_and_keeps_every_token(
+    engine, reference, tokenizer
+) -> None:
+    """No pause: the weights are staged while decoding goes on and swapped in between two steps; every token is
+    kept and carries the version of the weights that produced it."""
+    model, _ = reference
+    same = _tensor(NORM, dict(model.named_parameters())[NORM].detach().clone())  # the values it has: same tokens
+    prompt = chat(tokenizer, "Count to twenty.")
+    alone = await generate(engine, prompt, max_new_tokens=40, ignore_eos=True, temperature=0.0)
+    version = engine.weight_version
+    request = make(prompt, max_new_tokens=40, ignore_eos=True, temperature=0.0)
+    tokens, versions = [], []
+    async for event in engine.generate(request):
+        if isinstance(event, GenerateComplete):
+            break
+        tokens += event.token_ids
+        versions += [event.weight_version] * len(event.token_ids)
+        if len(tokens) == 10:
+            await engine.update_weights([same], version + 1, flush_cache=False)
+    assert tokens == alone.tokens
+    swap = versions.index(version + 1)
+    assert 10 <= swap < 40 and versions == [version] * swap + [version + 1] * (40 - swap)
 
 
 async def test_tied_weights_update_under_either_name(engine, reference, tokenizer) -> None:

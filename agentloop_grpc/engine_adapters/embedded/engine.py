@@ -309,12 +309,13 @@ class EmbeddedEngine:
         self._work.set()
 
     async def update_weights(self, tensors: Seq[NamedTensor], weight_version: int, flush_cache: bool) -> None:
-        loaded = self._loaded
+        # checked and decoded off the step lock, while generation goes on: steps wait only for the copy-in
+        staged = await asyncio.to_thread(weight_update.stage, self._loaded.model, tensors)
         async with self._step_lock:
-            await self._on_worker(self._apply_weights, loaded, tensors)
+            await self._on_worker(self._apply_weights, staged)
 
-    def _apply_weights(self, loaded: _Loaded, tensors: Seq[NamedTensor]) -> None:
-        weight_update.apply(weight_update.stage(loaded.model, tensors))
+    def _apply_weights(self, staged: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
+        weight_update.apply(staged)
         self._prefix_cache.clear()  # KV computed with the old weights must not be reused, whatever flush_cache says
 
     async def flush_cache(self) -> None:
