@@ -32,8 +32,7 @@ from .sampling import generate_kwargs
 
 log = logging.getLogger(__name__)
 
-#: SGLang's pause modes for our PauseMode (WAIT has no SGLang mode: the adapter waits, then pauses in place).
-PAUSE_ABORT = "abort"
+#: SGLang's pause mode for Pause(KEEP), the only mode that reaches it (the lifecycle aborts or waits itself).
 PAUSE_IN_PLACE = "in_place"
 
 
