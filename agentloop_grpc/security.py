@@ -21,7 +21,10 @@ AUTHORIZATION = "authorization"
 #: RPCs that change what a server does for every caller: they need the admin token where one is configured.
 CONTROL_METHODS = frozenset(
     f"/agentloop.v1.EngineControl/{name}"
-    for name in ("Sleep", "WakeUp", "Pause", "Resume", "UpdateWeights", "LoadWeights", "FlushCache")
+    for name in (
+        "Sleep", "WakeUp", "Pause", "Resume", "UpdateWeights", "LoadWeights", "JoinWeightGroup", "ReceiveWeights",
+        "LeaveWeightGroup", "FlushCache",
+    )
 )
 #: Abort is a control call only when it aborts every request (``AbortRequest.all``).
 ABORT_METHOD = "/agentloop.v1.TokenGenerate/Abort"

@@ -60,7 +60,7 @@ class AgentLoopManager:
         self._fleets: list[Fleet] = []
         self._tokenizer_checked = False
         self._tokenizer = None  # the loops' tokenizer, loaded once for the check
-        self._weights: WeightTransfer = StreamTransfer()
+        self._weights: WeightTransfer | None = None  # chosen at the first update: a group needs serving engines
 
     async def __aenter__(self) -> AgentLoopManager:
         await self.start()
@@ -89,12 +89,12 @@ class AgentLoopManager:
                 self._local.append(worker)
                 self._fleets.append(router.fleet)
                 self.control = self.control or router.fleet
-        self._weights = choose_weight_transfer(self.spec.weight_transfer, self.control.servers, self.spec.weights_dir)
 
     @property
     def weight_transfer(self) -> str:
-        """How ``update_weights`` moves the tensors: "stream" or "path" (``weight_transfer.py``)."""
-        return self._weights.name
+        """How ``update_weights`` moves the tensors: "collective", "path" or "stream" (``weight_transfer.py``);
+        the spec's choice ("auto" included) until the first update made it."""
+        return self._weights.name if self._weights is not None else self.spec.weight_transfer
 
     @property
     def fleets(self) -> tuple[Fleet, ...]:
@@ -103,6 +103,8 @@ class AgentLoopManager:
         return tuple(self._fleets)
 
     async def close(self) -> None:
+        if self._weights is not None:
+            await self._weights.close(self.control)
         if self._actors:
             import ray
 
@@ -151,6 +153,10 @@ class AgentLoopManager:
 
     async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int) -> None:
         """Update every engine's weights, also while ``generate`` runs (see ``update_weights_mid_rollout``)."""
+        if self._weights is None:
+            self._weights = await choose_weight_transfer(
+                self.spec.weight_transfer, self.control, self.spec.weights_dir, self.spec.weight_group_address
+            )
         try:
             await update_weights_mid_rollout(self.control, tensors, weight_version, self._weights)
         finally:

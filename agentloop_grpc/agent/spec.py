@@ -56,8 +56,12 @@ class WorkerSpec(BaseModel):
     reward: ComponentSpec | None = Field(None, description="Reward function; None: the default (tool rewards).")
     interactions: dict[str, ComponentSpec] = Field(default_factory=dict)
     weight_transfer: WeightTransferKind = Field(
-        "auto", description="How update_weights reaches the engines: stream (UpdateWeights), path (a checkpoint they "
-        "load, LoadWeights), auto (path when every engine is on this machine or weights_dir is set, else stream).")
+        "auto", description="How update_weights reaches the engines: collective (one broadcast over a "
+        "torch.distributed group of this process and every engine worker), path (a checkpoint they load, "
+        "LoadWeights), stream (UpdateWeights), auto (collective if the group forms, else path when every engine is "
+        "on this machine or weights_dir is set, else stream).")
+    weight_group_address: str | None = Field(None, description="The address engines reach this process by, for "
+                                             "collective transfers; None: the one on the route to the first engine.")
     weights_dir: str | None = Field(None, description="Folder every engine can read, for path transfers (shared "
                                     "storage across machines); None: a temporary folder (engines on this machine).")
     trace_path: str | None = Field(None, description="Append one JSON line per turn here (per worker: a suffix "

@@ -1,29 +1,44 @@
-"""How new weights reach the engines: streamed over gRPC to each, or written once as a checkpoint they load.
+"""How new weights reach the engines: broadcast once over a collective, written once as a checkpoint they load,
+or streamed over gRPC to each.
 
-``stream`` (UpdateWeights) works anywhere, but sends the bytes once per engine through gRPC. ``path``
-(LoadWeights) writes one safetensors file to a folder every engine can read and sends each engine only its name:
-the choice when the engines share a file system with the trainer (``auto`` takes it when every engine is on this
-machine). The choice is logged once, when made.
+``collective`` (JoinWeightGroup + ReceiveWeights) forms a torch.distributed group of this process (rank 0) and
+every engine worker, announces each update over gRPC and broadcasts the bytes once for all of them (gloo on
+CPUs, NCCL between GPUs). ``path`` (LoadWeights) writes one safetensors file to a folder every engine can read
+and sends each engine only its name. ``stream`` (UpdateWeights) works anywhere but sends the bytes once per
+engine through gRPC. ``auto`` takes the first that works: collective when the group forms, else path when every
+engine is on this machine (or ``weights_dir`` says they share storage), else stream. The choice is logged once,
+when made, which is at the first update (the engines must be serving to join a group).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import tempfile
+import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
+from agentloop_grpc.common import wire
 from agentloop_grpc.common.addresses import is_loopback
 from agentloop_grpc.common.safetensors_format import write_safetensors
 from agentloop_grpc.common.types import NamedTensor
+from agentloop_grpc.common.weight_layout import (
+    DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S, BucketLayout, TensorSpec, WeightGroupError, WeightGroupSpec,
+)
 from agentloop_grpc.router import FanOutResult, Fleet
+from agentloop_grpc.v1 import engine_pb2
+
+if TYPE_CHECKING:
+    from agentloop_grpc.common.weight_group import WeightGroupLeader
 
 log = logging.getLogger(__name__)
 
-WeightTransferKind = Literal["auto", "stream", "path"]
+WeightTransferKind = Literal["auto", "collective", "stream", "path"]
+_DTYPE_CODES = {name: code for code, (name, _size) in wire.DTYPES.items()}
 
 
 class WeightTransfer(Protocol):
@@ -33,6 +48,10 @@ class WeightTransfer(Protocol):
         """Apply ``tensors`` as ``weight_version`` on every server of ``fleet``."""
         ...
 
+    async def close(self, fleet: Fleet) -> None:
+        """Release what the transfer holds (a group, a folder)."""
+        ...
+
 
 @dataclass(frozen=True)
 class StreamTransfer:
@@ -40,6 +59,9 @@ class StreamTransfer:
 
     async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int) -> FanOutResult:
         return await fleet.update_weights(tensors, weight_version)
+
+    async def close(self, fleet: Fleet) -> None:
+        """Nothing held."""
 
 
 @dataclass(frozen=True)
@@ -57,19 +79,133 @@ class PathTransfer:
         finally:
             file.unlink(missing_ok=True)
 
+    async def close(self, fleet: Fleet) -> None:
+        """The folder is the caller's (or a temporary one, emptied after each update)."""
 
-def choose_weight_transfer(
-    kind: WeightTransferKind, addresses: Iterable[str], folder: str | None = None
+
+@dataclass
+class CollectiveTransfer:
+    """Broadcasts each update over a weight-transfer group of this process and every engine worker.
+
+    The group forms at the first push (and again after a broadcast failed or the fleet's servers changed):
+    this process hosts the rendezvous on ``address`` (as the engines reach it), every server joins with its
+    workers. Each update is announced to every server (ReceiveWeights), then broadcast in pieces of
+    ``bucket_bytes``; the servers vote first, so a refused update moves no byte and changes nothing anywhere.
+    """
+
+    address: str
+    backend: str = "gloo"
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    name: str = "collective"
+    _leader: WeightGroupLeader | None = field(default=None, repr=False)
+    _group: str = ""
+    _members: frozenset[str] = frozenset()
+
+    async def form(self, fleet: Fleet) -> None:
+        """Form the group with every server of ``fleet``; WeightGroupError (nothing left behind) if it cannot."""
+        from agentloop_grpc.common.weight_group import WeightGroupLeader  # torch: imported only by trainers using it
+
+        await self.close(fleet)
+        infos = await fleet.server_info()
+        if infos.errors or not infos.responses:
+            raise WeightGroupError(f"not every engine answered GetServerInfo: {sorted(infos.errors) or 'no engines'}")
+        offsets, world = {}, 1
+        for address, info in sorted(infos.responses.items()):
+            if info.weight_group_ranks < 1:
+                raise WeightGroupError(f"the {info.engine_kind} engine at {address} cannot join a weight group")
+            offsets[address], world = world, world + info.weight_group_ranks
+        group = f"agentloop-{uuid.uuid4().hex[:12]}"
+        store, port = await asyncio.to_thread(WeightGroupLeader.host, self.address, world, self.timeout_s)
+        spec = WeightGroupSpec(group, self.address, port, world, 0, self.backend, self.timeout_s)
+        leading = asyncio.ensure_future(asyncio.to_thread(WeightGroupLeader.form, store, spec))
+        joined = await fleet.join_weight_group(group, self.address, port, world, offsets, self.backend, self.timeout_s)
+        try:
+            leader = await leading
+        except WeightGroupError:
+            await fleet.leave_weight_group(group, offsets.keys())
+            raise WeightGroupError(_join_errors(joined)) from None
+        if joined.errors:  # the group formed without them? impossible; leave nothing half-made
+            await asyncio.to_thread(leader.close)
+            await fleet.leave_weight_group(group, offsets.keys())
+            raise WeightGroupError(_join_errors(joined))
+        self._leader, self._group, self._members = leader, group, frozenset(offsets)
+        log.info("weight group %s formed at %s:%d: %d engines, %d ranks, %s", group, self.address, port,
+                 len(offsets), world, self.backend)
+
+    async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int) -> FanOutResult:
+        if self._leader is None or self._members != frozenset(fleet.servers):
+            await self.form(fleet)
+        specs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in tensors]
+        layout = BucketLayout.of(specs, self.bucket_bytes)
+        announced = [engine_pb2.TensorSpec(name=s.name, dtype=_DTYPE_CODES[s.dtype], shape=s.shape) for s in specs]
+        receiving = asyncio.ensure_future(fleet.receive_weights(
+            self._group, announced, self.bucket_bytes, weight_version, servers=self._members
+        ))
+        try:
+            await asyncio.to_thread(self._send, layout, [t.data for t in tensors])
+        except WeightGroupError:
+            log.warning("the broadcast over weight group %s failed; it forms again at the next update", self._group)
+            result = await receiving
+            await self.close(fleet)
+            return result
+        return await receiving
+
+    def _send(self, layout: BucketLayout, sources: Sequence[bytes]) -> None:
+        assert self._leader is not None
+        if self._leader.vote(True):  # a member that refused answers its ReceiveWeights with why
+            self._leader.send(layout, sources)
+
+    async def close(self, fleet: Fleet) -> None:
+        leader, self._leader = self._leader, None
+        if leader is not None:
+            await asyncio.to_thread(leader.close)
+            await fleet.leave_weight_group(self._group, self._members)
+
+
+def _join_errors(joined: FanOutResult) -> str:
+    described = "; ".join(f"{address}: {error}" for address, error in sorted(joined.errors.items()))
+    return f"the weight group did not form ({described or 'no engine reported an error'})"
+
+
+def local_address_towards(address: str) -> str:
+    """This machine's address on the route to ``host:port`` (what an engine there reaches it by)."""
+    if is_loopback(address):
+        return "127.0.0.1"
+    host, port = address.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent: connect only routes
+        probe.connect((host.strip("[]"), int(port)))
+        return probe.getsockname()[0]
+
+
+async def choose_weight_transfer(
+    kind: WeightTransferKind, fleet: Fleet, folder: str | None = None, group_address: str | None = None,
+    backend: str = "gloo",
 ) -> WeightTransfer:
-    """The transfer ``kind`` names; ``auto``: ``path`` when every engine is on this machine (or ``folder`` is
-    given: the caller says the engines can read it), else ``stream``."""
-    addresses = list(addresses)
-    if kind == "auto":
+    """The transfer ``kind`` names (a collective group is formed now); ``auto``: collective if the group forms,
+    else path when every engine is on this machine (or ``folder`` is given: the caller says the engines can read
+    it), else stream."""
+    addresses = list(fleet.servers)
+    if kind in ("auto", "collective"):
+        try:
+            transfer = CollectiveTransfer(group_address or local_address_towards(addresses[0]), backend)
+            await transfer.form(fleet)
+        except (WeightGroupError, OSError, IndexError) as error:
+            if kind == "collective":
+                raise
+            log.info("no weight group (%s); trying the next transfer", error)
+        else:
+            log.info("weight updates go to %d engines by collective (%s broadcast)", len(addresses), backend)
+            return transfer
         kind = "path" if folder or (addresses and all(is_loopback(a) for a in addresses)) else "stream"
     if kind == "stream":
         log.info("weight updates go to %d engines by stream (UpdateWeights)", len(addresses))
         return StreamTransfer()
+    return _path_transfer(addresses, folder)
+
+
+def _path_transfer(addresses: Iterable[str], folder: str | None) -> PathTransfer:
     where = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="agentloop-weights-"))
     where.mkdir(parents=True, exist_ok=True)
-    log.info("weight updates go to %d engines by path (LoadWeights from %s)", len(addresses), where)
+    log.info("weight updates go to %d engines by path (LoadWeights from %s)", len(list(addresses)), where)
     return PathTransfer(where)

@@ -141,6 +141,7 @@ class ServerFacts:
     tp_size: int = 1
     sleep_releases_memory: bool = False
     supports_structured_output: bool = False
+    weight_group_ranks: int = 0  # workers that join a weight-transfer group; 0: the engine cannot join one
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,9 @@ from agentloop_grpc.common.wire import FINISH_REASONS
 from . import validation
 from agentloop_grpc.common.errors import InvalidRequestError
 from .grouping import TokenGrouper
+from agentloop_grpc.common.weight_layout import (
+    DEFAULT_TIMEOUT_S, MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, BucketLayout, TensorSpec, WeightGroupSpec,
+)
 from agentloop_grpc.common.prompt import PromptIds
 from agentloop_grpc.common.types import (
     EngineState,
@@ -179,3 +182,42 @@ def load_to_proto(load: LoadInfo) -> generation_pb2.GetLoadResponse:
         prefix_cache_hit_rate=load.prefix_cache_hit_rate,
         max_running_requests=load.max_running_requests,
     )
+
+
+def weight_group_from_proto(request: engine_pb2.JoinWeightGroupRequest) -> WeightGroupSpec:
+    """JoinWeightGroup's spec (the lifecycle checks it against the engine's ranks)."""
+    return WeightGroupSpec(
+        name=request.group_name,
+        master_address=request.master_address,
+        master_port=request.master_port,
+        world_size=request.world_size,
+        rank_offset=request.rank_offset,
+        backend=request.backend,
+        timeout_s=request.timeout_s or DEFAULT_TIMEOUT_S,
+    )
+
+
+def layout_from_proto(request: engine_pb2.ReceiveWeightsRequest) -> BucketLayout:
+    """ReceiveWeights' announcement as the layout of the broadcast; InvalidRequestError naming the bad field."""
+    if not request.group_name:
+        raise InvalidRequestError("ReceiveWeights.group_name is required")
+    if not request.tensors:
+        raise InvalidRequestError("ReceiveWeights.tensors must name at least one tensor")
+    if not MIN_BUCKET_BYTES <= request.bucket_bytes <= MAX_BUCKET_BYTES:
+        raise InvalidRequestError(
+            f"ReceiveWeights.bucket_bytes = {request.bucket_bytes} must be in [{MIN_BUCKET_BYTES}, {MAX_BUCKET_BYTES}]"
+        )
+    specs, names = [], set()
+    for index, tensor in enumerate(request.tensors):
+        field = f"ReceiveWeights.tensors[{index}]"
+        if not tensor.name:
+            raise InvalidRequestError(f"{field}.name is required")
+        if tensor.name in names:
+            raise InvalidRequestError(f"{field}.name {validation.quote(tensor.name)} is announced twice")
+        if tensor.dtype not in wire_maps.DTYPES:
+            raise InvalidRequestError(f"{field}.dtype is unspecified or unknown ({tensor.dtype})")
+        if any(d < 0 for d in tensor.shape):
+            raise InvalidRequestError(f"{field}.shape {list(tensor.shape)} has a negative dimension")
+        names.add(tensor.name)
+        specs.append(TensorSpec(tensor.name, wire_maps.DTYPES[tensor.dtype][0], tuple(tensor.shape)))
+    return BucketLayout.of(specs, request.bucket_bytes)

@@ -26,7 +26,9 @@ from agentloop_grpc import __version__
 
 from .block_hash import BlockChain
 from .fake_config import FakeEngineConfig
-from agentloop_grpc.common.errors import EngineOverloadedError, UnsupportedError
+from agentloop_grpc.common.errors import EngineError, EngineOverloadedError, UnsupportedError
+from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
+from .weight_groups import LocalWeightGroups
 from .grouping import merge_chunks
 from agentloop_grpc.common.types import (
     FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
@@ -106,6 +108,8 @@ class FakeEngine:
         self._cache: OrderedDict[int, None] = OrderedDict()  # block keys, least recently used first
         self._prompt_tokens_seen = 0
         self._prompt_tokens_cached = 0
+        self._groups = LocalWeightGroups()
+        self.received: list[NamedTensor] = []  # the last update received over a weight group (the fake has no model)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -122,6 +126,7 @@ class FakeEngine:
             eos_token_ids=(self.config.eos_token_id,),
             dp_rank=self.config.dp_rank,
             dp_size=self.config.dp_size,
+            weight_group_ranks=1,
         )
 
     async def shutdown(self) -> None:
@@ -316,6 +321,23 @@ class FakeEngine:
     async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int, flush_cache: bool) -> None:
         if flush_cache:
             await self.flush_cache()
+
+    async def join_weight_group(self, group: WeightGroupSpec) -> list[int]:
+        return await self._groups.join(group)
+
+    async def receive_weights(
+        self, group: str, layout: BucketLayout, weight_version: int, flush_cache: bool, refusal: EngineError | None
+    ) -> None:
+        flat = await self._groups.receive(group, layout, refusal)
+        self.received = [
+            NamedTensor(spec.name, spec.dtype, spec.shape, flat[offset : offset + spec.nbytes].numpy().tobytes())
+            for spec, offset in zip(layout.specs, layout.offsets)
+        ]
+        if flush_cache:
+            await self.flush_cache()
+
+    async def leave_weight_group(self, group: str) -> None:
+        await self._groups.leave(group)
 
     async def flush_cache(self) -> None:
         self._cache.clear()

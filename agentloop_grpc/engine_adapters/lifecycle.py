@@ -20,13 +20,16 @@ from dataclasses import dataclass, field
 
 from agentloop_grpc.common.errors import (
     DuplicateRequestError,
+    EngineError,
     EngineUnavailableError,
     FailedPreconditionError,
+    InvalidRequestError,
 )
 from agentloop_grpc.common.types import (
     EngineState, FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, PauseMode,
     PauseResult, Resource, ServerFacts, WeightUpdateResult,
 )
+from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 
 from .checkpoint import read_checkpoint
 from .protocol import EngineAdapter
@@ -66,6 +69,7 @@ class EngineLifecycle:
         self._idle = asyncio.Event()  # nothing in flight (a drain waits for it)
         self._idle.set()
         self._weights = asyncio.Lock()  # weight updates, Sleep and WakeUp one at a time: each changes the weights
+        self._groups: set[str] = set()  # weight-transfer groups joined
 
     # -- state -----------------------------------------------------------------------------------------------
 
@@ -108,6 +112,8 @@ class EngineLifecycle:
         return self.weight_version
 
     async def shutdown(self) -> None:
+        for group in list(self._groups):  # the trainer's next broadcast then fails at once instead of hanging
+            await self.leave_weight_group(group)
         await self.adapter.shutdown()
 
     def load(self) -> LoadInfo:
@@ -274,16 +280,26 @@ class EngineLifecycle:
         adapter swaps the weights in between its steps, and tokens after the swap carry the new version."""
         self._loaded()
         async with self._weights:
-            version = self.weight_version + 1 if weight_version is None else weight_version
-            if version <= self.weight_version:
-                raise FailedPreconditionError(
-                    f"weight_version {version} must be greater than the current {self.weight_version}"
-                )
-            if Resource.WEIGHTS in self._released:
-                raise EngineUnavailableError("the weights are released (asleep); WakeUp with WAKE_UP_TAG_WEIGHTS first")
+            version = self._next_version(weight_version)
+            refusal = self._update_refusal(version)
+            if refusal is not None:
+                raise refusal
             await self.adapter.update_weights(tensors, version, flush_cache)
             self.weight_version = version
         return WeightUpdateResult(weight_version=version, tensors_updated=len(tensors))
+
+    def _next_version(self, requested: int | None) -> int:
+        return self.weight_version + 1 if requested is None else requested
+
+    def _update_refusal(self, version: int) -> EngineError | None:
+        """Why an update to ``version`` cannot be applied now; None if it can."""
+        if version <= self.weight_version:
+            return FailedPreconditionError(
+                f"weight_version {version} must be greater than the current {self.weight_version}"
+            )
+        if Resource.WEIGHTS in self._released:
+            return EngineUnavailableError("the weights are released (asleep); WakeUp with WAKE_UP_TAG_WEIGHTS first")
+        return None
 
     async def load_weights(
         self, path: str, weight_version: int | None, flush_cache: bool
@@ -291,6 +307,47 @@ class EngineLifecycle:
         """``update_weights`` with the tensors of the safetensors checkpoint at ``path``; also the bytes read."""
         tensors, read = await asyncio.to_thread(read_checkpoint, path)
         return await self.update_weights(tensors, weight_version, flush_cache), read
+
+    # -- weight-transfer groups ------------------------------------------------------------------------------
+
+    async def join_weight_group(self, group: WeightGroupSpec) -> list[int]:
+        """Have the engine's workers join ``group``; return their ranks."""
+        facts = self._loaded()
+        if not facts.weight_group_ranks:
+            raise FailedPreconditionError(
+                f"the {facts.engine_kind} engine cannot join a weight group; use LoadWeights or UpdateWeights"
+            )
+        problem = group.problem(facts.weight_group_ranks)
+        if problem is not None:
+            raise InvalidRequestError(problem)
+        if group.name in self._groups:
+            raise FailedPreconditionError(f"this server is already in weight group {quote(group.name)}")
+        self._groups.add(group.name)  # taken while joining: a second join of the name is refused
+        try:
+            ranks = await self.adapter.join_weight_group(group)
+        except BaseException:
+            self._groups.discard(group.name)
+            raise
+        return ranks
+
+    async def receive_weights(
+        self, group: str, layout: BucketLayout, weight_version: int | None, flush_cache: bool
+    ) -> WeightUpdateResult:
+        """Take the update the group's leader broadcasts next and apply it as ``update_weights`` does. Refusals
+        (version, released weights, tensors the model lacks) are voted in the group: nobody receives then."""
+        self._loaded()
+        if group not in self._groups:
+            raise InvalidRequestError(f"group_name {quote(group)} is not a weight group this server joined")
+        async with self._weights:
+            version = self._next_version(weight_version)
+            await self.adapter.receive_weights(group, layout, version, flush_cache, self._update_refusal(version))
+            self.weight_version = version
+        return WeightUpdateResult(weight_version=version, tensors_updated=len(layout.specs))
+
+    async def leave_weight_group(self, group: str) -> None:
+        if group in self._groups:
+            self._groups.discard(group)
+            await self.adapter.leave_weight_group(group)
 
     async def flush_cache(self) -> None:
         self._loaded()

@@ -4,7 +4,8 @@ One adapter instance is one engine (one data-parallel group). What every engine 
 ``lifecycle.py``: the state (loading, running, paused, asleep, draining), the resources Sleep released, the weight
 version, the admission gate of Pause, the in-flight registry and the rules between them. The servicer validates
 requests before they get here. An adapter keeps only what is its engine's: generating and aborting, freezing and
-thawing for Pause(KEEP), releasing and restoring memory, applying weights and flushing its cache.
+thawing for Pause(KEEP), releasing and restoring memory, applying weights (streamed, or broadcast over a
+weight-transfer group its workers join) and flushing its cache.
 
 Adapters raise the exceptions in ``common/errors.py``; anything else is treated as an engine bug (INTERNAL).
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
+from agentloop_grpc.common.errors import EngineError
 from agentloop_grpc.common.types import GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts
+from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 
 
 class EngineAdapter(Protocol):
@@ -66,6 +69,24 @@ class EngineAdapter(Protocol):
 
     async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int, flush_cache: bool) -> None:
         """Apply all ``tensors`` atomically (the lifecycle checked the version and that the weights are loaded)."""
+        ...
+
+    async def join_weight_group(self, group: WeightGroupSpec) -> list[int]:
+        """Have each worker join ``group`` (ranks from ``group.rank_offset`` on; the lifecycle checked the spec
+        against ``ServerFacts.weight_group_ranks``); return the ranks. EngineUnavailableError, naming the
+        address, when the group does not form."""
+        ...
+
+    async def receive_weights(
+        self, group: str, layout: BucketLayout, weight_version: int, flush_cache: bool, refusal: EngineError | None
+    ) -> None:
+        """Vote in ``group`` on the announced update (no if ``refusal`` is set or a tensor does not fit the
+        model), then receive it while generating and swap it in between two steps. Raise ``refusal``, the
+        adapter's own refusal, or FailedPreconditionError when another member refused (nothing was received)."""
+        ...
+
+    async def leave_weight_group(self, group: str) -> None:
+        """Leave ``group`` (joined before)."""
         ...
 
     async def flush_cache(self) -> None:

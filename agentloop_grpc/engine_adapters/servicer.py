@@ -196,6 +196,31 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         )
 
     @map_errors
+    async def JoinWeightGroup(self, request, context):
+        group = convert.weight_group_from_proto(request)
+        ranks = await self.lifecycle.join_weight_group(group)
+        log.info("joined weight group %r at %s:%d as ranks %s of %d (%s)", group.name, group.master_address,
+                 group.master_port, ranks, group.world_size, group.backend)
+        return engine_pb2.JoinWeightGroupResponse(ranks=ranks)
+
+    @map_errors
+    async def ReceiveWeights(self, request, context):
+        layout = convert.layout_from_proto(request)
+        version = request.weight_version if request.HasField("weight_version") else None
+        result = await self.lifecycle.receive_weights(request.group_name, layout, version, request.flush_cache)
+        log.info("weights received over group %r as version %d (%d tensors, %d bytes)", request.group_name,
+                 result.weight_version, result.tensors_updated, layout.total_bytes)
+        return engine_pb2.ReceiveWeightsResponse(
+            weight_version=result.weight_version, tensors_updated=result.tensors_updated,
+            bytes_received=layout.total_bytes,
+        )
+
+    @map_errors
+    async def LeaveWeightGroup(self, request, context):
+        await self.lifecycle.leave_weight_group(request.group_name)
+        return engine_pb2.LeaveWeightGroupResponse()
+
+    @map_errors
     async def FlushCache(self, request, context):
         await self.lifecycle.flush_cache()
         return engine_pb2.FlushCacheResponse()

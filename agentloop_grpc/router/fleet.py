@@ -210,6 +210,46 @@ class Fleet:
         self._report_versions(result)
         return result
 
+    async def join_weight_group(
+        self, group: str, master_address: str, master_port: int, world_size: int,
+        rank_offsets: Mapping[str, int], backend: str = "gloo", timeout_s: float = 0.0,
+    ) -> FanOutResult:
+        """Have each server (the keys of ``rank_offsets``) join the weight-transfer group the trainer hosts at
+        ``master_address:master_port``, its workers from its rank offset on. The calls return once the group
+        formed, so the trainer joins as rank 0 while they wait (``agent/weight_transfer.py``)."""
+
+        def join(endpoint: Endpoint):
+            request = engine_pb2.JoinWeightGroupRequest(
+                group_name=group, master_address=master_address, master_port=master_port, world_size=world_size,
+                rank_offset=rank_offsets[endpoint.address], backend=backend, timeout_s=timeout_s,
+            )
+            return endpoint.control.JoinWeightGroup(request, timeout=max(timeout_s, self.config.control_timeout_s))
+
+        return await self._fan_out(join, only=rank_offsets.keys())
+
+    async def receive_weights(
+        self, group: str, tensors: Sequence[engine_pb2.TensorSpec], bucket_bytes: int,
+        weight_version: int | None = None, flush_cache: bool = True, servers: Collection[str] | None = None,
+    ) -> FanOutResult:
+        """Announce an update to the servers of ``group`` (``servers``; None: all); each receives what the trainer
+        broadcasts next and applies it (versions as ``update_weights``)."""
+        request = engine_pb2.ReceiveWeightsRequest(
+            group_name=group, tensors=tensors, bucket_bytes=bucket_bytes, flush_cache=flush_cache
+        )
+        if weight_version is not None:
+            request.weight_version = weight_version
+        result = await self._fan_out(
+            lambda e: e.control.ReceiveWeights(request, timeout=self.config.control_timeout_s), only=servers
+        )
+        self._report_versions(result)
+        return result
+
+    async def leave_weight_group(self, group: str, servers: Collection[str] | None = None) -> FanOutResult:
+        request = engine_pb2.LeaveWeightGroupRequest(group_name=group)
+        return await self._fan_out(
+            lambda e: e.control.LeaveWeightGroup(request, timeout=self.config.control_timeout_s), only=servers
+        )
+
     def _report_versions(self, result: FanOutResult) -> None:
         """Record the weight versions in the answers of a fan-out (GetServerInfo, UpdateWeights, LoadWeights)."""
         for address, response in result.responses.items():

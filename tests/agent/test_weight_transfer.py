@@ -1,5 +1,6 @@
-"""The manager moves weights by path (one checkpoint the engines load) when the engines share this machine, by
-stream otherwise or when told; either way every engine takes the update's version."""
+"""The manager moves weights by collective (one broadcast to every engine) when the group forms, else by path (one
+checkpoint the engines load) when the engines share this machine, by stream otherwise or when told; either way
+every engine takes the update's version."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from agentloop_grpc.agent import AgentLoopManager, WorkerSpec
-from agentloop_grpc.agent.weight_transfer import choose_weight_transfer
+from agentloop_grpc.agent.weight_transfer import local_address_towards
 from agentloop_grpc.common.addresses import is_loopback
 from agentloop_grpc.common.safetensors_format import write_safetensors
 from agentloop_grpc.common.types import NamedTensor
@@ -19,32 +20,50 @@ from .conftest import TextScript, scripted_engine
 TENSORS = [NamedTensor("w", "float32", (2,), b"\0" * 8), NamedTensor("b", "bfloat16", (1,), b"\0\0")]
 
 
-@pytest.mark.parametrize(("kind", "expected"), [("auto", "path"), ("stream", "stream"), ("path", "path")])
+@pytest.mark.parametrize(
+    ("kind", "expected"), [("auto", "collective"), ("collective", "collective"), ("stream", "stream"), ("path", "path")]
+)
 async def test_updates_reach_every_engine_by_the_chosen_transfer(codec, caplog, tmp_path, kind, expected) -> None:
     script = TextScript(codec, ["hi"])
     weights_dir = str(tmp_path) if kind == "path" else None
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(scripted_engine(script)) for _ in range(2)]
-        with caplog.at_level(logging.INFO, logger="agentloop_grpc.agent.weight_transfer"):
-            manager = await stack.enter_async_context(AgentLoopManager(
-                WorkerSpec(engines=tuple(engines), weight_transfer=kind, weights_dir=weights_dir)
-            ))
-        assert manager.weight_transfer == expected
-        assert any(f"by {expected}" in r.getMessage() for r in caplog.records)
+        manager = await stack.enter_async_context(AgentLoopManager(
+            WorkerSpec(engines=tuple(engines), weight_transfer=kind, weights_dir=weights_dir)
+        ))
+        assert manager.weight_transfer == kind  # chosen at the first update
         await manager.control.wait_ready(2)
-        await manager.update_weights(TENSORS, weight_version=3)
+        with caplog.at_level(logging.INFO, logger="agentloop_grpc.agent.weight_transfer"):
+            for version in (3, 4):  # a second update reuses what the first chose (the group, if one)
+                await manager.update_weights(TENSORS, weight_version=version)
+        assert manager.weight_transfer == expected
+        assert sum(f"by {expected}" in r.getMessage() for r in caplog.records) == 1
         infos = (await manager.control.server_info()).raise_for_errors().responses
-        assert {info.weight_version for info in infos.values()} == {3}
-        assert manager.control.weight_version == 3
+        assert {info.weight_version for info in infos.values()} == {4}
+        assert manager.control.weight_version == 4
         if kind == "path":
             assert list(tmp_path.iterdir()) == []  # each checkpoint is removed once loaded
 
 
-def test_auto_takes_path_only_when_every_engine_is_on_this_machine(tmp_path) -> None:
+async def test_auto_falls_back_to_path_when_no_group_can_form(codec, caplog) -> None:
+    script = TextScript(codec, ["hi"])
+    async with AsyncExitStack() as stack:
+        engines = [await stack.enter_async_context(scripted_engine(script)) for _ in range(2)]
+        # an address that is not this machine's: the rendezvous cannot be hosted there
+        spec = WorkerSpec(engines=tuple(engines), weight_group_address="192.0.2.1")
+        manager = await stack.enter_async_context(AgentLoopManager(spec))
+        await manager.control.wait_ready(2)
+        with caplog.at_level(logging.INFO, logger="agentloop_grpc.agent.weight_transfer"):
+            await manager.update_weights(TENSORS, weight_version=1)
+        assert manager.weight_transfer == "path"
+        assert any("no weight group" in r.getMessage() and "192.0.2.1" in r.getMessage() for r in caplog.records)
+
+
+def test_the_group_address_is_the_one_on_the_route_to_the_engines() -> None:
     assert is_loopback("127.0.0.1:5") and is_loopback("localhost:5") and is_loopback("[::1]:5")
     assert not is_loopback("10.0.0.2:5") and not is_loopback("node-3:5")
-    assert choose_weight_transfer("auto", ["127.0.0.1:1", "10.0.0.2:1"]).name == "stream"
-    assert choose_weight_transfer("auto", ["10.0.0.2:1"], str(tmp_path)).name == "path"  # shared storage given
+    assert local_address_towards("127.0.0.1:5") == "127.0.0.1"
+    assert not is_loopback(f"{local_address_towards('192.0.2.1:5')}:5")  # a documentation address: routed out
 
 
 def test_a_written_checkpoint_is_what_safetensors_reads(tmp_path) -> None:

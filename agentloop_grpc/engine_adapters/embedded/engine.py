@@ -29,12 +29,14 @@ import torch
 from agentloop_grpc import __version__
 from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 
-from agentloop_grpc.common.errors import EngineOverloadedError
+from agentloop_grpc.common.errors import EngineError, EngineOverloadedError
+from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 from agentloop_grpc.common.types import (
     FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
     TokenChunk,
 )
 from ..validation import check_prompt, check_sampling
+from ..weight_groups import LocalWeightGroups
 from agentloop_grpc.common import model_store
 from agentloop_grpc.common.model_store import eos_token_ids
 
@@ -72,6 +74,7 @@ class EmbeddedEngine:
         self.config = config or EmbeddedEngineConfig()
         self._loaded: _Loaded | None = None
         self._prefix_cache = PrefixCache(self.config.prefix_block_size, self.config.prefix_cache_tokens)
+        self._groups = LocalWeightGroups()
         self._weight_version: Callable[[], int] = lambda: 0
         self._frozen = False
         self._live: dict[str, Sequence] = {}
@@ -119,6 +122,7 @@ class EmbeddedEngine:
             dp_size=cfg.dp_size,
             sleep_releases_memory=True,
             supports_structured_output=True,
+            weight_group_ranks=1,
         )
         return _Loaded(model, runner, scheduler, grammars, offload, facts)
 
@@ -313,6 +317,22 @@ class EmbeddedEngine:
         staged = await asyncio.to_thread(weight_update.stage, self._loaded.model, tensors)
         async with self._step_lock:
             await self._on_worker(self._apply_weights, staged)
+
+    async def join_weight_group(self, group: WeightGroupSpec) -> list[int]:
+        return await self._groups.join(group)
+
+    async def receive_weights(
+        self, group: str, layout: BucketLayout, weight_version: int, flush_cache: bool, refusal: EngineError | None
+    ) -> None:
+        model = self._loaded.model
+        # received off the step lock, while generation goes on (the bytes land in one buffer, read as views)
+        flat = await self._groups.receive(group, layout, refusal or weight_update.refusal(model, layout.specs))
+        staged = weight_update.stage_views(model, layout.views(flat))
+        async with self._step_lock:
+            await self._on_worker(self._apply_weights, staged)
+
+    async def leave_weight_group(self, group: str) -> None:
+        await self._groups.leave(group)
 
     def _apply_weights(self, staged: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
         weight_update.apply(staged)

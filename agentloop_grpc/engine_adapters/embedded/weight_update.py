@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.types import NamedTensor
+from agentloop_grpc.common.weight_layout import TensorSpec
 
 TORCH_DTYPES = {
     "float32": torch.float32,
@@ -41,29 +42,51 @@ def parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return dict(model.named_parameters(remove_duplicate=False))
 
 
+def _parameter(params: dict[str, torch.nn.Parameter], name: str, dtype_name: str, shape) -> torch.nn.Parameter:
+    """The parameter ``name`` if the tensor fits it; InvalidRequestError naming the tensor otherwise."""
+    param = params.get(name)
+    if param is None:
+        raise InvalidRequestError(f"tensor {name!r} is not a parameter of the model")
+    if TORCH_DTYPES.get(dtype_name) != param.dtype:
+        raise InvalidRequestError(f"tensor {name!r}: dtype {dtype_name} does not match the parameter's {param.dtype}")
+    if tuple(shape) != tuple(param.shape):
+        raise InvalidRequestError(
+            f"tensor {name!r}: shape {list(shape)} does not match the parameter's {list(param.shape)}"
+        )
+    return param
+
+
 def stage(model: torch.nn.Module, tensors: Sequence[NamedTensor]) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
     """Validate and decode all tensors; raise InvalidRequestError naming the first bad one."""
     params = parameters(model)
     staged = []
     for tensor in tensors:
-        param = params.get(tensor.name)
-        if param is None:
-            raise InvalidRequestError(f"tensor {tensor.name!r} is not a parameter of the model")
-        dtype = TORCH_DTYPES.get(tensor.dtype)
-        if dtype != param.dtype:
-            raise InvalidRequestError(
-                f"tensor {tensor.name!r}: dtype {tensor.dtype} does not match the parameter's {param.dtype}"
-            )
-        if tuple(tensor.shape) != tuple(param.shape):
-            raise InvalidRequestError(
-                f"tensor {tensor.name!r}: shape {list(tensor.shape)} does not match the parameter's {list(param.shape)}"
-            )
+        param = _parameter(params, tensor.name, tensor.dtype, tensor.shape)
         expected = math.prod(tensor.shape) * param.element_size()
         if len(tensor.data) != expected:
             raise InvalidRequestError(f"tensor {tensor.name!r}: {len(tensor.data)} bytes, expected {expected}")
-        value = torch.frombuffer(bytearray(tensor.data), dtype=dtype).reshape(tensor.shape) if expected else None
-        staged.append((param, value if value is not None else torch.empty(tensor.shape, dtype=dtype)))
+        value = torch.frombuffer(bytearray(tensor.data), dtype=param.dtype).reshape(tensor.shape) if expected else None
+        staged.append((param, value if value is not None else torch.empty(tensor.shape, dtype=param.dtype)))
     return staged
+
+
+def refusal(model: torch.nn.Module, specs: Sequence[TensorSpec]) -> InvalidRequestError | None:
+    """Why announced tensors cannot be applied to ``model`` (the first that does not fit); None if they can."""
+    params = parameters(model)
+    try:
+        for spec in specs:
+            _parameter(params, spec.name, spec.dtype, spec.shape)
+    except InvalidRequestError as error:
+        return error
+    return None
+
+
+def stage_views(
+    model: torch.nn.Module, views: Sequence[tuple[TensorSpec, torch.Tensor]]
+) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """Received tensors (checked by ``refusal``) paired with their parameters."""
+    params = parameters(model)
+    return [(params[spec.name], value) for spec, value in views]
 
 
 @torch.inference_mode()

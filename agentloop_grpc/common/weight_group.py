@@ -1,0 +1,156 @@
+"""Weight-transfer groups: a trainer (rank 0) broadcasts weights to every engine worker at once.
+
+Both ends live here because they must agree byte for byte: ``WeightGroupLeader`` is the trainer's side (it hosts
+the rendezvous and sends), ``WeightGroupMember`` an engine worker's (it joins and receives). The group is a
+process group of its own (``ProcessGroupGloo`` or ``ProcessGroupNCCL`` over a ``TCPStore`` the trainer hosts),
+never torch's default one: an engine worker may already be in one (vLLM's and SGLang's tensor parallelism).
+
+An update is announced first and then broadcast as ``weight_layout.BucketLayout`` says. A member receives every
+piece straight into one flat buffer and reads each tensor as a view of it, so receiving costs no copy. Before
+the bytes move, every rank votes (an all-reduce of 0 or 1): if any member refuses the update
+(a tensor its model does not have, a stale version), nobody receives and nothing is applied anywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import socket
+import warnings
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .weight_layout import DEFAULT_TIMEOUT_S, BucketLayout, WeightGroupError, WeightGroupSpec
+
+def _process_group(store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float):
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+_FROM_RANK_0 = dist.BroadcastOptions()  # rootRank and rootTensor default to 0
+
+
+def _device(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+class _Group:
+    def __init__(self, group, rank: int, backend: str, address: str) -> None:
+        self._group = group
+        self.rank = rank
+        self.device = _device(backend)
+        self.address = address
+
+    def vote(self, agree: bool) -> bool:
+        """All ranks agree (an all-reduce MIN of 1 for yes)."""
+        flag = torch.tensor([1 if agree else 0], dtype=torch.int32, device=self.device)
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MIN
+        self._run(lambda: self._group.allreduce([flag], options))
+        return bool(flag.item())
+
+    def _broadcast(self, piece: torch.Tensor) -> None:
+        self._run(lambda: self._group.broadcast([piece], _FROM_RANK_0))
+
+    def _run(self, collective) -> None:
+        try:
+            collective().wait()
+        except RuntimeError as error:  # a rank left, or the timeout passed
+            raise WeightGroupError(f"a collective of the weight group at {self.address} failed: {error}") from error
+
+    def close(self) -> None:
+        """Leave the group (idempotent)."""
+        group, self._group = self._group, None
+        if group is not None:
+            with contextlib.suppress(RuntimeError):  # a peer already gone: nothing left to release with it
+                group.shutdown()
+
+
+class WeightGroupMember(_Group):
+    """An engine worker's place in a group (blocking calls: run them off the event loop)."""
+
+    @classmethod
+    def join(cls, spec: WeightGroupSpec, rank: int) -> WeightGroupMember:
+        address = f"{spec.master_address}:{spec.master_port}"
+        try:
+            store = dist.TCPStore(
+                spec.master_address, spec.master_port, spec.world_size, is_master=False,
+                timeout=datetime.timedelta(seconds=spec.timeout_s),
+            )
+            group = _process_group(dist.PrefixStore(f"{spec.name}/", store), rank, spec.world_size, spec.backend,
+                                   spec.timeout_s)
+        except (RuntimeError, ValueError) as error:  # DistStoreError/DistNetworkError are RuntimeErrors
+            raise WeightGroupError(f"could not join weight group {spec.name!r} at {address}: {error}") from error
+        return cls(group, rank, spec.backend, address)
+
+    def vote_and_receive(self, layout: BucketLayout, agree: bool) -> torch.Tensor | None:
+        """Vote on the update of ``layout``; its bytes if every rank agreed, else None (nothing is sent)."""
+        return self.receive(layout) if self.vote(agree) else None
+
+    def receive(self, layout: BucketLayout) -> torch.Tensor:
+        """The broadcast bytes of ``layout``, in one flat uint8 tensor on this member's device."""
+        flat = torch.empty(layout.total_bytes, dtype=torch.uint8, device=self.device)
+        for start, end in layout.pieces():
+            self._broadcast(flat[start:end])
+        return flat
+
+
+class WeightGroupLeader(_Group):
+    """The trainer's rank 0: hosts the rendezvous, then sends (blocking calls: run them off the event loop)."""
+
+    @classmethod
+    def host(cls, address: str, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S,
+             port: int = 0) -> tuple[dist.TCPStore, int]:
+        """Start the rendezvous on ``address`` (port 0: a free one); return the store and its port."""
+        try:  # an address that is not this machine's fails here at once (the store would wait out its timeout)
+            with socket.create_server((address, 0)):
+                pass
+        except OSError as error:
+            raise WeightGroupError(f"could not host a weight group at {address}: {error}") from error
+        try:
+            store = dist.TCPStore(address, port, world_size, is_master=True, wait_for_workers=False,
+                                  timeout=datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as error:  # DistNetworkError: the address is not this machine's, the port is taken
+            raise WeightGroupError(f"could not host a weight group at {address}:{port}: {error}") from error
+        return store, store.port
+
+    @classmethod
+    def form(cls, store: dist.TCPStore, spec: WeightGroupSpec) -> WeightGroupLeader:
+        """Join as rank 0; returns once every rank joined (WeightGroupError after ``spec.timeout_s``)."""
+        address = f"{spec.master_address}:{spec.master_port}"
+        try:
+            group = _process_group(dist.PrefixStore(f"{spec.name}/", store), 0, spec.world_size, spec.backend,
+                                   spec.timeout_s)
+        except RuntimeError as error:
+            raise WeightGroupError(f"weight group {spec.name!r} at {address} did not form: {error}") from error
+        leader = cls(group, 0, spec.backend, address)
+        leader.store = store  # the members' rendezvous lives as long as the group
+        return leader
+
+    def send(self, layout: BucketLayout, sources: Sequence[object]) -> None:
+        """Broadcast ``sources`` (bytes-like or tensors, one per spec of ``layout``) piece by piece."""
+        views = [_bytes_of(source, self.device) for source in sources]
+        piece = torch.zeros(min(layout.bucket_bytes, layout.total_bytes), dtype=torch.uint8, device=self.device)
+        for start, end in layout.pieces():
+            for view, offset in zip(views, layout.offsets):
+                lo, hi = max(start, offset), min(end, offset + view.numel())
+                if lo < hi:
+                    piece[lo - start : hi - start].copy_(view[lo - offset : hi - offset])
+            self._broadcast(piece[: end - start])
+
+
+def _bytes_of(source: object, device: torch.device) -> torch.Tensor:
+    if isinstance(source, torch.Tensor):
+        return source.detach().contiguous().reshape(-1).view(torch.uint8).to(device)
+    data = memoryview(source).cast("B")  # type: ignore[arg-type]
+    if not len(data):
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    with warnings.catch_warnings():  # read-only bytes: they are only read from
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(data, dtype=torch.uint8).to(device)
