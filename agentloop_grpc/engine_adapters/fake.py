@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from agentloop_grpc import __version__
 
+from .checkpoint import read_checkpoint
 from .block_hash import BlockChain
 from .fake_config import FakeEngineConfig
 from agentloop_grpc.common.errors import EngineError, EngineOverloadedError, UnsupportedError
@@ -338,6 +339,11 @@ class FakeEngine:
 
     async def leave_weight_group(self, group: str) -> None:
         await self._groups.leave(group)
+
+    async def load_weights(self, path: str, weight_version: int, flush_cache: bool) -> tuple[int, int]:
+        tensors, read = await asyncio.to_thread(read_checkpoint, path)
+        await self.update_weights(tensors, weight_version, flush_cache)
+        return len(tensors), read
 
     async def flush_cache(self) -> None:
         self._cache.clear()

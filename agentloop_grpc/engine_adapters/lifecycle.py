@@ -31,7 +31,6 @@ from agentloop_grpc.common.types import (
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 
-from .checkpoint import read_checkpoint
 from .protocol import EngineAdapter
 from .validation import quote
 
@@ -304,9 +303,17 @@ class EngineLifecycle:
     async def load_weights(
         self, path: str, weight_version: int | None, flush_cache: bool
     ) -> tuple[WeightUpdateResult, int]:
-        """``update_weights`` with the tensors of the safetensors checkpoint at ``path``; also the bytes read."""
-        tensors, read = await asyncio.to_thread(read_checkpoint, path)
-        return await self.update_weights(tensors, weight_version, flush_cache), read
+        """``update_weights`` with the tensors of the safetensors checkpoint at ``path``, read by the engine (its
+        own loader where it has one); also the bytes read."""
+        self._loaded()
+        async with self._weights:
+            version = self._next_version(weight_version)
+            refusal = self._update_refusal(version)
+            if refusal is not None:
+                raise refusal
+            updated, read = await self.adapter.load_weights(path, version, flush_cache)
+            self.weight_version = version
+        return WeightUpdateResult(weight_version=version, tensors_updated=updated), read
 
     # -- weight-transfer groups ------------------------------------------------------------------------------
 

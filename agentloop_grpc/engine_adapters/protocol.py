@@ -71,6 +71,12 @@ class EngineAdapter(Protocol):
         """Apply all ``tensors`` atomically (the lifecycle checked the version and that the weights are loaded)."""
         ...
 
+    async def load_weights(self, path: str, weight_version: int, flush_cache: bool) -> tuple[int, int]:
+        """LoadWeights: apply the safetensors checkpoint at ``path`` (a file or a folder of them) as
+        ``update_weights`` does, read where the engine's model lives; return (tensors applied, bytes read).
+        InvalidRequestError naming the path or the tensor; nothing applied on failure."""
+        ...
+
     async def join_weight_group(self, group: WeightGroupSpec) -> list[int]:
         """Have each worker join ``group`` (ranks from ``group.rank_offset`` on; the lifecycle checked the spec
         against ``ServerFacts.weight_group_ranks``); return the ranks. EngineUnavailableError, naming the

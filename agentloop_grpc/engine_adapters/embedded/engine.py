@@ -35,6 +35,7 @@ from agentloop_grpc.common.types import (
     FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
     TokenChunk,
 )
+from ..checkpoint import read_checkpoint
 from ..validation import check_prompt, check_sampling
 from ..weight_groups import LocalWeightGroups
 from agentloop_grpc.common import model_store
@@ -337,6 +338,11 @@ class EmbeddedEngine:
     def _apply_weights(self, staged: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
         weight_update.apply(staged)
         self._prefix_cache.clear()  # KV computed with the old weights must not be reused, whatever flush_cache says
+
+    async def load_weights(self, path: str, weight_version: int, flush_cache: bool) -> tuple[int, int]:
+        tensors, read = await asyncio.to_thread(read_checkpoint, path)
+        await self.update_weights(tensors, weight_version, flush_cache)
+        return len(tensors), read
 
     async def flush_cache(self) -> None:
         async with self._step_lock:

@@ -33,6 +33,7 @@ from agentloop_grpc.common.types import (
     FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
     TokenChunk,
 )
+from ..checkpoint import read_checkpoint
 from .actor import PAUSE_IN_PLACE
 from .config import SglangEngineConfig
 from .discovery import TpGroup, find_tp_group
@@ -236,6 +237,11 @@ class SglangEngine:
             raise InvalidRequestError(f"SGLang refused the weight update: {message}")
         if flush_cache:
             self._prompt_tokens_seen = self._prompt_tokens_cached = 0
+
+    async def load_weights(self, path: str, weight_version: int, flush_cache: bool) -> tuple[int, int]:
+        tensors, read = await asyncio.to_thread(read_checkpoint, path)
+        await self.update_weights(tensors, weight_version, flush_cache)
+        return len(tensors), read
 
     async def flush_cache(self) -> None:
         if not await self._call("flush_cache"):

@@ -51,6 +51,7 @@ from agentloop_grpc.common.errors import (
 from agentloop_grpc.common.types import (
     GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
 )
+from ..checkpoint import read_checkpoint
 from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling
 from . import outputs, sampling, weights
 from .config import VllmEngineConfig
@@ -251,6 +252,11 @@ class VllmEngine:
             # KV computed with the old weights must not be reused, whatever flush_cache says.
             await self._reset_prefix_cache(loaded.llm)
             await loaded.llm.update_weight_version(str(weight_version))
+
+    async def load_weights(self, path: str, weight_version: int, flush_cache: bool) -> tuple[int, int]:
+        tensors, read = await asyncio.to_thread(read_checkpoint, path)
+        await self.update_weights(tensors, weight_version, flush_cache)
+        return len(tensors), read
 
     async def flush_cache(self) -> None:
         async with self._control:
