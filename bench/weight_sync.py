@@ -2,12 +2,19 @@
 
 Two `agentloop engine serve` processes (embedded, one torch thread each) on this machine; a Fleet over them
 applies the whole checkpoint as the manager does mid-rollout (Pause(ABORT) -> transfer -> Resume) with each
-transfer: ``stream`` (UpdateWeights: the bytes through gRPC, once per engine) and ``path`` (one safetensors file
-written where both engines read it, LoadWeights). Wall time per update and the generation pause it causes (Pause
-to Resume answered), medians of REPEATS. The baseline, measured in the same run, is one in-memory copy of the same
-bytes: the floor on one machine. The last lines are ``RATIO <name> <value> target <target>``; targets: the path
-transfer within 10x of a copy, and the stream at least 1.2x slower than the best transfer (else a fast path
-does not pay).
+transfer: ``stream`` (UpdateWeights: the bytes through gRPC, once per engine), ``path`` (one safetensors file
+written where both engines read it, LoadWeights) and ``collective`` (one gloo broadcast from this process to both,
+ReceiveWeights). Wall time per update and the generation pause it causes (Pause to Resume answered), medians of
+REPEATS. The baseline, measured in the same run, is one in-memory copy of the same bytes: the floor on one machine.
+
+Then the cost of an update to generations under way: 32 generations (16 per server) decode while one collective
+update lands, either staged (no pause: received while decoding, swapped between two steps) or paused around it
+(Pause(KEEP) -> transfer -> Resume, the tokens kept). Decode steps lost per generation = tokens the 32 decoded in a
+window holding the update, less those of the same window without one, over 32; medians of REPEATS.
+
+The last lines are ``RATIO <name> <value> target <target>``; targets: path and collective within 10x of a copy,
+the stream at least 1.2x slower than the best transfer (else a fast path does not pay), and staged updates
+losing at most half the decode steps that pausing loses.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/weight_sync.py
 """
@@ -27,21 +34,27 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agentloop_grpc.agent.weight_transfer import PathTransfer, StreamTransfer, WeightTransfer  # noqa: E402
+from agentloop_grpc.agent.weight_transfer import (  # noqa: E402
+    CollectiveTransfer, PathTransfer, StreamTransfer, WeightTransfer,
+)
 from agentloop_grpc.common import model_store  # noqa: E402
 from agentloop_grpc.common.types import PauseMode  # noqa: E402
 from agentloop_grpc.engine_adapters.checkpoint import read_checkpoint  # noqa: E402
 from agentloop_grpc.launch.launcher import agentloop_command  # noqa: E402
 from agentloop_grpc.router import Fleet  # noqa: E402
+from agentloop_grpc.v1 import generation_pb2  # noqa: E402
 
 REPEATS = 3
 SERVERS = 2
+GENERATIONS = 32
+WINDOW_S = 6.0  # holds one update (about a second) with room on both sides
+PROMPT = [1, 4093, 198, 10898, 253, 1837, 30, 2, 198, 1, 520, 9531, 198]  # a ChatML user turn of the default model
 LISTENING = re.compile(r"listening on (\S+) ")
 
 
 def start_servers() -> tuple[list[subprocess.Popen], list[str]]:
     args = [*agentloop_command(), "engine", "serve", "--port", "0",
-            "--set", "threads=1", "--set", "max_running=4", "--set", "max_model_len=1024"]
+            "--set", "threads=1", "--set", f"max_running={GENERATIONS // SERVERS}", "--set", "max_model_len=1024"]
     processes = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
                  for _ in range(SERVERS)]
     addresses = []
@@ -75,13 +88,77 @@ async def update_s(fleet: Fleet, transfer: WeightTransfer, tensors, version: int
     return end - start, end - paused
 
 
+async def tokens_in_window(fleet: Fleet, update) -> int:
+    """Tokens GENERATIONS generations decode in WINDOW_S seconds, ``update()`` (if any) starting with the window."""
+    stamps: list[float] = []
+    started = asyncio.Event()
+    first_tokens = 0
+
+    async def generation(endpoint, index: int) -> None:
+        nonlocal first_tokens
+        request = generation_pb2.GenerateRequest(
+            request_id=f"window-{time.monotonic_ns()}-{index}", prompt_ids=PROMPT,
+            sampling_params=generation_pb2.SamplingParams(max_new_tokens=900, ignore_eos=True, temperature=0),
+        )
+        seen = False
+        async for message in endpoint.generate.Generate(request, timeout=300):
+            if message.WhichOneof("response") == "chunk":
+                stamps.extend([time.perf_counter()] * len(message.chunk.token_ids))
+                if not seen:
+                    seen = True
+                    first_tokens += 1
+                    if first_tokens == GENERATIONS:
+                        started.set()
+
+    endpoints = list(fleet.servers.values())
+    tasks = [asyncio.ensure_future(generation(endpoints[i % SERVERS], i)) for i in range(GENERATIONS)]
+    try:
+        await asyncio.wait_for(started.wait(), 120)
+        await asyncio.sleep(0.5)  # every generation is decoding
+        begin = time.perf_counter()
+        if update is not None:
+            await update()
+        await asyncio.sleep(max(0.0, begin + WINDOW_S - time.perf_counter()))
+        return sum(1 for stamp in stamps if begin <= stamp < begin + WINDOW_S)
+    finally:
+        await fleet.abort_all()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def steps_lost(fleet: Fleet, transfer: WeightTransfer, tensors, version: int) -> dict[str, float]:
+    """Decode steps each generation loses to one update, staged or paused (medians of REPEATS)."""
+    async def staged() -> None:
+        (await transfer.push(fleet, tensors, next(versions))).raise_for_errors()
+
+    async def paused() -> None:
+        (await fleet.pause(PauseMode.KEEP)).raise_for_errors()
+        try:
+            (await transfer.push(fleet, tensors, next(versions))).raise_for_errors()
+        finally:
+            (await fleet.resume()).raise_for_errors()
+
+    versions = iter(range(version + 1, version + 1000))
+    lost: dict[str, list[float]] = {"staged": [], "paused": []}
+    for repeat in range(REPEATS):
+        baseline = await tokens_in_window(fleet, None)
+        for name, update in (("staged", staged), ("paused", paused)):
+            tokens = await tokens_in_window(fleet, update)
+            lost[name].append((baseline - tokens) / GENERATIONS)
+            print(f"{name} repeat {repeat}: {tokens} tokens in {WINDOW_S:.0f} s (no update: {baseline}), "
+                  f"{lost[name][-1]:.1f} decode steps lost per generation")
+    return {name: statistics.median(values) for name, values in lost.items()}
+
+
 async def main() -> None:
     folder = model_store.prepare()
     tensors, total = read_checkpoint(str(folder))
     print(f"checkpoint: {len(tensors)} tensors, {total / 1e6:.0f} MB")
     processes, addresses = start_servers()
     scratch = tempfile.TemporaryDirectory(prefix="weight-sync-")
-    transfers: dict[str, WeightTransfer] = {"stream": StreamTransfer(), "path": PathTransfer(Path(scratch.name))}
+    collective = CollectiveTransfer("127.0.0.1")
+    transfers: dict[str, WeightTransfer] = {
+        "stream": StreamTransfer(), "path": PathTransfer(Path(scratch.name)), "collective": collective,
+    }
     results: dict[str, tuple[float, float]] = {}
     try:
         async with Fleet(addresses) as fleet:
@@ -99,6 +176,9 @@ async def main() -> None:
                         runs.append((wall, pause))
                 results[name] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
                 print(f"{name}: median update {results[name][0] * 1e3:.0f} ms, pause {results[name][1] * 1e3:.0f} ms")
+            lost = await steps_lost(fleet, collective, tensors, version)
+            print(f"decode steps lost per generation: staged {lost['staged']:.1f}, paused {lost['paused']:.1f}")
+            await collective.close(fleet)
     finally:
         scratch.cleanup()
         for process in processes:
@@ -108,7 +188,10 @@ async def main() -> None:
     best = min(wall for wall, _ in results.values())
     print(f"RATIO weight_sync_stream_over_memcpy {results['stream'][0] / memcpy:.3g} target 0")
     print(f"RATIO weight_sync_path_over_memcpy {results['path'][0] / memcpy:.3g} target 10")
+    print(f"RATIO weight_sync_collective_over_memcpy {results['collective'][0] / memcpy:.3g} target 10")
     print(f"RATIO weight_sync_stream_over_best {results['stream'][0] / best:.3g} target 1.2")
+    print(f"RATIO weight_sync_staged_over_paused_steps_lost {lost['staged'] / max(lost['paused'], 1e-9):.3g} "
+          "target 0.5")
 
 
 if __name__ == "__main__":

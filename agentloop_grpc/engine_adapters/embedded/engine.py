@@ -314,7 +314,7 @@ class EmbeddedEngine:
         self._work.set()
 
     async def update_weights(self, tensors: Seq[NamedTensor], weight_version: int, flush_cache: bool) -> None:
-        # checked and decoded off the step lock, while generation goes on: steps wait only for the copy-in
+        # checked and decoded off the step lock, while generation goes on: steps wait only for the swap
         staged = await asyncio.to_thread(weight_update.stage, self._loaded.model, tensors)
         async with self._step_lock:
             await self._on_worker(self._apply_weights, staged)

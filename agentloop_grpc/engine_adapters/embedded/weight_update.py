@@ -1,7 +1,7 @@
 """Atomic weight updates and the weights' release during Sleep level 2.
 
 ``stage`` validates every received tensor against the live parameters (name, dtype, shape) and builds the new
-tensors before anything is touched; ``apply`` then copies them in and cannot fail half-way. Tied parameters are
+tensors before anything is touched; ``apply`` then swaps them in (pointers, not bytes) and cannot fail half-way. Tied parameters are
 addressable under each of their names (e.g. ``lm_head.weight`` and ``model.embed_tokens.weight``).
 
 ``WeightOffload`` frees the parameters' memory for Sleep level 2: the current values (including any update
@@ -89,10 +89,10 @@ def stage_views(
     return [(params[spec.name], value) for spec, value in views]
 
 
-@torch.inference_mode()
 def apply(staged: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
+    """Point each parameter at its staged value (no copy: the step that waits for the swap waits for no bytes)."""
     for param, value in staged:
-        param.data.copy_(value)
+        param.data = value
 
 
 class WeightOffload:
