@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from agentloop_grpc.common.types import (
@@ -77,3 +78,13 @@ def recompute(reference, prompt: list[int], generated: list[int]) -> torch.Tenso
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + generated])).logits[0]
     return torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+
+
+def assert_serves_reference(served: Result, reference, prompt: list[int]) -> None:
+    """``served`` (greedy, logprobs on) is what ``reference`` (transformers, holding the same weights) computes:
+    the same tokens up to its eos and the same logprobs."""
+    expected = recompute(reference, prompt, served.tokens)
+    greedy = hf_greedy(reference, prompt, len(served.tokens))  # up to eos, which the served run ignores
+    assert served.tokens[: len(greedy)] == greedy
+    chosen = expected[torch.arange(len(served.tokens)), torch.tensor(served.tokens)]
+    assert served.logprobs == pytest.approx(chosen.tolist(), abs=1e-4)

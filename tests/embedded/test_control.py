@@ -21,7 +21,7 @@ from agentloop_grpc.common.types import (
     ALL_RESOURCES, EngineState, GenerateComplete, NamedTensor, PauseMode, Resource,
 )
 
-from .helpers import chat, generate, hf_greedy, make, recompute, run
+from .helpers import assert_serves_reference, chat, generate, make, run
 
 NORM = "model.norm.weight"
 
@@ -79,11 +79,7 @@ async def test_loading_a_checkpoint_serves_what_transformers_computes_with_it(
         served = await generate(engine, prompt, max_new_tokens=12, ignore_eos=True, temperature=0.0, logprobs=True)
         with torch.no_grad():
             param.copy_(perturbed)
-        expected = recompute(reference, prompt, served.tokens)
-        greedy = hf_greedy(reference, prompt, 12)  # up to eos, which the served run ignores
-        assert served.tokens[: len(greedy)] == greedy
-        chosen = expected[torch.arange(len(served.tokens)), torch.tensor(served.tokens)]
-        assert served.logprobs == pytest.approx(chosen.tolist(), abs=1e-4)
+        assert_serves_reference(served, reference, prompt)
         assert served.versions == {version + 1}
     finally:
         with torch.no_grad():

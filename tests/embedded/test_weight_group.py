@@ -7,14 +7,13 @@ import asyncio
 import contextlib
 import uuid
 
-import pytest
 import torch
 
 from agentloop_grpc.common.types import GenerateComplete
 from agentloop_grpc.common.weight_group import WeightGroupLeader
 from agentloop_grpc.common.weight_layout import BucketLayout, TensorSpec, WeightGroupSpec
 
-from .helpers import chat, generate, hf_greedy, make, recompute
+from .helpers import assert_serves_reference, chat, generate, make
 
 NORM = "model.norm.weight"
 UP = "model.layers.3.mlp.up_proj.weight"
@@ -62,11 +61,7 @@ async def test_a_broadcast_update_serves_what_transformers_computes_with_it(engi
             with torch.no_grad():
                 for name, value in perturbed.items():
                     params[name].copy_(value)
-            expected = recompute(reference, prompt, served.tokens)
-            greedy = hf_greedy(reference, prompt, 12)
-            assert served.tokens[: len(greedy)] == greedy
-            chosen = expected[torch.arange(len(served.tokens)), torch.tensor(served.tokens)]
-            assert served.logprobs == pytest.approx(chosen.tolist(), abs=1e-4)
+            assert_serves_reference(served, reference, prompt)
             assert served.versions == {version + 1}
         finally:
             with torch.no_grad():
