@@ -6,8 +6,17 @@ logprob_start_len=..., top_logprobs_num=..., stream=True, rid=...)`` streaming d
 (``output_ids`` and ``meta_info`` with ``output_token_logprobs`` / ``output_top_logprobs`` as (logprob, id, text)
 tuples, cumulative unless ``incremental_streaming_output``; ``finish_reason`` dicts), and a ``tokenizer_manager``
 with ``abort_request``, ``pause_generation``, ``continue_generation``, ``flush_cache``,
-``release/resume_memory_occupation``, ``update_weights_from_tensor``, ``get_loads``, ``config_value``,
-``context_len``, ``model_config``, ``tokenizer``. Its request objects are stand-ins with SGLang's field names.
+``release/resume_memory_occupation``, ``update_weights_from_tensor``, ``update_weights_from_disk``, ``get_loads``,
+``config_value``, ``context_len``, ``model_config``, ``tokenizer``. Its request objects are stand-ins with SGLang's
+field names.
+
+Weights: the stand-in holds real float32 parameters (``parameter_shapes``). Both weight calls check every tensor
+before copying any (SGLang's loaders are not that careful: see ``engine.py``), refuse an unknown name the way
+SGLang's model ``load_weights`` does (a KeyError of the name in the message) and a shape that differs as its
+``default_weight_loader`` assertion does, with the parameter's name added (SGLang's message has only the sizes).
+``update_weights_from_disk`` reads a model folder as SGLang's ``DefaultModelLoader`` does with
+``load_format="safetensors"``: its ``*.safetensors`` files, only those a ``model.safetensors.index.json`` names.
+After each applied update the values held are reported as a ``weights`` call.
 
 Tokens are a deterministic function of (seed, prompt, position) (greedy ignores the seed), so tests can check
 exact streams. Every control call is reported to a ``CallRecorder`` actor, so a test can see what reached the
@@ -17,13 +26,17 @@ engine inside the rank-0 actor's process.
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import ray
+import torch
+from safetensors.torch import load_file
 
 from agentloop_grpc.engine_adapters.sglang import SglangApi
 
@@ -58,6 +71,15 @@ class UpdateWeightsFromTensorReqInput:
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
+
+
+@dataclass
+class UpdateWeightFromDiskReqInput:
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
 
 
 @dataclass
@@ -181,12 +203,25 @@ class StandInTokenizerManager:
                 "tensors": [(name, str(t.dtype), tuple(t.shape), t.flatten().tolist()) for name, t in named],
             },
         )
-        unknown = [name for name, _ in named if name not in engine.parameter_names]
-        if unknown:
-            return False, f"Failed to update weights: unknown parameters {unknown}"
-        if obj.flush_cache:
-            engine.cache.clear()
-        return True, "Succeeded to update model weights."
+        return engine.load(named, obj.flush_cache)
+
+    async def update_weights_from_disk(self, obj: UpdateWeightFromDiskReqInput, request: Any = None):
+        engine = self._engine
+        folder = Path(obj.model_path)
+        engine.record("update_weights_from_disk", {
+            "model_path": obj.model_path, "load_format": obj.load_format, "flush_cache": obj.flush_cache,
+            "weight_version": obj.weight_version,
+        })
+        if not folder.is_dir():  # SGLang would try the Hugging Face hub for a name that is not a local folder
+            return False, f"Failed to get weights iterator: {obj.model_path} is not a local model folder.", 0
+        files = sorted(folder.glob("*.safetensors"))
+        index = folder / "model.safetensors.index.json"
+        if index.exists():
+            listed = set(json.loads(index.read_text())["weight_map"].values())
+            files = [file for file in files if file.name in listed]
+        named = [pair for file in files for pair in load_file(str(file)).items()]
+        success, message = engine.load(named, obj.flush_cache)
+        return success, message, 0
 
     async def get_loads(self, include: list[str] | None = None, dp_rank: int | None = None) -> list[LoadSnapshot]:
         engine = self._engine
@@ -208,14 +243,15 @@ class StandInSglEngine:
         enable_memory_saver: bool = True,
         incremental_streaming_output: bool = False,
         max_running_requests: int = 512,
-        parameter_names: tuple[str, ...] = ("model.norm.weight",),
+        parameter_shapes: dict[str, tuple[int, ...]] | None = None,
         recorder: ray.actor.ActorHandle | None = None,
     ) -> None:
         self.vocab_size, self.context_len, self.eos_token_id = vocab_size, context_len, eos_token_id
         self.token_latency_s = token_latency_s
         self.incremental = incremental_streaming_output
         self.max_running = max_running_requests
-        self.parameter_names = parameter_names
+        shapes = parameter_shapes or {"model.norm.weight": (2, 2)}
+        self.weights = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in shapes.items()}
         self.server_args = {"enable_memory_saver": enable_memory_saver, "tp_size": tp_size, "model_path": model_path}
         self.recorder = recorder
         self.requests: dict[str, _Request] = {}
@@ -232,6 +268,21 @@ class StandInSglEngine:
 
     def shutdown(self) -> None:
         self.record("shutdown", {})
+
+    def load(self, named: list[tuple[str, torch.Tensor]], flush_cache: bool) -> tuple[bool, str]:
+        """Copy ``named`` into the parameters, all or none; SGLang's (success, message)."""
+        for name, value in named:
+            if name not in self.weights:
+                return False, f"Failed to update weights: {name!r}.\nRolling back to original weights."
+            if value.shape != self.weights[name].shape:
+                return False, (f"Failed to update weights: {name}: Attempted to load weight ({value.size()}) into "
+                               f"parameter ({self.weights[name].size()}).\nRolling back to original weights.")
+        for name, value in named:
+            self.weights[name].copy_(value)
+        if flush_cache:
+            self.cache.clear()
+        self.record("weights", {name: value.flatten().tolist() for name, value in self.weights.items()})
+        return True, "Succeeded to update model weights."
 
     async def async_generate(
         self,
@@ -342,5 +393,6 @@ STANDIN_API = SglangApi(
     release_memory_request=ReleaseMemoryOccupationReqInput,
     resume_memory_request=ResumeMemoryOccupationReqInput,
     update_weights_request=UpdateWeightsFromTensorReqInput,
+    update_disk_request=UpdateWeightFromDiskReqInput,
     serialize_tensors=pickle.dumps,
 )

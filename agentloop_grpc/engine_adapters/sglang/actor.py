@@ -14,6 +14,12 @@ SGLang: a client that goes away frees the engine without a second mechanism.
 
 Why the control methods await ``engine.tokenizer_manager`` coroutines: see ``api.py``. Every method is async
 and the actor runs on one event loop (Ray async actor), which is also the loop SGLang's TokenizerManager uses.
+
+Weight-transfer groups: this process is the group's member for the whole DP group (``LocalWeightGroups``, one
+rank). It receives the broadcast on a thread, so the loop keeps streaming tokens, then hands the tensors to
+``update_weights_from_tensor``, which feeds every TP rank (``engine.py`` says why SGLang's own group is not used).
+Methods that can be refused return the ``EngineError`` instead of raising it, so the adapter re-raises it with its
+own message rather than Ray's wrapped traceback.
 """
 
 from __future__ import annotations
@@ -23,12 +29,16 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from agentloop_grpc.common.errors import EngineError, InvalidRequestError
 from agentloop_grpc.common.types import GenerateRequest, NamedTensor
+from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
+from ..weight_groups import LocalWeightGroups
 from .api import SglangApi
 from .config import TpRank
 from .facts import EngineFacts, EngineLoad, read_facts, read_load
 from .outputs import OutputReader, StreamDelta
 from .sampling import generate_kwargs
+from .weights import model_folder
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +75,7 @@ class SglangEngineActor:
         self._api = api
         self._engine: Any = None
         self._facts: EngineFacts | None = None
+        self._groups = LocalWeightGroups()
 
     async def identity(self) -> TpRank:
         return self._rank
@@ -127,13 +138,57 @@ class SglangEngineActor:
         self, tensors: list[NamedTensor], flush_cache: bool, weight_version: int
     ) -> tuple[bool, str]:
         """Load ``tensors`` into the model; SGLang's (success, message)."""
-        named = to_torch(tensors)
+        return await self._load_tensors(to_torch(tensors), flush_cache, weight_version)
+
+    async def _load_tensors(
+        self, named: list[tuple[str, Any]], flush_cache: bool, weight_version: int
+    ) -> tuple[bool, str]:
         payload = [self._api.serialize_tensors(named) for _ in range(self._rank.tp_size)]
         request = self._api.update_weights_request(
             serialized_named_tensors=payload, flush_cache=flush_cache, weight_version=str(weight_version)
         )
         success, message = await self._leader().tokenizer_manager.update_weights_from_tensor(request, None)
         return bool(success), str(message)
+
+    async def load_weights(self, path: str, flush_cache: bool, weight_version: int) -> tuple[int, int] | EngineError:
+        """LoadWeights with SGLang's own loader (``update_weights_from_disk``): (tensors, bytes), or the refusal."""
+        manager = self._leader().tokenizer_manager
+        try:
+            with model_folder(path) as (folder, tensors, size):
+                request = self._api.update_disk_request(
+                    model_path=folder, load_format="safetensors", flush_cache=flush_cache,
+                    weight_version=str(weight_version),
+                )
+                success, message, _paused = await manager.update_weights_from_disk(request, None)
+        except InvalidRequestError as error:
+            return error
+        if not success:
+            return InvalidRequestError(f"SGLang refused the checkpoint {path!r}: {message}")
+        return tensors, size
+
+    async def join_weight_group(self, group: WeightGroupSpec) -> list[int] | EngineError:
+        """Join ``group`` as its one member for this DP group (rank ``group.rank_offset``)."""
+        try:
+            return await self._groups.join(group)
+        except EngineError as error:
+            return error
+
+    async def receive_weights(
+        self, group: str, layout: BucketLayout, flush_cache: bool, weight_version: int, refusal: EngineError | None
+    ) -> EngineError | None:
+        """Vote, receive the broadcast off the loop (generation goes on), then load it in one SGLang call."""
+        try:
+            flat = await self._groups.receive(group, layout, refusal)
+        except EngineError as error:
+            return error
+        named = [(spec.name, view) for spec, view in layout.views(flat)]
+        success, message = await self._load_tensors(named, flush_cache, weight_version)
+        if not success:  # SGLang judges names and shapes only when loading: the bytes were received, the group stays
+            return InvalidRequestError(f"SGLang refused the weight update: {message}")
+        return None
+
+    async def leave_weight_group(self, group: str) -> None:
+        await self._groups.leave(group)
 
     async def flush_cache(self) -> bool:
         result = await self._leader().tokenizer_manager.flush_cache()

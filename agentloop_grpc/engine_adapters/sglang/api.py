@@ -45,6 +45,12 @@ Facts relied on (sglang 0.5.23 wheel from PyPI, ``python/sglang/srt/...``):
   MultiprocessingSerializer.serialize(named_tensors) per TP rank], flush_cache=..., weight_version=str), None)
   -> (success, message)``: what ``Engine.update_weights_from_tensor(named_tensors, load_format=None,
   flush_cache=True)`` does (``Engine._serialize_tensors_per_rank``).
+- ``TokenizerManager.update_weights_from_disk(UpdateWeightFromDiskReqInput(model_path=..., load_format=...,
+  flush_cache=..., weight_version=str), None) -> (success, message, num_paused_requests)``: what
+  ``Engine.update_weights_from_disk(model_path, load_format=None)`` runs. ``model_path`` is a model folder: the
+  scheduler's ``ModelRunner.update_weights_from_disk`` points ``model_config.model_path`` at it and reads it with
+  ``DefaultModelLoader`` (``*.safetensors`` for ``load_format="safetensors"``, filtered by a
+  ``model.safetensors.index.json`` when the folder has one); a failure answers ``(False, "Failed to ...")``.
 - ``TokenizerManager.flush_cache() -> FlushCacheReqOutput(success=...)``.
 - ``TokenizerManager.get_loads(include=None, dp_rank=None) -> list[LoadSnapshot]`` with ``num_running_reqs``,
   ``num_waiting_reqs``, ``token_usage``, ``cache_hit_rate``, ``max_running_requests``
@@ -79,6 +85,7 @@ class SglangApi:
     release_memory_request: Callable[..., Any]
     resume_memory_request: Callable[..., Any]
     update_weights_request: Callable[..., Any]
+    update_disk_request: Callable[..., Any]
     #: ``MultiprocessingSerializer.serialize``: a list of (name, torch.Tensor) to the bytes one TP rank loads.
     serialize_tensors: Callable[[Any], bytes]
 
@@ -97,5 +104,6 @@ class SglangApi:
             release_memory_request=io_struct.ReleaseMemoryOccupationReqInput,
             resume_memory_request=io_struct.ResumeMemoryOccupationReqInput,
             update_weights_request=io_struct.UpdateWeightsFromTensorReqInput,
+            update_disk_request=io_struct.UpdateWeightFromDiskReqInput,
             serialize_tensors=MultiprocessingSerializer.serialize,
         )

@@ -16,6 +16,25 @@ SGLang's load snapshot), and the prefix-cache hit rate from the cached-token cou
   (``memory_released = False``, ``sleep_releases_memory = False``). WakeUp resumes weights before the KV cache.
 - UpdateWeights: tensors go to the actor, which loads them with SGLang's update_weights_from_tensor; SGLang's
   refusal (e.g. an unknown parameter name) is INVALID_ARGUMENT with SGLang's message.
+- LoadWeights: SGLang reads the checkpoint itself (``update_weights_from_disk``, ``load_format="safetensors"``):
+  the path is resolved on the rank-0 actor's machine, where SGLang's scheduler reads it, and only the headers are
+  read there (for the checks every adapter makes and ``bytes_read``). SGLang loads model folders, so a file is
+  handed over as a temporary folder linking to it (removed after the load, though SGLang then records it as its
+  ``model_path``); a folder with a ``model.safetensors.index.json`` is loaded as
+  SGLang does, only the files that index names. SGLang's refusal is INVALID_ARGUMENT with its message. SGLang's
+  loader is not transactional (``ModelRunner.update_weights_from_disk`` rolls back by re-reading the path it was
+  given), so a checkpoint SGLang refuses midway may leave some tensors loaded.
+- Weight groups (JoinWeightGroup, ReceiveWeights, LeaveWeightGroup): the rank-0 actor's process is the one member
+  of this DP group (``weight_group_ranks = 1``): it receives the broadcast with ``WeightGroupMember`` on a thread
+  while generation goes on, then loads it with one ``update_weights_from_tensor`` call, which feeds every TP
+  rank. SGLang's own groups cannot take the contract's layout: ``ModelRunner.init_weights_update_group`` makes
+  every TP rank a member (rank ``rank_offset + tp_rank``) of a group formed by ``init_custom_process_group`` over
+  a ``tcp://`` rendezvous of its own, and ``update_weights_from_distributed`` expects one broadcast per tensor (or,
+  with ``load_format="flattened_bucket"``, one broadcast of the tensors packed without alignment), with no vote
+  before the bytes and a partial load on failure; the tokenizer manager also asserts ``dp_size == 1``. Here one
+  receive serves the whole DP group whatever its TP size, and one send of the trainer serves every DP group.
+  SGLang judges names and shapes only when it loads, so such a refusal comes after the bytes were received (the
+  group stays usable; in a group of several servers the others may have applied the update).
 """
 
 from __future__ import annotations
@@ -28,12 +47,14 @@ from dataclasses import dataclass, field
 
 import ray
 
-from agentloop_grpc.common.errors import EngineUnavailableError, FailedPreconditionError, InvalidRequestError
+from agentloop_grpc.common.errors import (
+    EngineError, EngineUnavailableError, FailedPreconditionError, InvalidRequestError,
+)
 from agentloop_grpc.common.types import (
     FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
     TokenChunk,
 )
-from ..checkpoint import read_checkpoint
+from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 from .actor import PAUSE_IN_PLACE
 from .config import SglangEngineConfig
 from .discovery import TpGroup, find_tp_group
@@ -103,6 +124,7 @@ class SglangEngine:
             tp_size=self.config.tp_size,
             sleep_releases_memory=facts.memory_saver,
             supports_structured_output=True,
+            weight_group_ranks=1,  # the rank-0 actor receives for every TP rank (module docstring)
         )
 
     async def shutdown(self) -> None:
@@ -239,9 +261,31 @@ class SglangEngine:
             self._prompt_tokens_seen = self._prompt_tokens_cached = 0
 
     async def load_weights(self, path: str, weight_version: int, flush_cache: bool) -> tuple[int, int]:
-        tensors, read = await asyncio.to_thread(read_checkpoint, path)
-        await self.update_weights(tensors, weight_version, flush_cache)
-        return len(tensors), read
+        loaded = await self._call("load_weights", path, flush_cache, weight_version)
+        self._updated(loaded, flush_cache)
+        return loaded
+
+    async def join_weight_group(self, group: WeightGroupSpec) -> list[int]:
+        ranks = await self._call("join_weight_group", group)
+        if isinstance(ranks, EngineError):
+            raise ranks
+        return ranks
+
+    async def receive_weights(
+        self, group: str, layout: BucketLayout, weight_version: int, flush_cache: bool, refusal: EngineError | None
+    ) -> None:
+        self._updated(await self._call("receive_weights", group, layout, flush_cache, weight_version, refusal),
+                      flush_cache)
+
+    async def leave_weight_group(self, group: str) -> None:
+        await self._call("leave_weight_group", group)
+
+    def _updated(self, answer: object, flush_cache: bool) -> None:
+        """Raise the actor's refusal, if that is what it answered; else note a flushed cache."""
+        if isinstance(answer, EngineError):
+            raise answer
+        if flush_cache:
+            self._prompt_tokens_seen = self._prompt_tokens_cached = 0
 
     async def flush_cache(self) -> None:
         if not await self._call("flush_cache"):
