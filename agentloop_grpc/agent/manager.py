@@ -2,9 +2,11 @@
 
 Workers run in this process by default, or as Ray actors (``use_ray``: a local Ray here, a cluster when Ray is
 already initialised against one). In hybrid mode (engines share the trainer's devices) the engines are woken
-before the rollout and put to sleep after it. ``update_weights`` may be called while ``generate`` runs: engines
-pause with ABORT, take the new weights, resume, and the loops continue from the tokens they had (partial
-rollout; see generation.py). Control calls go through a Fleet: the first in-process worker's Router's, or (Ray
+before the rollout and put to sleep after it. ``update_weights`` may be called while ``generate`` runs: by default
+(``weight_update_pause="none"``) the engines receive the weights while they keep generating and swap them in
+between two decode steps, each token carrying the version that produced it; with "abort" they pause, take the new
+weights, resume, and the loops continue from the tokens they had (partial rollout; see generation.py); "keep" and
+"wait" pause in those modes. Control calls go through a Fleet: the first in-process worker's Router's, or (Ray
 workers have their own Routers) one of the manager's own.
 """
 
@@ -22,7 +24,7 @@ from agentloop_grpc.router import Fleet
 
 from .metrics import RolloutMetrics
 from .sample import Sample
-from .spec import WorkerSpec, build_worker, load_codec
+from .spec import WeightUpdatePause, WorkerSpec, build_worker, load_codec
 from .tokenizer_check import check_engine_tokenizers
 from .trajectory import Trajectory
 from .weight_transfer import StreamTransfer, WeightTransfer, choose_weight_transfer
@@ -158,7 +160,9 @@ class AgentLoopManager:
                 self.spec.weight_transfer, self.control, self.spec.weights_dir, self.spec.weight_group_address
             )
         try:
-            await update_weights_mid_rollout(self.control, tensors, weight_version, self._weights)
+            await update_weights_mid_rollout(
+                self.control, tensors, weight_version, self._weights, self.spec.weight_update_pause
+            )
         finally:
             # the workers' Fleets did not push: told the fleet's version now, they hold out an engine that
             # missed it (or returns without it) before any of their generations could show them
@@ -167,19 +171,26 @@ class AgentLoopManager:
 
 
 async def update_weights_mid_rollout(
-    control: Fleet, tensors: Sequence[NamedTensor], weight_version: int, transfer: WeightTransfer | None = None
+    control: Fleet, tensors: Sequence[NamedTensor], weight_version: int, transfer: WeightTransfer | None = None,
+    pause: WeightUpdatePause = "abort",
 ) -> None:
-    """Pause (ABORT) -> update weights (by ``transfer``; default: stream) -> resume on every engine; running loops
-    keep their tokens and go on.
+    """Update every engine's weights (by ``transfer``; default: stream) while loops run.
 
-    Whatever fails, every engine is resumed before the error is raised: an engine left paused holds each later
-    generation until its deadline. When some engine cannot pause (it is down), nothing is applied anywhere, so the
-    engines that are up keep one weight version between them.
+    ``pause="none"``: no pause; each engine stages the update while generating and swaps it in between two steps.
+    Otherwise Pause(``pause``) -> transfer -> Resume; running loops keep their tokens and go on. Whatever fails,
+    every engine is resumed before the error is raised: an engine left paused holds each later generation until its
+    deadline. When some engine is down (it cannot pause, or answer), nothing is applied anywhere, so the engines
+    that are up keep one weight version between them.
     """
-    paused = await control.pause(PauseMode.ABORT)
+    transfer = transfer or StreamTransfer()
+    if pause == "none":
+        (await control.server_info()).raise_for_errors()
+        (await transfer.push(control, tensors, weight_version)).raise_for_errors()
+        return
+    paused = await control.pause(PauseMode(pause))
     try:
         paused.raise_for_errors()
-        (await (transfer or StreamTransfer()).push(control, tensors, weight_version)).raise_for_errors()
+        (await transfer.push(control, tensors, weight_version)).raise_for_errors()
     finally:
         resumed = await control.resume()
     resumed.raise_for_errors()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,8 @@ from .context import LoopContext
 from .loops.base import LoopRegistry
 from .tracing import JsonlTracer
 from .weight_transfer import WeightTransferKind
+
+WeightUpdatePause = Literal["none", "abort", "keep", "wait"]
 from .worker import AgentLoopWorker
 
 
@@ -60,6 +62,11 @@ class WorkerSpec(BaseModel):
         "torch.distributed group of this process and every engine worker), path (a checkpoint they load, "
         "LoadWeights), stream (UpdateWeights), auto (collective if the group forms, else path when every engine is "
         "on this machine or weights_dir is set, else stream).")
+    weight_update_pause: WeightUpdatePause = Field(
+        "none", description="What running generations do during update_weights: none (they go on; each engine "
+        "swaps the weights in between two decode steps, tokens carry the version that produced them), abort (they "
+        "are aborted and the loops resume them with the new weights), keep (frozen, then continued), wait (they "
+        "finish first).")
     weight_group_address: str | None = Field(None, description="The address engines reach this process by, for "
                                              "collective transfers; None: the one on the route to the first engine.")
     weights_dir: str | None = Field(None, description="Folder every engine can read, for path transfers (shared "

@@ -177,6 +177,8 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
                  f" on {len(addresses)} engine replica(s)")
             trainer.train()
             versions = rollout.engine_versions()
+            transfer = rollout.manager.weight_transfer
+            echo(f"weights reached the engines by {transfer} (the fastest transfer that worked here)")
             # 5. outputs
             (out / "trl_log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1) + "\n")
             if rollout.history:
@@ -190,7 +192,7 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
     write_csv(record.steps, out / "metrics.csv")
     first, last, ratio = reward_ratio(record.steps, config.compare_steps) if record.steps else (0.0, 0.0, 1.0)
     record.summary = summarize(record.steps, first, last, ratio, versions, time.monotonic() - started,
-                               config.compare_steps)
+                               config.compare_steps, transfer)
     (out / "summary.json").write_text(json.dumps(record.summary, indent=2) + "\n")
     from .report import write_report
 
@@ -199,7 +201,7 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
 
 
 def summarize(steps: list[dict], first: float, last: float, ratio: float, versions: dict[str, int],
-              wall_s: float, compare_steps: int) -> dict:
+              wall_s: float, compare_steps: int, weight_transfer: str) -> dict:
     def mean(key: str) -> float:
         values = [s[key] for s in steps if s.get(key) is not None]
         return _significant(statistics.fmean(values)) if values else 0.0
@@ -218,6 +220,7 @@ def summarize(steps: list[dict], first: float, last: float, ratio: float, versio
         "mean_rollout_s": mean("rollout_s"),
         "mean_train_s": mean("train_s"),
         "mean_weight_sync_s": mean("weight_sync_s"),
+        "weight_transfer": weight_transfer,
         "logprob_diff_sampler_mean": mean("logprob_diff_sampler_mean"),
         "logprob_diff_sampler_max": most("logprob_diff_sampler_max"),
         "logprob_diff_policy_mean": mean("logprob_diff_policy_mean"),

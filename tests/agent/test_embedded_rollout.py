@@ -86,7 +86,10 @@ async def test_constrained_tool_trajectory_logprobs_match_a_recompute(embedded_s
     assert worst < 1e-4, worst
 
 
-async def test_partial_rollout_keeps_every_token_across_a_weight_update(embedded_server, codec):
+@pytest.mark.parametrize("pause", ["abort", "none"])
+async def test_partial_rollout_keeps_every_token_across_a_weight_update(embedded_server, codec, pause):
+    """Paused with ABORT, the loops resume the aborted generations; not paused ("none"), the engine swaps the
+    weights between two steps of the running ones. Either way every token is kept, tagged with its version."""
     from safetensors import safe_open
 
     from agentloop_grpc.common import model_store
@@ -108,20 +111,25 @@ async def test_partial_rollout_keeps_every_token_across_a_weight_update(embedded
         worker = AgentLoopWorker(LoopRegistry.default(LoopContext(generator=watch, codec=codec, config=config)))
         rollout = asyncio.create_task(worker.run(samples))
         await watch.wait(lambda: len(watch.tokens) == 3 and min(watch.tokens.values()) >= 4)
-        await update_weights_mid_rollout(control, [tensor], version)
+        await update_weights_mid_rollout(control, [tensor], version, pause=pause)
         interrupted = await rollout
         # the same samples again, uninterrupted, on the same (numerically unchanged) weights
         reference = await AgentLoopWorker(
             LoopRegistry.default(LoopContext(generator=router, codec=codec, config=config))
         ).run(samples)
     aborted = [r for r in watch.results if r.finish_reason.value == "abort"]
-    assert aborted and all(r.token_ids for r in aborted)  # decoded tokens came back with the abort
+    if pause == "abort":
+        assert aborted and all(r.token_ids for r in aborted)  # decoded tokens came back with the abort
+    else:
+        assert not aborted
     for t, ref in zip(interrupted, reference, strict=True):
         assert not t.failed, t.error
         assert t.termination in (Termination.STOP, Termination.LENGTH)
         assert t.response_ids == ref.response_ids  # nothing lost, nothing duplicated
     resumed = [t for t in interrupted if t.resumed_generations]
-    assert resumed
-    for t in resumed:
+    assert bool(resumed) == (pause == "abort")
+    spanning = [t for t in interrupted if t.min_weight_version != t.max_weight_version]
+    assert spanning  # the update landed while every sample was decoding
+    for t in spanning:
         assert t.min_weight_version == version - 1 and t.max_weight_version == version
         assert sorted(t.weight_versions) == list(t.weight_versions)  # old tokens first, then new ones

@@ -19,7 +19,8 @@ from .conftest import TextScript, scripted_engine
 pytestmark = pytest.mark.fault
 
 
-async def test_an_update_with_one_engine_dead_resumes_the_live_ones(codec):
+@pytest.mark.parametrize("pause", ["abort", "none"])
+async def test_an_update_with_one_engine_dead_resumes_the_live_ones(codec, pause):
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     async with AsyncExitStack() as stack:
         live = await stack.enter_async_context(scripted_engine(TextScript(codec, ["hi"])))
@@ -27,7 +28,7 @@ async def test_an_update_with_one_engine_dead_resumes_the_live_ones(codec):
         await control.wait_ready(min_servers=1)
         tensor = NamedTensor("w", "float32", (1,), b"\0\0\0\0")
         with pytest.raises(InfrastructureError, match=dead):
-            await update_weights_mid_rollout(control, [tensor], weight_version=1)
+            await update_weights_mid_rollout(control, [tensor], weight_version=1, pause=pause)
         info = (await control.server_info()).responses[live]
     assert info.state == engine_pb2.ENGINE_STATE_RUNNING  # was PAUSED: nothing resumed it
     assert info.weight_version == 0  # nothing was applied while the fleet could not all take it

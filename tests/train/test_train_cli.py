@@ -51,6 +51,8 @@ def test_train_writes_metrics_report_weights_and_the_ratio(tmp_path):
         assert step["stale_tokens"] == 0 and step["logprob_diff_sampler_max"] < 2e-3
     summary = json.loads((out / "summary.json").read_text())
     assert summary["engine_weight_versions"] and set(summary["engine_weight_versions"].values()) == {2}
+    assert summary["weight_transfer"] == "collective"  # the engine shares this machine: a group forms
+    assert "weights reached the engines by collective" in result.stdout
     assert (out / "metrics.csv").is_file() and (out / "trl_log_history.json").is_file()
     assert (out / "reward_curve.png").is_file() and (out / "time_per_step.png").is_file()
     assert "reward_curve.png" in (out / "report.html").read_text()
