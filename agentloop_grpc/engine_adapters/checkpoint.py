@@ -16,6 +16,7 @@ from pathlib import Path
 from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.safetensors_format import SAFETENSORS_DTYPES
 from agentloop_grpc.common.types import NamedTensor
+from agentloop_grpc.common.weight_layout import TensorSpec
 
 #: A safetensors header larger than this is refused (the format's own limit).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -40,14 +41,27 @@ def read_checkpoint(path: str) -> tuple[list[NamedTensor], int]:
     """Every tensor in the checkpoint at ``path``, and their bytes in all; InvalidRequestError names what is wrong."""
     tensors: dict[str, NamedTensor] = {}
     for file in checkpoint_files(path):
-        for tensor in _read_file(file):
+        for tensor in _read_file(file, with_data=True):
             if tensor.name in tensors:
                 raise InvalidRequestError(f"tensor {tensor.name!r} is in more than one file under {path!r}")
             tensors[tensor.name] = tensor
     return list(tensors.values()), sum(len(t.data) for t in tensors.values())
 
 
-def _read_file(file: Path) -> list[NamedTensor]:
+def checkpoint_specs(path: str) -> tuple[list[TensorSpec], int]:
+    """``read_checkpoint`` without the bytes: each tensor's name, dtype and shape (from the headers, checked the
+    same way) and their bytes in all, for engines that load the files themselves."""
+    specs: dict[str, TensorSpec] = {}
+    for file in checkpoint_files(path):
+        for tensor in _read_file(file, with_data=False):
+            if tensor.name in specs:
+                raise InvalidRequestError(f"tensor {tensor.name!r} is in more than one file under {path!r}")
+            specs[tensor.name] = TensorSpec(tensor.name, tensor.dtype, tensor.shape)
+    return list(specs.values()), sum(spec.nbytes for spec in specs.values())
+
+
+def _read_file(file: Path, with_data: bool) -> list[NamedTensor]:
+    """The file's tensors (empty ``data`` unless ``with_data``: mapping reads no bytes until they are sliced)."""
     with file.open("rb") as handle:
         try:
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
@@ -55,12 +69,10 @@ def _read_file(file: Path) -> list[NamedTensor]:
             raise InvalidRequestError(f"{file} is not a safetensors file: {error}") from error
     with mapped:
         header, start = _header(file, mapped)
-        tensors = []
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            tensors.append(_tensor(file, mapped, start, name, entry))
-        return tensors
+        return [
+            _tensor(file, mapped, start, name, entry, with_data) for name, entry in header.items()
+            if name != "__metadata__"
+        ]
 
 
 def _header(file: Path, mapped: mmap.mmap) -> tuple[dict, int]:
@@ -78,7 +90,7 @@ def _header(file: Path, mapped: mmap.mmap) -> tuple[dict, int]:
     return header, 8 + length
 
 
-def _tensor(file: Path, mapped: mmap.mmap, start: int, name: str, entry) -> NamedTensor:
+def _tensor(file: Path, mapped: mmap.mmap, start: int, name: str, entry, with_data: bool) -> NamedTensor:
     try:
         dtype, itemsize = SAFETENSORS_DTYPES[entry["dtype"]]
         shape = tuple(int(d) for d in entry["shape"])
@@ -87,4 +99,5 @@ def _tensor(file: Path, mapped: mmap.mmap, start: int, name: str, entry) -> Name
         raise InvalidRequestError(f"tensor {name!r} in {file}: unsupported or malformed entry {entry!r}") from error
     if begin < 0 or any(d < 0 for d in shape) or end - begin != math.prod(shape) * itemsize or start + end > len(mapped):
         raise InvalidRequestError(f"tensor {name!r} in {file}: bytes [{begin}, {end}) do not hold shape {list(shape)}")
-    return NamedTensor(name=name, dtype=dtype, shape=shape, data=mapped[start + begin : start + end])
+    data = mapped[start + begin : start + end] if with_data else b""
+    return NamedTensor(name=name, dtype=dtype, shape=shape, data=data)

@@ -13,7 +13,7 @@ from safetensors.numpy import save_file
 from safetensors.torch import save_file as save_torch
 
 from agentloop_grpc.common.errors import InvalidRequestError
-from agentloop_grpc.engine_adapters.checkpoint import read_checkpoint
+from agentloop_grpc.engine_adapters.checkpoint import checkpoint_specs, read_checkpoint
 
 
 def test_a_folder_of_files_reads_back_every_tensor(tmp_path) -> None:
@@ -62,3 +62,10 @@ def test_a_header_longer_than_the_file_and_duplicates_across_files_are_refused(t
         save_file({"w": np.zeros(1, dtype=np.float32)}, str(folder / f"{name}.safetensors"))
     with pytest.raises(InvalidRequestError, match="'w' is in more than one file"):
         read_checkpoint(str(folder))
+
+
+def test_specs_are_read_from_the_headers_alone(tmp_path) -> None:
+    save_file({"a": np.zeros((2, 3), np.float32), "b": np.zeros(4, np.int64)}, str(tmp_path / "m.safetensors"))
+    specs, total = checkpoint_specs(str(tmp_path))
+    assert sorted((s.name, s.dtype, s.shape) for s in specs) == [("a", "float32", (2, 3)), ("b", "int64", (4,))]
+    assert total == 2 * 3 * 4 + 4 * 8

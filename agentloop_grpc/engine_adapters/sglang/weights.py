@@ -8,14 +8,11 @@ temporary folder holding a link to the file, so SGLang reads the bytes itself an
 from __future__ import annotations
 
 import contextlib
-import mmap
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from agentloop_grpc.common.errors import InvalidRequestError
-
-from ..checkpoint import _header, checkpoint_files  # the checkpoint rules every adapter shares (file or folder)
+from ..checkpoint import checkpoint_specs  # the checkpoint rules every adapter shares (file or folder, headers)
 
 
 @contextlib.contextmanager
@@ -24,12 +21,8 @@ def model_folder(path: str) -> Iterator[tuple[str, int, int]]:
 
     InvalidRequestError names what is wrong (no such path, no safetensors file, a file that is not safetensors)
     before SGLang is asked, as every adapter does."""
-    files = checkpoint_files(path)
-    tensors, size = 0, 0
-    for file in files:
-        entries = _entries(file)
-        tensors += len(entries)
-        size += sum(_span(file, name, entry) for name, entry in entries.items())
+    specs, size = checkpoint_specs(path)
+    tensors = len(specs)
     if Path(path).is_dir():
         yield path, tensors, size
         return
@@ -38,20 +31,3 @@ def model_folder(path: str) -> Iterator[tuple[str, int, int]]:
         (Path(folder) / "model.safetensors").symlink_to(Path(path).resolve())
         yield folder, tensors, size
 
-
-def _entries(file: Path) -> dict:
-    """The header's tensor entries; mapping the file reads no tensor bytes."""
-    try:
-        with file.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            header, _start = _header(file, mapped)
-    except ValueError as error:  # an empty file cannot be mapped
-        raise InvalidRequestError(f"{file} is not a safetensors file: {error}") from error
-    return {name: entry for name, entry in header.items() if name != "__metadata__"}
-
-
-def _span(file: Path, name: str, entry: object) -> int:
-    try:
-        begin, end = (int(offset) for offset in entry["data_offsets"])  # type: ignore[index]
-    except (KeyError, TypeError, ValueError) as error:
-        raise InvalidRequestError(f"tensor {name!r} in {file}: malformed entry {entry!r}") from error
-    return end - begin
