@@ -165,20 +165,58 @@ def test_tied_alias_targets_the_embedding_once(checkpoint) -> None:
         checkpoint.stage([lm_head, _tensor("model.embed_tokens.weight", torch.zeros(3, 2))])
 
 
-def test_a_fused_layer_is_completed_with_current_values(checkpoint) -> None:
-    q = _tensor("model.layers.0.self_attn.q_proj.weight", torch.full((2, 2), 7.0))
-    first = checkpoint.complete(checkpoint.stage([q]), PACKED)
-    values = {name: torch.frombuffer(bytearray(data), dtype=torch.float32) for name, _, _, data in first}
-    assert set(values) == {f"model.layers.0.self_attn.{m}_proj.weight" for m in "qkv"}
-    assert values["model.layers.0.self_attn.k_proj.weight"].tolist() == [2.0] * 4
-    assert values["model.layers.0.self_attn.v_proj.weight"].tolist() == [3.0] * 4  # bf16 file, served as fp32
-    checkpoint.commit(first, PACKED)
-    k = _tensor("model.layers.0.self_attn.k_proj.weight", torch.full((2, 2), 5.0))
-    second = {name: data for name, _, _, data in checkpoint.complete(checkpoint.stage([k]), PACKED)}
-    q_now = torch.frombuffer(bytearray(second["model.layers.0.self_attn.q_proj.weight"]), dtype=torch.float32)
-    assert q_now.tolist() == [7.0] * 4  # the earlier update, not the file
-    norm = checkpoint.complete(checkpoint.stage([_tensor("model.norm.weight", torch.ones(2))]), PACKED)
-    assert [name for name, *_ in norm] == ["model.norm.weight"]  # not fused: sent alone
+def test_a_fused_layer_is_completed_with_current_values(checkpoint, tmp_path) -> None:
+    fused = weights.FusedLayers(tmp_path, torch.float32, PACKED)
+    q = ("model.layers.0.self_attn.q_proj.weight", torch.full((2, 2), 7.0))
+    first = dict(fused.complete([q]))
+    assert set(first) == {f"model.layers.0.self_attn.{m}_proj.weight" for m in "qkv"}
+    assert first["model.layers.0.self_attn.k_proj.weight"].flatten().tolist() == [2.0] * 4
+    v = first["model.layers.0.self_attn.v_proj.weight"]
+    assert v.dtype == torch.float32 and v.flatten().tolist() == [3.0] * 4  # bf16 file, served as fp32
+    fused.commit(list(first.items()))
+    q[1].fill_(0.0)  # the committed value is a copy: a view of a reused buffer must not change it
+    second = dict(fused.complete([("model.layers.0.self_attn.k_proj.weight", torch.full((2, 2), 5.0))]))
+    assert second["model.layers.0.self_attn.q_proj.weight"].flatten().tolist() == [7.0] * 4  # earlier update
+    norm = fused.complete([("model.norm.weight", torch.ones(2))])
+    assert [name for name, _ in norm] == ["model.norm.weight"]  # not fused: loaded alone
+
+
+def test_announced_specs_are_checked_without_bytes(checkpoint) -> None:
+    norm = ("model.norm.weight", "float32", [2])
+    assert checkpoint.check([norm, ("lm_head.weight", "float32", [3, 2])]) == [
+        "model.norm.weight", "model.embed_tokens.weight"
+    ]
+    with pytest.raises(InvalidRequestError, match="model.norm.weight"):
+        checkpoint.check([("model.norm.weight", "float32", [3])])
+
+
+def test_a_checkpoint_is_checked_from_its_headers(checkpoint, tmp_path) -> None:
+    folder = tmp_path / "update"
+    folder.mkdir()
+    save_file({"lm_head.weight": torch.zeros(3, 2), "model.norm.weight": torch.ones(2)}, str(folder / "a.safetensors"))
+    plan, count, read = checkpoint.check_checkpoint(str(folder))
+    assert plan == [(str(folder / "a.safetensors"), [("lm_head.weight", "model.embed_tokens.weight"),
+                                                      ("model.norm.weight", "model.norm.weight")])]
+    assert (count, read) == (2, 32)
+    save_file({"model.norm.weight": torch.ones(2)}, str(folder / "b.safetensors"))
+    with pytest.raises(InvalidRequestError, match="more than one file"):
+        checkpoint.check_checkpoint(str(folder))
+    (folder / "b.safetensors").write_bytes(b"\x10" + bytes(7) + b"not json at all!")
+    with pytest.raises(InvalidRequestError, match="not a safetensors file"):
+        checkpoint.check_checkpoint(str(folder))
+
+
+def test_a_delta_spanning_a_weight_swap_becomes_two_chunks() -> None:
+    positions = [{t: Logprob(-float(t), rank=1)} for t in (4, 5, 6)]
+    sampling = SamplingParams(max_new_tokens=9, logprobs=True)
+    chunks = outputs.token_chunks(_completion([4, 5, 6], positions), sampling, 2, [(0, 3), (4, 5)])
+    assert [(c.token_ids, c.weight_version, c.logprobs) for c in chunks] == [
+        ((4, 5), 3, (-4.0, -5.0)), ((6,), 5, (-6.0,))
+    ]
+    (late,) = outputs.token_chunks(_completion([4], None), SamplingParams(max_new_tokens=2), 7, [(0, 1)])
+    assert late.weight_version == 1
+    with pytest.raises(RuntimeError, match="no weight version"):
+        outputs.token_chunks(_completion([4], None), SamplingParams(max_new_tokens=2), 0, [(1, 1)])
 
 
 def test_safetensors_header_reader_matches_the_format(tmp_path) -> None:

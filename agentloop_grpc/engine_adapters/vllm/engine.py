@@ -12,9 +12,17 @@ contract onto it (the state, Pause's gate and the weight version are the lifecyc
   nothing), so on CPU Sleep only changes the state (Generate is refused, health says NOT_SERVING), returns
   ``memory_released = False`` and GetServerInfo says ``sleep_releases_memory = False``. Where vLLM's platform
   has sleep mode (GPU), Sleep and WakeUp are vLLM's (vLLM's level 1 offloads the weights too).
-- UpdateWeights: tensors validated against the checkpoint here (``weights.py``), loaded into the model in the
-  engine process through ``collective_rpc`` (``worker.py``), then the prefix cache is reset (KV computed with
-  the old weights must not be reused) and the version is set, in vLLM too.
+- Weights, three ways in (``weights.py`` checks them against the served checkpoint first, so a bad update
+  changes nothing; ``worker.py`` stages them in the engine process, then swaps them in):
+  UpdateWeights ships the streamed tensors to the engine process; LoadWeights has the engine process read the
+  checkpoint itself (memory-mapped; the server reads only its headers); JoinWeightGroup / ReceiveWeights /
+  LeaveWeightGroup put each vLLM worker in the trainer's weight group (rank ``rank_offset`` + its rank) and
+  receive the broadcast on a thread of the worker while vLLM keeps generating, the adapter polling it. The swap
+  is one step boundary: generation paused (KEEP), the staged tensors reloaded into the model, the prefix cache
+  reset (KV computed with the old weights must not be reused), vLLM's weight version set, generation resumed.
+- Weight versions per token: vLLM labels every engine step's output with its weight version and records the
+  spans per request; each TokenChunk carries the version vLLM recorded for its tokens (a delta that spans a
+  swap becomes two chunks), so no token is mislabelled by an update that lands while its chunk is in flight.
 - GetLoad: requests in the engine from vLLM's output processor, split into running and waiting with vLLM's
   scheduler stats (``stats.py``).
 """
@@ -23,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import vllm
@@ -43,6 +52,7 @@ from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 from agentloop_grpc.common import model_store
 from agentloop_grpc.common.model_store import eos_token_ids
 from agentloop_grpc.common.errors import (
+    EngineError,
     EngineOverloadedError,
     EngineUnavailableError,
     FailedPreconditionError,
@@ -51,8 +61,9 @@ from agentloop_grpc.common.errors import (
 from agentloop_grpc.common.types import (
     GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
 )
-from ..checkpoint import read_checkpoint
+from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling
+from ..weight_groups import refused_elsewhere
 from . import outputs, sampling, weights
 from .config import VllmEngineConfig
 from .stats import SchedulerLoad, recorder_factory
@@ -61,6 +72,7 @@ log = logging.getLogger(__name__)
 
 _WORKER_EXTENSION = "agentloop_grpc.engine_adapters.vllm.worker.AgentloopWorkerExtension"
 _WAKE_TAGS = {Resource.WEIGHTS: "weights", Resource.KV_CACHE: "kv_cache"}
+_POLL_S = 0.015  # between polls of a worker's background weight job: one cheap utility call each
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +82,6 @@ class _Loaded:
     llm: AsyncLLM
     facts: ServerFacts
     checkpoint: weights.CheckpointWeights
-    packed_modules: dict[str, list[str]]
 
 
 def apply_engine_environment(config: VllmEngineConfig) -> None:
@@ -117,6 +128,8 @@ class VllmEngine:
         self._scheduler = SchedulerLoad()
         self._weight_version: Callable[[], int] = lambda: 0
         self._control = asyncio.Lock()  # freeze, thaw, weights, flush and sleep one at a time
+        self._frozen = False  # Pause(KEEP) holds vLLM paused: a weight swap must not resume it
+        self._updates = itertools.count()
         self._sleep_frees_memory = current_platform.is_sleep_mode_available()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -133,8 +146,8 @@ class VllmEngine:
         # so the server answers health checks (NOT_SERVING) meanwhile; its asyncio parts start on first use.
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[recorder_factory(self._scheduler)])
         await llm.is_paused()  # starts the client's output task on this loop (engine failures reach us early)
+        await llm.update_weight_version(str(weight_version()))  # vLLM labels tokens "default" until told
         tied = bool(getattr(llm.model_config.hf_config, "tie_word_embeddings", False))
-        (packed, *_) = await llm.collective_rpc("agentloop_packed_modules")
         generation_eos = llm.model_config.try_get_generation_config().get("eos_token_id")
         facts = ServerFacts(
             engine_kind="vllm",
@@ -148,8 +161,9 @@ class VllmEngine:
             dp_size=cfg.dp_size,
             sleep_releases_memory=self._sleep_frees_memory,
             supports_structured_output=True,
+            weight_group_ranks=llm.vllm_config.parallel_config.world_size,
         )
-        self._loaded = _Loaded(llm, facts, weights.CheckpointWeights(folder, cfg.dtype, tied), packed)
+        self._loaded = _Loaded(llm, facts, weights.CheckpointWeights(folder, cfg.dtype, tied))
         log.info("vLLM %s engine: %s from %s (max_model_len %d)", vllm.__version__, model_id, folder, cfg.max_model_len)
         return facts
 
@@ -186,7 +200,7 @@ class VllmEngine:
         if self._in_engine() >= self.config.max_running + self.config.max_waiting:
             raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
         params = sampling.to_vllm(request)
-        emitted, last_token = 0, None
+        emitted, last_token, last_version = 0, None, None
         stream = loaded.llm.generate(
             TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
             params,
@@ -196,17 +210,34 @@ class VllmEngine:
         async with contextlib.aclosing(_translated_errors(stream)) as stream_outputs:
             async for output in stream_outputs:
                 completion = output.outputs[0]
-                chunk = outputs.token_chunk(completion, request.sampling, self._weight_version())
-                if chunk is not None:
+                starts = self._version_starts(request.request_id, output) if completion.token_ids else []
+                for chunk in outputs.token_chunks(completion, request.sampling, emitted, starts):
                     emitted += len(chunk.token_ids)
-                    last_token = chunk.token_ids[-1]
+                    last_token, last_version = chunk.token_ids[-1], chunk.weight_version
                     yield chunk
                 if output.finished:
-                    yield self._complete(request, output, emitted, last_token)
+                    yield self._complete(request, output, emitted, last_token, last_version)
                     return
         raise RuntimeError(f"vLLM ended request {request.request_id!r} without a finished output")
 
-    def _complete(self, request: GenerateRequest, output, emitted: int, last_token: int | None) -> GenerateComplete:
+    def _version_starts(self, request_id: str, output) -> list[tuple[int, int]]:
+        """(first output-token index, weight version) of each version span of the request so far, as vLLM
+        recorded them: from the final output, or from vLLM's output processor while the request runs (its state
+        outlives every non-final output we read: vLLM drops it only where it emits the final one, into which
+        any output not yet read is merged)."""
+        if output.finished:
+            spans = output.outputs[0].weight_versions or ()
+            return [(span.start, int(span.version)) for span in spans]
+        processor = self._loaded.llm.output_processor
+        internal = processor.external_req_ids.get(request_id)  # vLLM suffixes our id to make its own
+        state = processor.request_states.get(internal[-1]) if internal else None
+        if state is None:
+            raise RuntimeError(f"vLLM holds no state for the running request {request_id!r}")
+        return [(start, int(version)) for version, start in state.weight_version_starts]
+
+    def _complete(
+        self, request: GenerateRequest, output, emitted: int, last_token: int | None, last_version: int | None
+    ) -> GenerateComplete:
         completion = output.outputs[0]
         return outputs.completion(
             completion,
@@ -215,7 +246,7 @@ class VllmEngine:
             completion_tokens=emitted,
             cached_prompt_tokens=output.num_cached_tokens or 0,
             last_token=last_token,
-            weight_version=self._weight_version(),
+            weight_version=self._weight_version() if last_version is None else last_version,
         )
 
     async def abort(self, request_ids: Seq[str]) -> None:
@@ -237,26 +268,101 @@ class VllmEngine:
     async def freeze(self) -> None:
         async with self._control:
             await self._loaded.llm.pause_generation(mode="keep", clear_cache=False)
+            self._frozen = True
 
     async def thaw(self) -> None:
         async with self._control:
             await self._loaded.llm.resume_generation()
+            self._frozen = False
 
     async def update_weights(self, tensors: Seq[NamedTensor], weight_version: int, flush_cache: bool) -> None:
-        loaded = self._loaded
-        staged = loaded.checkpoint.stage(tensors)
-        async with self._control:
-            payload = await asyncio.to_thread(loaded.checkpoint.complete, staged, loaded.packed_modules)
-            await loaded.llm.collective_rpc("agentloop_load_weights", args=(payload,))
-            loaded.checkpoint.commit(payload, loaded.packed_modules)
-            # KV computed with the old weights must not be reused, whatever flush_cache says.
-            await self._reset_prefix_cache(loaded.llm)
-            await loaded.llm.update_weight_version(str(weight_version))
+        payload = self._loaded.checkpoint.stage(tensors)
+        key = self._update_key("stream")
+        await self._loaded.llm.collective_rpc("agentloop_stage_payload", args=(key, payload))
+        await self._swap(key, weight_version)
 
     async def load_weights(self, path: str, weight_version: int, flush_cache: bool) -> tuple[int, int]:
-        tensors, read = await asyncio.to_thread(read_checkpoint, path)
-        await self.update_weights(tensors, weight_version, flush_cache)
-        return len(tensors), read
+        plan, tensors, read = await asyncio.to_thread(self._loaded.checkpoint.check_checkpoint, path)
+        key = self._update_key("path")
+        await self._job(key, "agentloop_read_checkpoint", key, plan)  # read by the engine process, off its steps
+        await self._swap(key, weight_version)
+        return tensors, read
+
+    async def join_weight_group(self, group: WeightGroupSpec) -> list[int]:
+        key = f"join/{group.name}"
+        ranks = await self._job(key, "agentloop_join_group", key, astuple(group))
+        await self._loaded.llm.collective_rpc("agentloop_forget", args=(key,))
+        return ranks
+
+    async def receive_weights(
+        self, group: str, layout: BucketLayout, weight_version: int, flush_cache: bool, refusal: EngineError | None
+    ) -> None:
+        specs = [(spec.name, spec.dtype, list(spec.shape)) for spec in layout.specs]
+        targets: list[str] = []
+        if refusal is None:
+            try:
+                targets = self._loaded.checkpoint.check(specs)
+            except InvalidRequestError as error:
+                refusal = error  # voted no: nobody receives, and the group stays in step
+        key = self._update_key(f"group/{group}")
+        try:
+            agreed = await self._job(
+                key, "agentloop_receive", key, group, specs, layout.bucket_bytes, targets, refusal is None
+            )
+        except EngineUnavailableError as error:
+            raise EngineUnavailableError(f"{error}; join the group again") from error
+        if refusal is not None or not all(agreed):
+            await self._loaded.llm.collective_rpc("agentloop_forget", args=(key,))
+            raise refusal or refused_elsewhere(group)
+        await self._swap(key, weight_version)
+
+    async def leave_weight_group(self, group: str) -> None:
+        await self._loaded.llm.collective_rpc("agentloop_leave_group", args=(group,))
+
+    def _update_key(self, transport: str) -> str:
+        return f"{transport}/{next(self._updates)}"
+
+    async def _job(self, key: str, method: str, *args) -> list[object]:
+        """Start ``method``'s background job in every worker and poll until all finished; their results. A failed
+        weight group is UNAVAILABLE (its message names the group's address)."""
+        llm = self._loaded.llm
+        try:
+            await llm.collective_rpc(method, args=args)
+            while True:
+                answers = await llm.collective_rpc("agentloop_poll", args=(key,))
+                if all(status != "pending" for status, _ in answers):
+                    break
+                await asyncio.sleep(_POLL_S)
+            for status, value in answers:
+                if status == "group_error":
+                    raise EngineUnavailableError(str(value))
+                if status != "done":
+                    raise RuntimeError(f"a vLLM worker failed to {method.removeprefix('agentloop_')}: {value}")
+        except BaseException:
+            await llm.collective_rpc("agentloop_forget", args=(key,))
+            raise
+        return [value for _, value in answers]
+
+    async def _swap(self, key: str, weight_version: int) -> None:
+        """Swap the update staged under ``key`` in at one step boundary, with vLLM's weight version: tokens of
+        every step before carry the old version, of every step after the new one."""
+        llm = self._loaded.llm
+        try:
+            async with self._control:
+                pausing = not self._frozen
+                if pausing:
+                    await llm.pause_generation(mode="keep", clear_cache=False)
+                try:
+                    await llm.collective_rpc("agentloop_apply", args=(key,))
+                    # KV computed with the old weights must not be reused, whatever flush_cache says.
+                    await self._reset_prefix_cache(llm)
+                    await llm.update_weight_version(str(weight_version))
+                finally:
+                    if pausing:
+                        await llm.resume_generation()
+        except BaseException:
+            await llm.collective_rpc("agentloop_forget", args=(key,))
+            raise
 
     async def flush_cache(self) -> None:
         async with self._control:

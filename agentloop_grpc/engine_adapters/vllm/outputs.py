@@ -1,10 +1,13 @@
 """vLLM's streamed ``RequestOutput`` deltas -> our TokenChunk and GenerateComplete.
 
 Token fidelity: the ids are the ones vLLM's sampler produced, in order, copied as they are (stop and
-end-of-sequence ids included: vLLM keeps them in ``token_ids``; only its text leaves them out).
+end-of-sequence ids included: vLLM keeps them in ``token_ids``; only its text leaves them out). Weight versions:
+each chunk carries the version vLLM recorded for its tokens; a delta whose tokens span a weight swap is split.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from vllm.outputs import CompletionOutput
 
@@ -36,6 +39,39 @@ def token_chunk(output: CompletionOutput, sampling: SamplingParams, weight_versi
             for position in positions
         )
     return TokenChunk(token_ids=token_ids, weight_version=weight_version, logprobs=logprobs, top_logprobs=top)
+
+
+def token_chunks(
+    output: CompletionOutput, sampling: SamplingParams, first: int, version_starts: Sequence[tuple[int, int]]
+) -> list[TokenChunk]:
+    """The chunks of this delta, whose tokens are the request's output tokens from index ``first`` on: one per
+    weight version they were sampled with. ``version_starts`` are vLLM's spans: (first token index, version)."""
+    whole = token_chunk(output, sampling, 0)
+    if whole is None:
+        return []
+    end = first + len(whole.token_ids)
+    chunks = []
+    covered = first
+    for index, (start, version) in enumerate(version_starts):
+        stop = version_starts[index + 1][0] if index + 1 < len(version_starts) else end
+        lo, hi = max(start, first), min(stop, end)
+        if lo < hi:
+            if lo != covered:
+                break
+            chunks.append(_part(whole, lo - first, hi - first, version))
+            covered = hi
+    if covered != end:
+        raise RuntimeError(f"vLLM recorded no weight version for output tokens {covered}..{end - 1}")
+    return chunks
+
+
+def _part(chunk: TokenChunk, lo: int, hi: int, weight_version: int) -> TokenChunk:
+    return TokenChunk(
+        token_ids=chunk.token_ids[lo:hi],
+        weight_version=weight_version,
+        logprobs=chunk.logprobs[lo:hi],
+        top_logprobs=chunk.top_logprobs[lo:hi],
+    )
 
 
 def finish_reason(output: CompletionOutput) -> FinishReason:
