@@ -102,6 +102,16 @@ class CollectiveTransfer:
     _group: str = ""
     _members: frozenset[str] = frozenset()
 
+    @property
+    def group(self) -> str | None:
+        """The group's name while one is formed."""
+        return self._group if self._leader is not None else None
+
+    @property
+    def members(self) -> frozenset[str]:
+        """The servers in the group (their addresses)."""
+        return self._members if self._leader is not None else frozenset()
+
     async def form(self, fleet: Fleet) -> None:
         """Form the group with every server of ``fleet``; WeightGroupError (nothing left behind) if it cannot."""
         from agentloop_grpc.common.weight_group import WeightGroupLeader  # torch: imported only by trainers using it
@@ -134,7 +144,15 @@ class CollectiveTransfer:
                  len(offsets), world, self.backend)
 
     async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int) -> FanOutResult:
-        if self._leader is None or self._members != frozenset(fleet.servers):
+        if self._leader is not None:
+            # every member answers before the bytes move: a broadcast with a member gone waits out the timeout
+            answered = await fleet.server_info()
+            if answered.errors:
+                await self.close(fleet)
+                return answered
+            if self._members != frozenset(fleet.servers):
+                await self.close(fleet)
+        if self._leader is None:
             await self.form(fleet)
         specs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in tensors]
         layout = BucketLayout.of(specs, self.bucket_bytes)

@@ -5,15 +5,17 @@ every engine takes the update's version."""
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import AsyncExitStack
 
 import pytest
 
 from agentloop_grpc.agent import AgentLoopManager, WorkerSpec
-from agentloop_grpc.agent.weight_transfer import local_address_towards
+from agentloop_grpc.agent.weight_transfer import CollectiveTransfer, local_address_towards
 from agentloop_grpc.common.addresses import is_loopback
 from agentloop_grpc.common.safetensors_format import write_safetensors
 from agentloop_grpc.common.types import NamedTensor
+from agentloop_grpc.router import Fleet, RouterConfig
 
 from .conftest import TextScript, scripted_engine
 
@@ -72,3 +74,31 @@ def test_a_written_checkpoint_is_what_safetensors_reads(tmp_path) -> None:
     tensors = [NamedTensor("w", "float32", (2,), b"\x00\x00\x80\x3f\x00\x00\x00\x40")]
     assert write_safetensors(tmp_path / "c.safetensors", tensors) == 8
     assert load_file(str(tmp_path / "c.safetensors"))["w"].tolist() == [1.0, 2.0]
+
+
+async def test_a_stopped_server_leaves_the_group_and_the_next_update_fails_fast(codec) -> None:
+    """A server that stops leaves its group, so the next broadcast fails at once (no wait for the group's
+    timeout), the survivors leave too, and the update after it forms a new group with the servers that answer."""
+    script = TextScript(codec, ["hi"])
+    async with AsyncExitStack() as stack:
+        live = await stack.enter_async_context(scripted_engine(script))
+        stopping = AsyncExitStack()
+        doomed = await stopping.enter_async_context(scripted_engine(script))
+        control = await stack.enter_async_context(Fleet([live, doomed], RouterConfig(control_timeout_s=10)))
+        await control.wait_ready(2)
+        transfer = CollectiveTransfer("127.0.0.1", timeout_s=60)
+        stack.push_async_callback(transfer.close, control)
+        for version in (1, 2):
+            (await transfer.push(control, TENSORS, version)).raise_for_errors()
+        group = transfer.group
+        await stopping.aclose()
+        started = time.monotonic()
+        failed = await transfer.push(control, TENSORS, 3)
+        assert time.monotonic() - started < 30  # well inside the group's 60 s timeout
+        assert doomed in failed.errors
+        assert transfer.group is None  # the broken group was let go
+        await control.remove_server(doomed)
+        (await transfer.push(control, TENSORS, 4)).raise_for_errors()  # a new group, of the one that answers
+        assert transfer.members == frozenset({live}) and transfer.group != group
+        infos = (await control.server_info()).raise_for_errors().responses
+        assert infos[live].weight_version == 4

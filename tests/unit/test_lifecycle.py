@@ -107,3 +107,26 @@ async def test_sleep_rules_and_weight_versions(lifecycle) -> None:
         await lifecycle.update_weights([], 1, flush_cache=False)
     _, complete = await _collect(lifecycle, _request("after"))
     assert complete.weight_version == 1
+
+
+async def test_shutdown_leaves_every_weight_group_so_the_leader_fails_fast() -> None:
+    import time
+
+    from agentloop_grpc.common.weight_group import WeightGroupLeader
+    from agentloop_grpc.common.weight_layout import WeightGroupError, WeightGroupSpec
+
+    engine = EngineLifecycle(FakeEngine(FakeEngineConfig()))
+    await engine.start()
+    store, port = WeightGroupLeader.host("127.0.0.1", 2, 60)
+    spec = WeightGroupSpec("g", "127.0.0.1", port, 2, 1, "gloo", 60)
+    forming = asyncio.ensure_future(asyncio.to_thread(WeightGroupLeader.form, store, spec))
+    assert await engine.join_weight_group(spec) == [1]
+    leader = await forming
+    with pytest.raises(FailedPreconditionError, match="already in weight group"):
+        await engine.join_weight_group(spec)
+    await engine.shutdown()
+    started = time.monotonic()
+    with pytest.raises(WeightGroupError):
+        await asyncio.to_thread(leader.vote, True)
+    assert time.monotonic() - started < 30  # the member left: no wait for the group's 60 s timeout
+    leader.close()
