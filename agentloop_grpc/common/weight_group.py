@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from .weight_layout import DEFAULT_TIMEOUT_S, BucketLayout, WeightGroupError, WeightGroupSpec
 
+
 def _process_group(store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float):
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":
@@ -41,8 +42,9 @@ def _device(backend: str) -> torch.device:
 
 
 class _Group:
-    def __init__(self, group, rank: int, backend: str, address: str) -> None:
+    def __init__(self, group, rank: int, backend: str, address: str, store: dist.Store | None = None) -> None:
         self._group = group
+        self._store = store  # the leader's rendezvous lives as long as the group
         self.rank = rank
         self.device = _device(backend)
         self.address = address
@@ -129,13 +131,12 @@ class WeightGroupLeader(_Group):
                                    spec.timeout_s)
         except RuntimeError as error:
             raise WeightGroupError(f"weight group {spec.name!r} at {address} did not form: {error}") from error
-        leader = cls(group, 0, spec.backend, address)
-        leader.store = store  # the members' rendezvous lives as long as the group
-        return leader
+        return cls(group, 0, spec.backend, address, store)
 
     def send(self, layout: BucketLayout, sources: Sequence[object]) -> None:
-        """Broadcast ``sources`` (bytes-like or tensors, one per spec of ``layout``) piece by piece."""
-        views = [_bytes_of(source, self.device) for source in sources]
+        """Broadcast ``sources`` (bytes-like or tensors on any device, one per spec of ``layout``) piece by piece;
+        only one piece at a time is copied to the group's device."""
+        views = [_bytes_of(source) for source in sources]
         piece = torch.zeros(min(layout.bucket_bytes, layout.total_bytes), dtype=torch.uint8, device=self.device)
         for start, end in layout.pieces():
             for view, offset in zip(views, layout.offsets):
@@ -145,12 +146,13 @@ class WeightGroupLeader(_Group):
             self._broadcast(piece[: end - start])
 
 
-def _bytes_of(source: object, device: torch.device) -> torch.Tensor:
+def _bytes_of(source: object) -> torch.Tensor:
+    """``source``'s bytes as a flat uint8 tensor where it lies (no copy for a contiguous tensor or bytes)."""
     if isinstance(source, torch.Tensor):
-        return source.detach().contiguous().reshape(-1).view(torch.uint8).to(device)
+        return source.detach().contiguous().reshape(-1).view(torch.uint8)
     data = memoryview(source).cast("B")  # type: ignore[arg-type]
     if not len(data):
-        return torch.empty(0, dtype=torch.uint8, device=device)
+        return torch.empty(0, dtype=torch.uint8)
     with warnings.catch_warnings():  # read-only bytes: they are only read from
         warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(data, dtype=torch.uint8).to(device)
+        return torch.frombuffer(data, dtype=torch.uint8)
