@@ -223,7 +223,8 @@ class Fleet:
                 group_name=group, master_address=master_address, master_port=master_port, world_size=world_size,
                 rank_offset=rank_offsets[endpoint.address], backend=backend, timeout_s=timeout_s,
             )
-            return endpoint.control.JoinWeightGroup(request, timeout=max(timeout_s, self.config.control_timeout_s))
+            # the call waits for the group to form (up to timeout_s), then answers
+            return endpoint.control.JoinWeightGroup(request, timeout=timeout_s + self.config.control_timeout_s)
 
         return await self._fan_out(join, only=rank_offsets.keys())
 
