@@ -59,6 +59,11 @@ class AgentloopWorkerExtension:
             raise RuntimeError(f"a weight job {key!r} is already under way")
         state.jobs[key] = state.pool.submit(job)
 
+    def _agentloop_stage(self, key: str, weights: Staged) -> None:
+        state = self._agentloop()
+        if key in state.jobs:  # a job the adapter gave up on (forgot) while it ran stages nothing
+            state.staged[key] = weights
+
     def agentloop_packed_modules(self) -> dict[str, list[str]]:
         """The model's fused parameters, e.g. ``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}`` (a class
         attribute vLLM models declare for LoRA and quantization; models without fused layers have none)."""
@@ -96,14 +101,13 @@ class AgentloopWorkerExtension:
     def agentloop_read_checkpoint(self, key: str, plan: CheckpointPlan) -> None:
         """Start reading the checkpoint ``plan`` names (checked by the adapter from its headers); the job's
         result is the bytes read."""
-        staged = self._agentloop().staged
 
         def read() -> int:
             tensors: Staged = []
             for file, names in plan:
                 with safe_open(file, framework="pt") as checkpoint:  # memory-mapped: read once, from the page cache
                     tensors += [(target, checkpoint.get_tensor(name)) for name, target in names]
-            staged[key] = tensors
+            self._agentloop_stage(key, tensors)
             return sum(t.numel() * t.element_size() for _, t in tensors)
 
         self._agentloop_start(key, read)
@@ -135,7 +139,7 @@ class AgentloopWorkerExtension:
             flat = member.vote_and_receive(layout, agree)
             if flat is None:
                 return False
-            state.staged[key] = [(target, view) for target, (_, view) in zip(targets, layout.views(flat))]
+            self._agentloop_stage(key, [(target, view) for target, (_, view) in zip(targets, layout.views(flat))])
             return True
 
         self._agentloop_start(key, receive)
