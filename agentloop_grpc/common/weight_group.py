@@ -67,11 +67,12 @@ class _Group:
             raise WeightGroupError(f"a collective of the weight group at {self.address} failed: {error}") from error
 
     def close(self) -> None:
-        """Leave the group (idempotent)."""
+        """Leave the group (idempotent). Returns at once: a collective still waiting on another thread ends with an
+        error at the group's timeout (gloo cannot interrupt it), and the peers see this rank gone."""
         group, self._group = self._group, None
         if group is not None:
             with contextlib.suppress(RuntimeError):  # a peer already gone: nothing left to release with it
-                group.shutdown()
+                group.abort()
 
 
 class WeightGroupMember(_Group):

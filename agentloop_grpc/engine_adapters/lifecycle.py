@@ -347,7 +347,13 @@ class EngineLifecycle:
             raise InvalidRequestError(f"group_name {quote(group)} is not a weight group this server joined")
         async with self._weights:
             version = self._next_version(weight_version)
-            await self.adapter.receive_weights(group, layout, version, flush_cache, self._update_refusal(version))
+            refusal = self._update_refusal(version)
+            try:
+                await self.adapter.receive_weights(group, layout, version, flush_cache, refusal)
+            except (asyncio.CancelledError, EngineUnavailableError) as error:
+                if error is not refusal:  # cut short or broken: a receive may still run; the trainer joins again
+                    await asyncio.shield(self.leave_weight_group(group))
+                raise
             self.weight_version = version
         return WeightUpdateResult(weight_version=version, tensors_updated=len(layout.specs))
 

@@ -150,3 +150,29 @@ async def test_bad_announcements_are_refused_before_anything_moves(engine: Contr
         await engine.control.ReceiveWeights(engine_pb2.ReceiveWeightsRequest(**fields), timeout=30)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in refused.value.details()
     await engine.control.LeaveWeightGroup(engine_pb2.LeaveWeightGroupRequest(group_name="never-joined"), timeout=10)
+
+
+async def test_a_broadcast_cut_short_leaves_the_group_and_the_server_serving(engine: ContractTarget) -> None:
+    tensor = engine.sample_tensor
+    before = (await engine.info()).weight_version
+    leader = Leader(engine)
+    await leader.__aenter__()
+    announced = [engine_pb2.TensorSpec(name=tensor.name, dtype=tensor.dtype, shape=tensor.shape)]
+    receiving = asyncio.ensure_future(engine.control.ReceiveWeights(engine_pb2.ReceiveWeightsRequest(
+        group_name=leader.name, tensors=announced, bucket_bytes=BUCKET,
+    ), timeout=120))
+    assert await asyncio.to_thread(leader.leader.vote, True)
+    await asyncio.to_thread(leader.leader.close)  # the trainer goes away before sending a byte
+    with pytest.raises(grpc.aio.AioRpcError) as cut:
+        await receiving
+    assert cut.value.code() == grpc.StatusCode.UNAVAILABLE and "join the group again" in cut.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as gone:  # the server left the broken group
+        await engine.control.ReceiveWeights(engine_pb2.ReceiveWeightsRequest(
+            group_name=leader.name, tensors=announced, bucket_bytes=BUCKET,
+        ), timeout=30)
+    assert gone.value.code() == grpc.StatusCode.INVALID_ARGUMENT and leader.name in gone.value.details()
+    assert (await engine.info()).weight_version == before
+    result = await collect(engine, request(engine, max_new_tokens=2, ignore_eos=True))
+    assert result.complete.completion_tokens == 2
+    async with Leader(engine) as again:  # and joins a new group as before
+        assert (await again.push([tensor])).weight_version == before + 1
