@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +41,7 @@ class _WeightState:
 
     def __init__(self) -> None:
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentloop-weights")
+        self.lock = threading.Lock()  # a job may finish before submit() returns: it stages under this lock
         self.jobs: dict[str, Future] = {}
         self.groups: dict[str, WeightGroupMember] = {}
         self.staged: dict[str, Staged] = {}
@@ -57,12 +59,14 @@ class AgentloopWorkerExtension:
         state = self._agentloop()
         if key in state.jobs:
             raise RuntimeError(f"a weight job {key!r} is already under way")
-        state.jobs[key] = state.pool.submit(job)
+        with state.lock:
+            state.jobs[key] = state.pool.submit(job)
 
     def _agentloop_stage(self, key: str, weights: Staged) -> None:
         state = self._agentloop()
-        if key in state.jobs:  # a job the adapter gave up on (forgot) while it ran stages nothing
-            state.staged[key] = weights
+        with state.lock:
+            if key in state.jobs:  # a job the adapter gave up on (forgot) while it ran stages nothing
+                state.staged[key] = weights
 
     def agentloop_packed_modules(self) -> dict[str, list[str]]:
         """The model's fused parameters, e.g. ``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}`` (a class
@@ -89,8 +93,9 @@ class AgentloopWorkerExtension:
     def agentloop_forget(self, key: str) -> None:
         """Drop the job ``key`` and what it staged (after apply, or when the update was given up)."""
         state = self._agentloop()
-        state.jobs.pop(key, None)
-        state.staged.pop(key, None)
+        with state.lock:
+            state.jobs.pop(key, None)
+            state.staged.pop(key, None)
 
     # -- staging ---------------------------------------------------------------------------------------------
 
@@ -154,8 +159,9 @@ class AgentloopWorkerExtension:
     def agentloop_apply(self, key: str) -> int:
         """Load the update staged under ``key`` into the model; return how many tensors it named."""
         state = self._agentloop()
-        weights = state.staged.pop(key)
-        state.jobs.pop(key, None)
+        with state.lock:
+            weights = state.staged.pop(key)
+            state.jobs.pop(key, None)
         if state.fused is None:
             config = self.model_config  # type: ignore[attr-defined]
             state.fused = FusedLayers(Path(config.model), config.dtype, self.agentloop_packed_modules())
