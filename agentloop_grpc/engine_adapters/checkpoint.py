@@ -48,16 +48,22 @@ def read_checkpoint(path: str) -> tuple[list[NamedTensor], int]:
     return list(tensors.values()), sum(len(t.data) for t in tensors.values())
 
 
-def checkpoint_specs(path: str) -> tuple[list[TensorSpec], int]:
-    """``read_checkpoint`` without the bytes: each tensor's name, dtype and shape (from the headers, checked the
-    same way) and their bytes in all, for engines that load the files themselves."""
-    specs: dict[str, TensorSpec] = {}
+def checkpoint_entries(path: str) -> list[tuple[Path, TensorSpec]]:
+    """``read_checkpoint`` without the bytes: each tensor's file, name, dtype and shape, from the headers checked the
+    same way, for engines that load the files themselves."""
+    entries: dict[str, tuple[Path, TensorSpec]] = {}
     for file in checkpoint_files(path):
         for tensor in _read_file(file, with_data=False):
-            if tensor.name in specs:
+            if tensor.name in entries:
                 raise InvalidRequestError(f"tensor {tensor.name!r} is in more than one file under {path!r}")
-            specs[tensor.name] = TensorSpec(tensor.name, tensor.dtype, tensor.shape)
-    return list(specs.values()), sum(spec.nbytes for spec in specs.values())
+            entries[tensor.name] = file, TensorSpec(tensor.name, tensor.dtype, tensor.shape)
+    return list(entries.values())
+
+
+def checkpoint_specs(path: str) -> tuple[list[TensorSpec], int]:
+    """The checkpoint's tensors (``checkpoint_entries``) and their bytes in all."""
+    specs = [spec for _file, spec in checkpoint_entries(path)]
+    return specs, sum(spec.nbytes for spec in specs)
 
 
 def _read_file(file: Path, with_data: bool) -> list[NamedTensor]:

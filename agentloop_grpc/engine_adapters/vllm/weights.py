@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 
 from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.safetensors_format import SAFETENSORS_DTYPES
 from agentloop_grpc.common.types import NamedTensor
 
-from ..checkpoint import checkpoint_files
+from ..checkpoint import checkpoint_entries
 
 _FLOATING = {"float32", "float16", "bfloat16", "float64"}
 _ITEM_BYTES = {name: size for name, size in SAFETENSORS_DTYPES.values()}
@@ -113,27 +113,12 @@ class CheckpointWeights:
     def check_checkpoint(self, path: str) -> tuple[CheckpointPlan, int, int]:
         """Check the checkpoint at ``path`` from its headers alone; return what the engine process reads, the
         tensor count and their bytes. InvalidRequestError names the path or the first bad tensor."""
-        entries: list[tuple[str, str, str, tuple[int, ...]]] = []  # (file, name, dtype, shape)
-        for file in checkpoint_files(path):
-            try:
-                with safe_open(str(file), framework="pt") as checkpoint:
-                    for name in checkpoint.keys():
-                        piece = checkpoint.get_slice(name)
-                        entries.append((str(file), name, _dtype_name(piece.get_dtype()), tuple(piece.get_shape())))
-            except SafetensorError as error:
-                raise InvalidRequestError(f"{file} is not a safetensors file: {error}") from error
-        seen: set[str] = set()
-        for _, name, _, _ in entries:
-            if name in seen:
-                raise InvalidRequestError(f"tensor {name!r} is in more than one file under {path!r}")
-            seen.add(name)
-        targets = self.check((name, dtype, shape) for _, name, dtype, shape in entries)
+        entries = checkpoint_entries(path)
+        targets = self.check((spec.name, spec.dtype, spec.shape) for _, spec in entries)
         plan: dict[str, list[tuple[str, str]]] = {}
-        for (file, name, _, _), target in zip(entries, targets):
-            plan.setdefault(file, []).append((name, target))
-        read = sum(math.prod(shape) * _ITEM_BYTES[dtype] for _, _, dtype, shape in entries)
-        return list(plan.items()), len(entries), read
-
+        for (file, spec), target in zip(entries, targets):
+            plan.setdefault(str(file), []).append((spec.name, target))
+        return list(plan.items()), len(entries), sum(spec.nbytes for _, spec in entries)
 
 class FusedLayers:
     """Runs in the engine process: the current value of every tensor that shares a fused vLLM parameter.
