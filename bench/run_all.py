@@ -31,8 +31,9 @@ BENCHMARKS = {
                           "transformers generate, tokens/s at 1, 8, 32 concurrent"),
     "prefix_cache": ("prefix_cache.py", "embedded engine with its prefix cache on vs off, multi-turn sessions"),
     "affinity": ("affinity.py", "2 embedded servers, sticky Router vs round-robin: prefix-cache hit share, wall time"),
-    "weight_sync": ("weight_sync.py", "SmolLM2-135M's weights (fp32) to 2 embedded servers by stream and by path "
-                    "(mid-rollout: pause, transfer, resume) vs one in-memory copy of the same bytes"),
+    "weight_sync": ("weight_sync.py", "SmolLM2-135M's weights (fp32) to 2 embedded servers by stream, path and "
+                    "collective (mid-rollout: pause, transfer, resume) vs one in-memory copy of the same bytes; "
+                    "then one collective update to 32 running generations, staged vs paused around it"),
     "async_rollout": ("async_rollout.py", "256 tool-loop trajectories: async vs lockstep vs the critical-path "
                       "bound; 10,000 concurrent trajectories in one worker"),
 }
