@@ -253,6 +253,7 @@ class Fleet:
 
     def _report_versions(self, result: FanOutResult) -> None:
         """Record the weight versions in the answers of a fan-out (GetServerInfo, UpdateWeights, LoadWeights)."""
-        for address, response in result.responses.items():
-            if address in self._endpoints:
-                self._versions.report(address, response.weight_version)
+        self._versions.report_all({
+            address: response.weight_version for address, response in result.responses.items()
+            if address in self._endpoints
+        })

@@ -11,6 +11,7 @@ are left to finish.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from .metrics import RouterMetrics
 
@@ -32,11 +33,18 @@ class WeightVersions:
 
     def report(self, address: str, version: int) -> None:
         """``address`` serves weight ``version`` now."""
-        if self._versions.get(address) == version:
+        self.report_all({address: version})
+
+    def report_all(self, versions: Mapping[str, int]) -> None:
+        """Several servers' versions, answered together (one fan-out): recorded before anyone is held out, so
+        the servers a push brought to a new version are never held out for each other."""
+        changed = {a: v for a, v in versions.items() if self._versions.get(a) != v}
+        if not changed:
             return
-        self._versions[address] = version
-        self._metrics.server_weight_version.labels(address).set(version)
-        self._raise_expected(version)
+        for address, version in changed.items():
+            self._versions[address] = version
+            self._metrics.server_weight_version.labels(address).set(version)
+        self._raise_expected(max(changed.values()))
         self._hold_out()
 
     def advance(self, address: str, version: int) -> None:

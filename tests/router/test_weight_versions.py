@@ -116,3 +116,13 @@ async def test_an_update_during_generations_holds_no_server_out() -> None:
         assert {r.weight_versions[-1] for r in results} == {1}  # every one of them switched mid-way
         assert not router.fleet.held_out and router.fleet.weight_version == 1
         assert set(await _servers_of(router, 16, "after")) == {address(s) for s in servers}
+
+
+async def test_servers_a_push_updated_together_are_never_held_out_for_each_other(caplog) -> None:
+    tensor = NamedTensor("w", "float32", (1,), b"\0\0\0\0")
+    async with fake_servers(2) as servers, Router([address(s) for s in servers], FAST) as router:
+        await router.fleet.wait_ready(2)
+        with caplog.at_level(logging.WARNING, logger="agentloop_grpc.router.versions"):
+            (await router.fleet.update_weights([tensor], 1)).raise_for_errors()
+        assert router.fleet.weight_version == 1 and not router.fleet.held_out
+        assert not [r for r in caplog.records if "held out" in r.getMessage()]  # the first answer held out the other
