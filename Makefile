@@ -11,7 +11,7 @@ BREAKING_AGAINST ?= HEAD~1
 
 .PHONY: setup sandbox protos protos-python protos-lint protos-breaking demo train test test-python test-node test-faults bench clean
 
-setup: $(VENV)/.installed $(VENV)/.vllm-installed $(NODE_DIR)/node_modules/.installed sandbox
+setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(NODE_DIR)/node_modules/.installed sandbox
 
 ## sandbox: bubblewrap isolates the python tool (installed from Debian's packages when we may)
 sandbox:
@@ -41,6 +41,20 @@ $(VENV)/.vllm-installed: $(VENV)/.installed
 		$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec; \
 	fi
 	$(PY) -c 'import vllm, google.protobuf, grpc'
+	touch $@
+
+# verl for its agent loops on our engines (the `verl` extra): verl 0.9.1 caps transformers below 5.11, which our pins
+# exceed, so its needed dependencies come from the extra with every installed version held (a constraints file of
+# the venv) and verl itself without its dependency list.
+VERL_VERSION := 0.9.1
+$(VENV)/.verl-installed: $(VENV)/.vllm-installed
+	@if [ "$$($(PY) -c 'import importlib.metadata as m; print(m.version("verl"))' 2>/dev/null)" != "$(VERL_VERSION)" ]; then \
+		echo "installing verl==$(VERL_VERSION)"; \
+		$(PY) -m pip freeze --exclude-editable | grep -v ' @ ' > $(VENV)/constraints.txt && \
+		$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e '.[verl]' && \
+		$(PY) -m pip install --quiet --no-deps 'verl==$(VERL_VERSION)'; \
+	fi
+	$(PY) -c 'import verl.workers.rollout.llm_server, verl.experimental.agent_loop'
 	touch $@
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
