@@ -1,0 +1,84 @@
+"""Our trajectories as verl's agent-loop DataProto, and verl's own GRPO advantage and PPO policy loss on it (verl
+0.9.1 running for real): every field verl's trainer reads is there, and the masks cover exactly the model tokens."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
+
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn  # noqa: E402
+
+from agentloop_grpc.agent import Sample  # noqa: E402
+from agentloop_grpc.agent.spec import load_codec  # noqa: E402
+from agentloop_grpc.integrations.verl.batch import TENSORS, to_dataproto  # noqa: E402
+
+from ..agent.conftest import call, loop_context  # noqa: E402
+
+QUESTION = ({"role": "user", "content": "What is 2 + 3?"},)
+
+
+async def _trajectories():
+    codec = load_codec(None)
+    replies = [call("calculator", expression="2+3"), "The answer is 5."]
+    async with loop_context(codec, replies) as (_ctx, loops, _script):
+        runs = [await loops.get("tool").run(Sample(sample_id=f"q{g}/{i}", group_id=f"q{g}", messages=QUESTION,
+                                                   tools=("calculator",)))
+                for g in range(2) for i in range(2)]
+        single = await loops.get("single_turn").run(Sample(sample_id="q2/0", group_id="q2", messages=QUESTION))
+    # rewards are inputs here: one right and one wrong answer per tool group, so GRPO has something to compare
+    rewards = [1.0, 0.0, 0.0, 1.0]
+    return [dataclasses.replace(t, reward=r) for t, r in zip(runs, rewards)] + [single], codec
+
+
+async def test_trajectories_become_the_dataproto_verls_trainer_reads() -> None:
+    trajectories, codec = await _trajectories()
+    data = to_dataproto(trajectories, pad_token_id=codec.tokenizer.pad_token_id or 0)
+    assert set(TENSORS) <= set(data.batch.keys()) and len(data) == len(trajectories)
+    p, r = data.batch["prompts"].size(1), data.batch["responses"].size(1)
+    assert data.batch["input_ids"].shape == (len(trajectories), p + r)
+    for i, t in enumerate(trajectories):
+        n = len(t.response_ids)
+        assert data.batch["response_mask"][i, :n].tolist() == list(t.response_mask)  # model tokens, exactly
+        assert not data.batch["response_mask"][i, n:].any()
+        assert data.batch["responses"][i, :n].tolist() == list(t.response_ids)
+        assert data.batch["prompts"][i, p - len(t.prompt_ids):].tolist() == list(t.prompt_ids)
+        assert data.batch["rollout_log_probs"][i, :n].tolist() == pytest.approx(list(t.response_logprobs))
+        assert data.batch["rm_scores"][i].sum().item() == t.reward
+        assert data.batch["rm_scores"][i, n - 1].item() == t.reward  # on the last response token, as verl's loops
+    assert list(data.non_tensor_batch["uid"]) == ["q0", "q0", "q1", "q1", "q2"]
+    assert list(data.non_tensor_batch["__num_turns__"]) == [3, 3, 3, 3, 2]  # verl counts the prompt too
+    for key in ("turn_scores", "tool_rewards", "min_global_steps", "max_global_steps", "extras"):
+        assert len(data.non_tensor_batch[key]) == len(trajectories)
+    assert len(data.meta_info["metrics"]) == len(trajectories)
+    assert 0 in set(data.batch["response_mask"][0].tolist())  # a tool response lies inside the tool trajectory
+
+
+async def test_verls_grpo_advantage_and_policy_loss_run_on_it() -> None:
+    trajectories, codec = await _trajectories()
+    data = to_dataproto(trajectories, pad_token_id=codec.tokenizer.pad_token_id or 0)
+    mask = data.batch["response_mask"]
+    advantages, returns = compute_grpo_outcome_advantage(
+        token_level_rewards=data.batch["rm_scores"], response_mask=mask, index=data.non_tensor_batch["uid"],
+    )
+    assert not advantages[mask == 0].any()  # nothing is credited to tool or padding tokens
+    per_trajectory = [advantages[i][mask[i] == 1].unique().tolist() for i in range(len(data))]
+    assert per_trajectory[0][0] > 0 > per_trajectory[1][0]  # within q0: the rewarded one is pushed up
+    assert per_trajectory[0][0] == pytest.approx(-per_trajectory[1][0])
+    assert per_trajectory[4] == [0.0]  # a group of one has nothing to compare with
+    actor = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
+                              "loss_agg_mode": "token-mean", "policy_loss": {"loss_mode": "vanilla"},
+                              "global_batch_info": {"dp_size": 1, "batch_num_tokens": int(mask.sum()),
+                                                    "global_batch_size": len(data)}})
+    old = data.batch["rollout_log_probs"]
+    loss, metrics = get_policy_loss_fn("vanilla")(
+        old_log_prob=old, log_prob=old + 0.01 * mask, advantages=advantages, response_mask=mask,
+        loss_agg_mode="token-mean", config=actor,
+    )
+    assert torch.isfinite(loss) and np.isfinite(float(loss))
+    assert isinstance(metrics, dict)
