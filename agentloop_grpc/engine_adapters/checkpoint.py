@@ -66,19 +66,30 @@ def checkpoint_specs(path: str) -> tuple[list[TensorSpec], int]:
     return specs, sum(spec.nbytes for spec in specs)
 
 
+def read_header(file: Path) -> dict[str, dict]:
+    """The tensor entries (name -> dtype, shape, byte range) of a safetensors file's header, checked as
+    ``read_checkpoint`` checks it; no tensor byte is read."""
+    with _mapped(file) as mapped:
+        header, _start = _header(file, mapped)
+    return {name: entry for name, entry in header.items() if name != "__metadata__"}
+
+
 def _read_file(file: Path, with_data: bool) -> list[NamedTensor]:
     """The file's tensors (empty ``data`` unless ``with_data``: mapping reads no bytes until they are sliced)."""
-    with file.open("rb") as handle:
-        try:
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError as error:  # an empty file cannot be mapped
-            raise InvalidRequestError(f"{file} is not a safetensors file: {error}") from error
-    with mapped:
+    with _mapped(file) as mapped:
         header, start = _header(file, mapped)
         return [
             _tensor(file, mapped, start, name, entry, with_data) for name, entry in header.items()
             if name != "__metadata__"
         ]
+
+
+def _mapped(file: Path) -> mmap.mmap:
+    with file.open("rb") as handle:
+        try:
+            return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError as error:  # an empty file cannot be mapped
+            raise InvalidRequestError(f"{file} is not a safetensors file: {error}") from error
 
 
 def _header(file: Path, mapped: mmap.mmap) -> tuple[dict, int]:
@@ -103,7 +114,8 @@ def _tensor(file: Path, mapped: mmap.mmap, start: int, name: str, entry, with_da
         begin, end = (int(o) for o in entry["data_offsets"])
     except (KeyError, TypeError, ValueError) as error:
         raise InvalidRequestError(f"tensor {name!r} in {file}: unsupported or malformed entry {entry!r}") from error
-    if begin < 0 or any(d < 0 for d in shape) or end - begin != math.prod(shape) * itemsize or start + end > len(mapped):
+    fits = begin >= 0 and all(d >= 0 for d in shape) and end - begin == math.prod(shape) * itemsize
+    if not fits or start + end > len(mapped):
         raise InvalidRequestError(f"tensor {name!r} in {file}: bytes [{begin}, {end}) do not hold shape {list(shape)}")
     data = mapped[start + begin : start + end] if with_data else b""
     return NamedTensor(name=name, dtype=dtype, shape=shape, data=data)

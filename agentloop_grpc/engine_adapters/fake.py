@@ -110,7 +110,6 @@ class FakeEngine:
         self._prompt_tokens_seen = 0
         self._prompt_tokens_cached = 0
         self._groups = LocalWeightGroups()
-        self.received: list[NamedTensor] = []  # the last update received over a weight group (the fake has no model)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -329,11 +328,7 @@ class FakeEngine:
     async def receive_weights(
         self, group: str, layout: BucketLayout, weight_version: int, flush_cache: bool, refusal: EngineError | None
     ) -> None:
-        flat = await self._groups.receive(group, layout, refusal)
-        self.received = [
-            NamedTensor(spec.name, spec.dtype, spec.shape, flat[offset : offset + spec.nbytes].numpy().tobytes())
-            for spec, offset in zip(layout.specs, layout.offsets)
-        ]
+        await self._groups.receive(group, layout, refusal)  # the bytes really move; the fake has no model to load
         if flush_cache:
             await self.flush_cache()
 

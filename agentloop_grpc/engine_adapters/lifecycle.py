@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from agentloop_grpc.common.errors import (
     DuplicateRequestError,
@@ -36,6 +37,7 @@ from .validation import quote
 
 #: What each Sleep level releases.
 SLEEP_LEVELS = {1: frozenset({Resource.KV_CACHE}), 2: frozenset({Resource.KV_CACHE, Resource.WEIGHTS})}
+T = TypeVar("T")
 _NOT_SERVING = {EngineState.LOADING: "loading", EngineState.SLEEPING: "asleep", EngineState.DRAINING: "draining"}
 
 
@@ -277,18 +279,37 @@ class EngineLifecycle:
     ) -> WeightUpdateResult:
         """Apply ``tensors`` as ``weight_version`` (None: the current one + 1). Nothing needs to be paused: an
         adapter swaps the weights in between its steps, and tokens after the swap carry the new version."""
-        self._loaded()
-        async with self._weights:
-            version = self._next_version(weight_version)
-            refusal = self._update_refusal(version)
-            if refusal is not None:
-                raise refusal
-            await self.adapter.update_weights(tensors, version, flush_cache)
-            self.weight_version = version
+        version, _ = await self._apply_update(
+            weight_version, lambda version, _refusal: self.adapter.update_weights(tensors, version, flush_cache)
+        )
         return WeightUpdateResult(weight_version=version, tensors_updated=len(tensors))
 
-    def _next_version(self, requested: int | None) -> int:
-        return self.weight_version + 1 if requested is None else requested
+    async def load_weights(
+        self, path: str, weight_version: int | None, flush_cache: bool
+    ) -> tuple[WeightUpdateResult, int]:
+        """``update_weights`` with the tensors of the safetensors checkpoint at ``path``, read by the engine (its
+        own loader where it has one); also the bytes read."""
+        version, (updated, read) = await self._apply_update(
+            weight_version, lambda version, _refusal: self.adapter.load_weights(path, version, flush_cache)
+        )
+        return WeightUpdateResult(weight_version=version, tensors_updated=updated), read
+
+    async def _apply_update(
+        self, requested: int | None, apply: Callable[[int, EngineError | None], Awaitable[T]], vote: bool = False
+    ) -> tuple[int, T]:
+        """The rules every weight update follows, once: loaded weights, one update (or Sleep, WakeUp) at a time,
+        a version above the current one (None: the current + 1), the version set only once ``apply(version,
+        refusal)`` succeeded. A refusal is raised before ``apply`` unless ``vote``: then ``apply`` gets it (a weight
+        group votes on it, and the adapter raises it)."""
+        self._loaded()
+        async with self._weights:
+            version = self.weight_version + 1 if requested is None else requested
+            refusal = self._update_refusal(version)
+            if refusal is not None and not vote:
+                raise refusal
+            result = await apply(version, refusal)
+            self.weight_version = version
+        return version, result
 
     def _update_refusal(self, version: int) -> EngineError | None:
         """Why an update to ``version`` cannot be applied now; None if it can."""
@@ -299,21 +320,6 @@ class EngineLifecycle:
         if Resource.WEIGHTS in self._released:
             return EngineUnavailableError("the weights are released (asleep); WakeUp with WAKE_UP_TAG_WEIGHTS first")
         return None
-
-    async def load_weights(
-        self, path: str, weight_version: int | None, flush_cache: bool
-    ) -> tuple[WeightUpdateResult, int]:
-        """``update_weights`` with the tensors of the safetensors checkpoint at ``path``, read by the engine (its
-        own loader where it has one); also the bytes read."""
-        self._loaded()
-        async with self._weights:
-            version = self._next_version(weight_version)
-            refusal = self._update_refusal(version)
-            if refusal is not None:
-                raise refusal
-            updated, read = await self.adapter.load_weights(path, version, flush_cache)
-            self.weight_version = version
-        return WeightUpdateResult(weight_version=version, tensors_updated=updated), read
 
     # -- weight-transfer groups ------------------------------------------------------------------------------
 
@@ -345,16 +351,16 @@ class EngineLifecycle:
         self._loaded()
         if group not in self._groups:
             raise InvalidRequestError(f"group_name {quote(group)} is not a weight group this server joined")
-        async with self._weights:
-            version = self._next_version(weight_version)
-            refusal = self._update_refusal(version)
+
+        async def receive(version: int, refusal: EngineError | None) -> None:
             try:
                 await self.adapter.receive_weights(group, layout, version, flush_cache, refusal)
             except (asyncio.CancelledError, EngineUnavailableError) as error:
                 if error is not refusal:  # cut short or broken: a receive may still run; the trainer joins again
                     await asyncio.shield(self.leave_weight_group(group))
                 raise
-            self.weight_version = version
+
+        version, _ = await self._apply_update(weight_version, receive, vote=True)
         return WeightUpdateResult(weight_version=version, tensors_updated=len(layout.specs))
 
     async def leave_weight_group(self, group: str) -> None:

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 #: What a caller of an engine server can do (said when it listens beyond loopback without a token).
 ENGINE_EXPOSES = ("generate, pause or abort everyone's generations (Pause, Abort all), replace the policy "
-                  "(UpdateWeights, LoadWeights: a file the server reads), and Sleep, WakeUp or FlushCache the engine")
+                  "(UpdateWeights, LoadWeights: a file the server reads, JoinWeightGroup + ReceiveWeights: bytes "
+                  "from an address the caller names), and Sleep, WakeUp or FlushCache the engine")
 
 
 # After aborting at the drain deadline, how long the aborted streams get to deliver their final message.

@@ -1,8 +1,8 @@
 """Atomic weight updates and the weights' release during Sleep level 2.
 
 ``stage`` validates every received tensor against the live parameters (name, dtype, shape) and builds the new
-tensors before anything is touched; ``apply`` then swaps them in (pointers, not bytes) and cannot fail half-way. Tied parameters are
-addressable under each of their names (e.g. ``lm_head.weight`` and ``model.embed_tokens.weight``).
+tensors before anything is touched; ``apply`` then swaps them in (pointers, not bytes) and cannot fail half-way.
+Tied parameters are addressable under each of their names (e.g. ``lm_head.weight`` and ``model.embed_tokens.weight``).
 
 ``WeightOffload`` frees the parameters' memory for Sleep level 2: the current values (including any update
 received since loading) are written to a safetensors file in the cache folder and every parameter is replaced

@@ -12,9 +12,7 @@ qkv_proj, gate/up -> gate_up_proj) in the engine process, where ``FusedLayers`` 
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,7 @@ from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.safetensors_format import SAFETENSORS_DTYPES
 from agentloop_grpc.common.types import NamedTensor
 
-from ..checkpoint import checkpoint_entries
+from ..checkpoint import checkpoint_entries, read_header
 
 _FLOATING = {"float32", "float16", "bfloat16", "float64"}
 _ITEM_BYTES = {name: size for name, size in SAFETENSORS_DTYPES.values()}
@@ -44,12 +42,6 @@ class ParameterSpec:
     shape: tuple[int, ...]
 
 
-def _header(path: Path) -> dict:
-    with path.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        return json.loads(handle.read(length))
-
-
 def _dtype_name(code: str) -> str:
     return SAFETENSORS_DTYPES[code][0] if code in SAFETENSORS_DTYPES else code.lower()
 
@@ -59,8 +51,7 @@ def checkpoint_tensor_files(folder: Path) -> dict[str, Path]:
     return {
         name: path
         for path in sorted(folder.glob("*.safetensors"))
-        for name in _header(path)
-        if name != "__metadata__"
+        for name in read_header(path)
     }
 
 
@@ -72,9 +63,7 @@ class CheckpointWeights:
         self.tied_embeddings = tied_embeddings
         self.specs: dict[str, ParameterSpec] = {}
         for path in sorted(folder.glob("*.safetensors")):
-            for name, entry in _header(path).items():
-                if name == "__metadata__":
-                    continue
+            for name, entry in read_header(path).items():
                 dtype = _dtype_name(entry["dtype"])
                 self.specs[name] = ParameterSpec(served_dtype if dtype in _FLOATING else dtype, tuple(entry["shape"]))
         if tied_embeddings:
