@@ -6,6 +6,10 @@
         kwargs: {wall_timeout_s: 10}
     limits: {max_instances: 1024, max_concurrent_executions: 64, instance_ttl_s: 600, function_timeout_s: 10}
 
+verl's tool YAML is accepted as it is: an entry with ``class_name`` (``pkg.module.Class``, a verl ``BaseTool``),
+``config`` and ``tool_schema`` becomes a class tool of verl's adapter (``VERL_ADAPTER``, imported only when such a
+file is served), so a verl tool runs in this server's process like ours. Both kinds may share one file.
+
 Tools are built once at start-up by ``build_tools`` into a dict by name (an explicit object: no global
 registry); a name collision or an import failure is a start-up error.
 """
@@ -17,9 +21,24 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .tool import FunctionTool, Tool
+
+#: The adapter that hosts a verl tool (the verl integration's; named, not imported: this package needs no verl).
+VERL_ADAPTER = "agentloop_grpc.integrations.verl.tools:VerlTool"
+_VERL_KEYS = ("class_name", "config", "tool_schema")
+
+
+def _from_verl(entry: Any) -> Any:
+    """A verl tool entry as one of ours (other entries unchanged); ValueError names a key verl does not have."""
+    if not isinstance(entry, dict) or "class_name" not in entry:
+        return entry
+    unknown = sorted(set(entry) - set(_VERL_KEYS))
+    if unknown:
+        raise ValueError(f"verl tool entry {entry['class_name']!r}: unknown keys {unknown} (verl's are "
+                         f"{list(_VERL_KEYS)})")
+    return {"class": VERL_ADAPTER, "kwargs": {key: entry[key] for key in _VERL_KEYS if entry.get(key) is not None}}
 
 
 class ToolEntry(BaseModel):
@@ -66,6 +85,11 @@ class ToolServerConfig(BaseModel):
 
     tools: list[ToolEntry] = Field(min_length=1)
     limits: ToolLimits = Field(default_factory=ToolLimits)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _verl_entries(cls, tools: Any) -> Any:
+        return [_from_verl(entry) for entry in tools] if isinstance(tools, list) else tools
 
 
 def _import(reference: str) -> Any:

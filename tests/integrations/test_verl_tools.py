@@ -1,0 +1,132 @@
+"""verl's tool YAML (``class_name`` + ``config`` + ``tool_schema``) served by our tool server (verl 0.9.1 running for
+real): a verl BaseTool runs out of process in ``agentloop tools serve``, reached over agentloop.v1 with its
+per-trajectory lifecycle (create with ``create_kwargs``, execute, calc_reward, release)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import pytest
+
+pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
+
+import yaml  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
+from verl.tools.base_tool import BaseTool  # noqa: E402
+from verl.tools.schemas import ToolResponse  # noqa: E402
+
+from agentloop_grpc.tools.client import GrpcToolClient  # noqa: E402
+from agentloop_grpc.tools.config import VERL_ADAPTER, ToolServerConfig, build_tools, load_config  # noqa: E402
+from agentloop_grpc.tools.result import ToolErrorKind  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class AnswerTool(BaseTool):
+    """A verl tool in the shape of verl's gsm8k tool: the ground truth comes with create_kwargs, each call records
+    an answer, calc_reward scores the last one."""
+
+    def __init__(self, config: dict, tool_schema) -> None:
+        super().__init__(config, tool_schema)
+        self._answers: dict[str, dict[str, Any]] = {}
+
+    async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
+        instance_id = instance_id or str(uuid4())
+        truth = kwargs.get("create_kwargs", {}).get("ground_truth")
+        self._answers[instance_id] = {"truth": truth, "answer": None}
+        return instance_id, ToolResponse()
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
+        state = self._answers[instance_id]
+        state["answer"] = str(parameters["answer"]).strip()
+        reward = await self.calc_reward(instance_id)
+        penalty = 0.0 if reward else self.config.get("wrong_answer_penalty", 0.0)
+        return ToolResponse(text=f"answer={state['answer']} reward={reward}"), -penalty, {"reward": reward,
+                                                                                            "note": "text"}
+
+    async def calc_reward(self, instance_id: str, **kwargs) -> float:
+        state = self._answers[instance_id]
+        return 1.0 if state["answer"] is not None and state["answer"] == state["truth"] else 0.0
+
+    async def release(self, instance_id: str, **kwargs) -> None:
+        del self._answers[instance_id]
+
+
+#: verl's tool YAML, as verl's ``tool_config_path`` points to it.
+VERL_YAML = {
+    "tools": [{
+        "class_name": f"{__name__}.AnswerTool",
+        "config": {"type": "native", "wrong_answer_penalty": 0.5},
+        "tool_schema": {"type": "function", "function": {
+            "name": "submit_answer",
+            "description": "Submit the final answer to the question.",
+            "parameters": {"type": "object", "required": ["answer"], "properties": {
+                "answer": {"type": "string", "description": "The answer, a number.", "maxLength": 32}}},
+        }},
+    }],
+}
+
+
+def _write(tmp_path: Path, document: dict) -> Path:
+    path = tmp_path / "tools.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_a_verl_tool_yaml_loads_as_our_config_next_to_our_tools(tmp_path: Path) -> None:
+    mixed = {"tools": [*VERL_YAML["tools"], {"function": "agentloop_grpc.tools.builtin.calculator:calculator"}]}
+    config = load_config(_write(tmp_path, mixed))
+    verl_entry = config.tools[0]
+    assert verl_entry.class_ == VERL_ADAPTER
+    assert verl_entry.kwargs["class_name"] == f"{__name__}.AnswerTool"
+    tools = build_tools(config)
+    assert sorted(tools) == ["calculator", "submit_answer"]
+    spec = tools["submit_answer"].spec
+    assert spec.description == "Submit the final answer to the question."
+    assert spec.parameters["properties"]["answer"]["maxLength"] == 32  # the YAML's schema, not verl's trimmed copy
+
+
+def test_bad_verl_entries_are_refused_by_name() -> None:
+    entry = VERL_YAML["tools"][0]
+    with pytest.raises(ValidationError, match="unknown keys \\['kwargs'\\]"):
+        ToolServerConfig.model_validate({"tools": [{**entry, "kwargs": {}}]})
+    with pytest.raises(ValueError, match="config.type 'mcp' is not supported"):
+        build_tools(ToolServerConfig.model_validate({"tools": [{**entry, "config": {"type": "mcp"}}]}))
+    with pytest.raises(ValueError, match="not a subclass of verl.tools.base_tool.BaseTool"):
+        build_tools(ToolServerConfig.model_validate({"tools": [{**entry, "class_name": "json.JSONDecoder"}]}))
+
+
+async def test_a_verl_tool_runs_out_of_process_in_our_tool_server(tmp_path: Path) -> None:
+    path = _write(tmp_path, VERL_YAML)
+    server = subprocess.Popen([sys.executable, "-m", "agentloop_grpc.cli", "tools", "serve", "--config", str(path),
+                               "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    client = None
+    try:
+        line = ""
+        while "listening on" not in line:  # verl's BaseTool prints its schema first
+            line = server.stdout.readline()
+            assert line, "the tool server exited before listening"
+        client = GrpcToolClient(line.split("listening on ", 1)[1].split()[0], timeout_s=60)
+        [spec] = await client.list_tools()
+        assert spec.name == "submit_answer" and spec.parameters["required"] == ["answer"]
+        instance = await client.create_instance("submit_answer", "trajectory-1", {"ground_truth": "72"})
+        wrong = await client.execute(instance, json.dumps({"answer": "71"}))
+        assert (wrong.content, wrong.step_reward, wrong.is_error) == ("answer=71 reward=0.0", -0.5, False)
+        assert wrong.metrics["reward"] == 0.0 and "note" not in wrong.metrics  # numbers only cross the wire
+        assert (await client.calc_reward(instance)).reward == 0.0
+        right = await client.execute(instance, json.dumps({"answer": "72"}))
+        assert (right.content, right.step_reward) == ("answer=72 reward=1.0", 0.0)
+        assert (await client.calc_reward(instance)).reward == 1.0
+        refused = await client.execute(instance, json.dumps({"answer": 72}))  # the YAML's schema is enforced
+        assert refused.error_kind is ToolErrorKind.INVALID_ARGUMENTS
+        await client.release(instance)
+    finally:
+        if client is not None:
+            await client.close()
+        server.terminate()
+        server.communicate(timeout=60)
