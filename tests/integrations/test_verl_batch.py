@@ -14,9 +14,9 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn  # noqa: E402
 
-from agentloop_grpc.agent import Sample  # noqa: E402
+from agentloop_grpc.agent import Sample, Termination  # noqa: E402
 from agentloop_grpc.agent.spec import load_codec  # noqa: E402
-from agentloop_grpc.integrations.verl.batch import TENSORS, to_dataproto  # noqa: E402
+from agentloop_grpc.integrations.verl.batch import TENSORS, FailedTrajectoriesError, to_dataproto  # noqa: E402
 
 from ..agent.conftest import call, loop_context  # noqa: E402
 
@@ -52,10 +52,13 @@ async def test_trajectories_become_the_dataproto_verls_trainer_reads() -> None:
         assert data.batch["rm_scores"][i].sum().item() == t.reward
         assert data.batch["rm_scores"][i, n - 1].item() == t.reward  # on the last response token, as verl's loops
     assert list(data.non_tensor_batch["uid"]) == ["q0", "q0", "q1", "q1", "q2"]
-    assert list(data.non_tensor_batch["__num_turns__"]) == [3, 3, 3, 3, 2]  # verl counts the prompt too
+    # verl counts the prompt, each assistant turn and each turn of tool responses
+    assert list(data.non_tensor_batch["__num_turns__"]) == [4, 4, 4, 4, 2]
+    assert list(data.non_tensor_batch["tool_call_counts"]) == [1, 1, 1, 1, 0]
+    assert list(data.non_tensor_batch["multi_modal_inputs"]) == [{}] * len(trajectories)  # the trainer iterates it
     for key in ("turn_scores", "tool_rewards", "min_global_steps", "max_global_steps", "extras"):
         assert len(data.non_tensor_batch[key]) == len(trajectories)
-    assert len(data.meta_info["metrics"]) == len(trajectories)
+    assert len(data.meta_info["metrics"]) == len(trajectories) and data.meta_info["reward_extra_keys"] == []
     assert 0 in set(data.batch["response_mask"][0].tolist())  # a tool response lies inside the tool trajectory
 
 
@@ -82,3 +85,21 @@ async def test_verls_grpo_advantage_and_policy_loss_run_on_it() -> None:
     )
     assert torch.isfinite(loss) and np.isfinite(float(loss))
     assert isinstance(metrics, dict)
+
+
+async def test_input_columns_and_reward_extra_info_are_carried_and_failures_refused() -> None:
+    trajectories, codec = await _trajectories()
+    pad = codec.tokenizer.pad_token_id or 0
+    columns = {"data_source": np.array(["gsm8k"] * len(trajectories), dtype=object)}
+    extra = [{"acc": t.reward} for t in trajectories]
+    data = to_dataproto(trajectories, pad, columns=columns, reward_extra=extra)
+    assert list(data.non_tensor_batch["data_source"]) == ["gsm8k"] * len(trajectories)
+    assert list(data.non_tensor_batch["acc"]) == [t.reward for t in trajectories]
+    assert data.meta_info["reward_extra_keys"] == ["acc"]
+    with pytest.raises(ValueError, match="reward_extra\\[1\\] has keys"):
+        to_dataproto(trajectories, pad, reward_extra=[{"acc": 1.0}] + [{}] * (len(trajectories) - 1))
+    broken = dataclasses.replace(trajectories[1], termination=Termination.ERROR, error="engine gone",
+                                 infrastructure_failure=True)
+    with pytest.raises(FailedTrajectoriesError, match="1 of 5 trajectories failed.*q0/1: engine gone") as failed:
+        to_dataproto([trajectories[0], broken, *trajectories[2:]], pad)
+    assert failed.value.failures == (("q0/1", "engine gone"),)

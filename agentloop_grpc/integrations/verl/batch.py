@@ -3,15 +3,23 @@ manager's ``_postprocess`` returns), built on ``agent.to_batch``'s tensors.
 
 Tensors: ``prompts`` (left-padded), ``responses`` (right-padded), ``response_mask`` (1 on model tokens only),
 ``input_ids``, ``attention_mask``, ``position_ids``, ``rollout_log_probs`` (the engine's) and ``rm_scores`` (the
-trajectory's reward on its last response token, where verl's loops put it). Non-tensor: ``uid`` (the GRPO group),
-``__num_turns__`` (verl counts user and assistant turns plus the prompt), ``turn_scores``, ``tool_rewards``,
-``min_global_steps``/``max_global_steps`` (the weight versions of the model tokens), ``extras``, ``sample_id``.
-meta_info: ``metrics`` (per trajectory: seconds generating and in tools, failovers as ``num_preempted``).
+trajectory's reward on its last response token, where verl's loops put it). Non-tensor: the input batch's columns
+as they came (``columns``: verl's trainer unions the output with its batch, which needs them equal), ``uid`` (the
+GRPO group), ``__num_turns__`` (verl counts the prompt, each assistant turn and each tool or user turn),
+``multi_modal_inputs`` (empty per row for text: the trainer iterates it), ``tool_call_counts``, ``turn_scores``,
+``tool_rewards``, ``min_global_steps``/``max_global_steps`` (the weight versions of the model tokens), ``extras``,
+``sample_id``, and one column per reward extra-info key. meta_info: ``metrics`` (per trajectory: seconds
+generating, in tools and scoring, failovers as ``num_preempted``) and ``reward_extra_keys``.
+
+Every trajectory must have succeeded (``FailedTrajectoriesError`` names those that did not): verl's batch keeps one
+row per input row, and a failed row kept with a zero mask would still enter its GRPO group's mean and std with a
+reward it never earned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,18 +34,55 @@ TENSORS = ("prompts", "responses", "response_mask", "input_ids", "attention_mask
            "rollout_log_probs", "rm_scores")
 
 
+class FailedTrajectoriesError(RuntimeError):
+    """Some trajectories failed; ``failures`` holds (sample id, error) of each."""
+
+    def __init__(self, failures: Sequence[tuple[str, str]], total: int) -> None:
+        self.failures = tuple(failures)
+        listed = "; ".join(f"{sample_id}: {error}" for sample_id, error in self.failures[:8])
+        more = f" (and {len(self.failures) - 8} more)" if len(self.failures) > 8 else ""
+        super().__init__(f"{len(self.failures)} of {total} trajectories failed, and verl's batch needs one row per "
+                         f"input row: {listed}{more}")
+
+
 def _objects(values: Sequence) -> np.ndarray:
     array = np.empty(len(values), dtype=object)
     array[:] = list(values)
     return array
 
 
+def num_turns(trajectory: Trajectory) -> int:
+    """verl's count: the prompt, every assistant turn, every user turn and every turn of tool responses."""
+    messages = trajectory.messages
+    tool_turns = sum(1 for i in range(1, len(messages)) if messages[i].get("role") == "tool"
+                     and messages[i - 1].get("role") == "assistant" and messages[i - 1].get("tool_calls"))
+    return 1 + trajectory.assistant_turns + trajectory.user_turns + tool_turns
+
+
+def _reward_columns(reward_extra: Sequence[Mapping[str, Any]], rows: int) -> dict[str, np.ndarray]:
+    if len(reward_extra) != rows:
+        raise ValueError(f"reward_extra has {len(reward_extra)} entries for {rows} trajectories")
+    keys = list(reward_extra[0]) if reward_extra else []
+    for i, info in enumerate(reward_extra):
+        if sorted(info) != sorted(keys):
+            raise ValueError(f"reward_extra[{i}] has keys {sorted(info)}, the first has {sorted(keys)}: verl needs "
+                             "the same keys for every trajectory")
+    return {key: np.array([info[key] for info in reward_extra]) for key in keys}
+
+
 def to_dataproto(trajectories: Sequence[Trajectory], pad_token_id: int, prompt_length: int | None = None,
-                 response_length: int | None = None) -> DataProto:
-    """Failed trajectories are left out (never trained on: ``to_batch``)."""
+                 response_length: int | None = None, columns: Mapping[str, np.ndarray] | None = None,
+                 reward_extra: Sequence[Mapping[str, Any]] | None = None) -> DataProto:
+    """One row per trajectory, in their order. ``columns``: the input batch's non-tensor columns (one value per
+    trajectory), carried over; ``reward_extra``: per trajectory, the reward function's extra info."""
+    failed = [(t.sample_id, t.error or t.termination.value) for t in trajectories if t.failed]
+    if failed:
+        raise FailedTrajectoriesError(failed, len(trajectories))
+    for name, values in (columns or {}).items():
+        if len(values) != len(trajectories):
+            raise ValueError(f"column {name!r} has {len(values)} values for {len(trajectories)} trajectories")
     batch = to_batch(trajectories, pad_token_id, prompt_length, response_length)
-    kept = {t.sample_id: t for t in trajectories}
-    rows = [kept[sample_id] for sample_id in batch.sample_ids]
+    rows = list(trajectories)
     tensors = dict(batch.tensors)
     p = tensors["prompts"].size(1)
     last = (tensors["attention_mask"][:, p:].sum(dim=1) - 1).clamp(min=0)
@@ -45,20 +90,25 @@ def to_dataproto(trajectories: Sequence[Trajectory], pad_token_id: int, prompt_l
     rm_scores[torch.arange(len(rows)), last] = tensors["rewards"]
     tensors["rm_scores"] = rm_scores
     versions = [[v for v, m in zip(t.weight_versions, t.response_mask) if m] or [0] for t in rows]
+    extra_columns = _reward_columns(reward_extra, len(rows)) if reward_extra is not None else {}
     non_tensor = {
+        **(columns or {}),
         "uid": _objects([t.group_id or t.sample_id for t in rows]),
         "sample_id": _objects([t.sample_id for t in rows]),
-        "__num_turns__": np.array([t.user_turns + t.assistant_turns + 1 for t in rows], dtype=np.int32),
+        "__num_turns__": np.array([num_turns(t) for t in rows], dtype=np.int32),
+        "multi_modal_inputs": _objects([{} for _ in rows]),
+        "tool_call_counts": np.array([t.tool_calls for t in rows], dtype=np.int32),
         "turn_scores": _objects([list(t.turn_scores) for t in rows]),
         "tool_rewards": _objects([list(t.tool_rewards) for t in rows]),
         "min_global_steps": _objects([min(v) for v in versions]),
         "max_global_steps": _objects([max(v) for v in versions]),
         "extras": _objects([{"termination": t.termination.value, "tool_calls": t.tool_calls} for t in rows]),
+        **extra_columns,
     }
     metrics = [{"generate_sequences": t.timings.generate_s, "tool_calls": t.timings.tools_s,
-                "num_preempted": t.resumed_generations} for t in rows]
+                "compute_score": t.timings.reward_s, "num_preempted": t.resumed_generations} for t in rows]
     return DataProto(
         batch=TensorDict({name: tensors[name] for name in TENSORS}, batch_size=len(rows)),
         non_tensor_batch=non_tensor,
-        meta_info={"metrics": metrics},
+        meta_info={"metrics": metrics, "reward_extra_keys": list(extra_columns)},
     )
