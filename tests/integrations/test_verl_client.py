@@ -1,10 +1,12 @@
 """verl's own single-turn agent loop, unchanged, on our engines through ``AgentloopLLMClient`` (verl 0.9.1 running
 for real): the ids and logprobs it records are the engine's, and verl's sampling dict reaches the engine as
-mapped, checked on the engine side."""
+mapped, checked on the engine side; an engine paused with abort answers verl 'aborted' with the tokens so far,
+and verl's fully-async client resumes from them."""
 
 from __future__ import annotations
 
 import asyncio
+import pickle
 
 import pytest
 
@@ -17,12 +19,12 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 
 from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.types import SamplingParams  # noqa: E402
+from agentloop_grpc.common.types import PauseMode, SamplingParams  # noqa: E402
 from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
 from agentloop_grpc.integrations.verl import sampling_from_verl  # noqa: E402
-from agentloop_grpc.integrations.verl.client import AgentloopLLMClient  # noqa: E402
-from agentloop_grpc.router import GenerateCall, Router  # noqa: E402
+from agentloop_grpc.integrations.verl.client import AgentloopFullyAsyncLLMClient, AgentloopLLMClient  # noqa: E402
+from agentloop_grpc.router import Fleet, GenerateCall, Router  # noqa: E402
 
 CONFIG = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 256, "response_length": 24}}})
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
@@ -91,6 +93,8 @@ async def test_verls_sampling_dict_and_request_id_reach_the_engine_as_mapped() -
     assert output.token_ids[:3] == [5, 6, 7] and len(output.log_probs) == len(output.token_ids)
     assert output.stop_reason == "completed" and again.log_probs is None
     assert output.extra_fields["min_global_steps"] == output.extra_fields["max_global_steps"] == 0
+    assert output.extra_fields["num_cached_tokens"] == 0 and set(output.extra_fields) == {
+        "global_steps", "min_global_steps", "max_global_steps", "num_cached_tokens"}
 
 
 @pytest.mark.parametrize(("params", "needle"), [
@@ -105,3 +109,81 @@ def test_multimodal_inputs_are_refused_by_name() -> None:
     client = AgentloopLLMClient(CONFIG, servers=["127.0.0.1:1"])
     with pytest.raises(ValueError, match="image_data"):
         asyncio.run(client.generate("r", prompt_ids=[1], sampling_params={}, image_data=["x"]))
+
+
+async def _fake_server(**config):
+    server = await create_server(make_adapter("fake", {"vocab_size": 50_000, **config}), "127.0.0.1:0")
+    await start_adapter(server)
+    return server, f"127.0.0.1:{server.port}"
+
+
+async def test_the_rollout_configs_defaults_reach_the_engine_as_verls_servers_apply_them() -> None:
+    seen = []
+    server, address = await _fake_server(script=lambda request: seen.append(request) or [5])
+    rollout = {"prompt_length": 256, "response_length": 24, "repetition_penalty": 1.3, "ignore_eos": True,
+               "full_determinism": True, "seed": 7}
+    client = AgentloopLLMClient(OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}}), servers=[address])
+    try:
+        await client.generate("r", prompt_ids=[1, 2], sampling_params={"temperature": 1.0, "max_tokens": 2})
+        await client.generate("r", prompt_ids=[1, 2], sampling_params={"repetition_penalty": 1.0, "seed": 3,
+                                                                       "ignore_eos": False, "max_tokens": 2})
+    finally:
+        await client.close()
+        await server.stop(grace_s=1)
+    assert seen[0].sampling.repetition_penalty == pytest.approx(1.3) and seen[0].sampling.ignore_eos
+    assert seen[0].sampling.seed == 7  # one seed for every server: a session may be placed on any
+    assert seen[1].sampling.repetition_penalty == 1.0 and not seen[1].sampling.ignore_eos  # the dict wins
+    assert seen[1].sampling.seed == 3
+
+
+async def test_concurrent_first_calls_share_one_router_and_a_used_client_still_pickles() -> None:
+    server, address = await _fake_server()
+    client = AgentloopLLMClient(CONFIG, servers=[address])
+    try:
+        routers = await asyncio.gather(*(client.router() for _ in range(4)))  # verl starts its loops together
+        assert all(router is routers[0] for router in routers)
+        copy = pickle.loads(pickle.dumps(client))  # verl hands its client to Ray workers
+        output = await copy.generate("r", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 3})
+        assert len(output.token_ids) == 3 and await copy.router() is not routers[0]
+        await copy.close()
+    finally:
+        await client.close()
+        await server.stop(grace_s=1)
+
+
+def _positions(request):
+    """The fake's reply: each token names its absolute position, so a resumed generation continues the series."""
+    return [1000 + len(request.prompt_ids) + i for i in range(200)]
+
+
+async def _paused_midway(client_cls, sampling_params: dict, paused_s: float):
+    """verl's output of a generation through ``client_cls`` during which the engine is paused with abort (for
+    ``paused_s``, then resumed)."""
+    server, address = await _fake_server(script=_positions, token_latency_s=0.01)
+    client = client_cls(CONFIG, servers=[address])
+    try:
+        async with Fleet([address]) as fleet:
+            task = asyncio.create_task(client.generate("t", prompt_ids=[1, 2, 3], sampling_params=sampling_params))
+            await asyncio.sleep(0.1)  # some tokens out, most of the budget left
+            (await fleet.pause(PauseMode.ABORT)).raise_for_errors()
+            await asyncio.sleep(paused_s)
+            await fleet.resume()
+            return await task
+    finally:
+        await client.close()
+        await server.stop(grace_s=1)
+
+
+async def test_a_generation_aborted_by_pause_answers_aborted_with_the_tokens_so_far() -> None:
+    output = await _paused_midway(AgentloopLLMClient, {"temperature": 0.0, "logprobs": True, "max_tokens": 100}, 0)
+    assert output.stop_reason == "aborted"
+    assert 0 < len(output.token_ids) < 100 and output.token_ids == [1003 + i for i in range(len(output.token_ids))]
+    assert len(output.log_probs) == len(output.token_ids)
+
+
+async def test_verls_fully_async_client_resumes_an_aborted_generation_after_resume() -> None:
+    # verl retries an aborted call after a pause of its own; the retry waits on the paused engine for Resume
+    output = await _paused_midway(AgentloopFullyAsyncLLMClient, {"temperature": 0.0, "logprobs": True}, 0.2)
+    budget = CONFIG.actor_rollout_ref.rollout.response_length
+    assert output.token_ids == [1003 + i for i in range(budget)]  # one uninterrupted series across the abort
+    assert len(output.log_probs) == budget and output.stop_reason == "length"  # verl's name for a spent budget

@@ -3,10 +3,16 @@ Router, so verl's own agent loops (single-turn, tool) run unchanged on our engin
 
 verl's loops call ``server_manager.generate(request_id, prompt_ids=, sampling_params=, ...) -> TokenOutput``.
 Here verl's request id is the Router's session (a tool loop's turns share it: they stick to one server and its
-prefix cache); verl's sampling dict is mapped key by key (``sampling.py``); the ids and logprobs are the engine's
-own; the finish maps to verl's stop reasons ('aborted' for an abort, 'completed' otherwise); the weight versions of
-the tokens go into ``extra_fields`` as verl's ``min_global_steps``/``max_global_steps`` (verl's staleness
-bookkeeping). Multi-modal inputs are refused by name (not carried by agentloop.v1 yet).
+prefix cache); verl's sampling dict is mapped key by key (``sampling.py``), with the defaults verl's own servers
+take from the rollout config (``repetition_penalty``, ``ignore_eos``, the seed under ``full_determinism``); the
+ids and logprobs are the engine's own; the finish maps to verl's stop reasons ('aborted' for an abort, as when
+EngineControl Pause(ABORT) stops it, with the tokens so far; 'completed' otherwise); the weight versions of the
+tokens go into ``extra_fields`` as verl's ``global_steps``/``min_global_steps``/``max_global_steps`` (verl's
+staleness bookkeeping) and the prefix-cache hit as ``num_cached_tokens``. Multi-modal inputs are refused by name
+(not carried by agentloop.v1 yet).
+
+``AgentloopFullyAsyncLLMClient`` is verl's ``FullyAsyncLLMServerClient`` over the same calls: an aborted
+generation is resumed from its tokens once the engines take requests again, invisibly to the loop.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from verl.workers.rollout.llm_server import LLMServerClient
+from verl.utils.rollout_trace import rollout_trace_op
+from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
 from agentloop_grpc.common.types import FinishReason
@@ -27,7 +34,8 @@ TESTED_VERL_VERSION = "0.9.1"
 
 
 class AgentloopLLMClient(LLMServerClient):
-    """verl's LLM client over a Router to ``servers`` (created in verl's event loop at the first call)."""
+    """verl's LLM client over a Router to ``servers``, created in verl's event loop at the first call, so the client
+    pickles to verl's Ray workers until then (and after: the Router stays behind)."""
 
     def __init__(self, config, load_balancer_handle=None, *, servers: Sequence[str] = (),
                  router_config: RouterConfig | None = None, **kwargs) -> None:
@@ -37,6 +45,10 @@ class AgentloopLLMClient(LLMServerClient):
         self._servers = list(servers)
         self._router_config = router_config
         self._router: Router | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a Router holds channels bound to this process's event loop: a copy in another process opens its own
+        return {**self.__dict__, "_router": None}
 
     async def router(self) -> Router:
         if self._router is None:
@@ -48,6 +60,21 @@ class AgentloopLLMClient(LLMServerClient):
         if router is not None:
             await router.close()
 
+    def _sampling_params(self, params: dict[str, Any], prompt_len: int):
+        """Ours for verl's dict, with the defaults verl's own servers take from the rollout config."""
+        rollout = self.config.actor_rollout_ref.rollout
+        params = dict(params)
+        for name in ("repetition_penalty", "ignore_eos"):
+            if rollout.get(name) is not None:
+                params.setdefault(name, rollout.get(name))
+        if rollout.get("full_determinism") and rollout.get("seed") is not None:
+            # verl seeds each replica; the Router may place a session on any server, so one seed for all
+            params.setdefault("seed", rollout.get("seed"))
+        # as verl's own servers: the response length, and never past the prompt + response budget
+        budget = min(rollout.response_length, rollout.prompt_length + rollout.response_length - prompt_len)
+        return sampling_from_verl(params, max(1, budget))
+
+    @rollout_trace_op
     async def generate(
         self, request_id, *, prompt_ids: list[int], sampling_params: dict[str, Any], image_data=None,
         video_data=None, audio_data=None, mm_processor_kwargs=None, **kwargs: Any,
@@ -60,15 +87,14 @@ class AgentloopLLMClient(LLMServerClient):
         priority = int(kwargs.pop("priority", 0) or 0)
         if kwargs:
             raise ValueError(f"generate() arguments {sorted(kwargs)} have no agentloop.v1 equivalent")
-        rollout = self.config.actor_rollout_ref.rollout
-        # as verl's own servers: the response length, and never past the prompt + response budget
-        budget = min(rollout.response_length, rollout.prompt_length + rollout.response_length - len(prompt_ids))
-        sampling = sampling_from_verl(sampling_params, max(1, budget))
+        sampling = self._sampling_params(sampling_params, len(prompt_ids))
         router = await self.router()
         result = await router.generate(
             GenerateCall(session_id=str(request_id), prompt_ids=prompt_ids, sampling=sampling, priority=priority)
         )
-        versions = result.weight_versions or (0,)
+        versions = result.weight_versions or (router.fleet.weight_version,)
+        # only fields that describe this call as a whole: verl's tool loop keeps the first call's extra fields
+        # for the trajectory (updating max_global_steps alone), so a per-token list would cover its first turn only
         return TokenOutput(
             token_ids=list(result.token_ids),
             log_probs=list(result.logprobs) if sampling.logprobs else None,
@@ -76,6 +102,12 @@ class AgentloopLLMClient(LLMServerClient):
             num_preempted=result.failovers,
             extra_fields={
                 "global_steps": max(versions), "min_global_steps": min(versions), "max_global_steps": max(versions),
-                "weight_versions": list(result.weight_versions), "finish_reason": result.finish_reason.value,
+                "num_cached_tokens": result.cached_prompt_tokens,
             },
         )
+
+
+class AgentloopFullyAsyncLLMClient(FullyAsyncLLMServerClient, AgentloopLLMClient):
+    """verl's ``FullyAsyncLLMServerClient`` (partial rollout: an aborted generation resumes from its tokens, its
+    budget reduced by them) whose every attempt is ``AgentloopLLMClient.generate``; engines paused with
+    Pause(ABORT) hold the resumed attempt until Resume."""
