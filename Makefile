@@ -55,6 +55,8 @@ $(VENV)/.verl-installed: $(VENV)/.vllm-installed
 		$(PY) -m pip install --quiet --no-deps 'verl==$(VERL_VERSION)'; \
 	fi
 	$(PY) -c 'import verl.workers.rollout.llm_server, verl.experimental.agent_loop'
+	@# our verl.plugins entry point registered rollout name agentloop (verl only logs a plugin that fails to load)
+	$(PY) -c 'from verl.workers.rollout.replica import RolloutReplicaRegistry as R; R.get("agentloop")'
 	touch $@
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json

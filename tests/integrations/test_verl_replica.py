@@ -1,0 +1,127 @@
+"""verl's own rollout machinery on our engines, selected by verl's config alone (``rollout.name=agentloop``, found
+through our ``verl.plugins`` entry point): verl's ``LLMServerManager`` launches an embedded engine server through
+our replica on a real local Ray, verl's own client and load balancer generate on it, and verl's replica calls
+(abort, resume, clear cache, sleep, wake up, KV release) reach the engine, checked on the engine side."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
+
+import ray  # noqa: E402
+from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
+from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
+
+from agentloop_grpc.common import model_store  # noqa: E402
+from agentloop_grpc.common.types import SamplingParams  # noqa: E402
+from agentloop_grpc.integrations.verl.replica import AgentloopReplica  # noqa: E402
+from agentloop_grpc.integrations.verl.server_actor import EngineServerActor  # noqa: E402
+from agentloop_grpc.router import Fleet, GenerateCall, Router  # noqa: E402
+from agentloop_grpc.v1 import engine_pb2  # noqa: E402
+
+from ..ray_start import init_ray  # noqa: E402
+from .verl_config import verl_config  # noqa: E402
+
+PROMPT = [1, 9690, 198, 2683, 314, 253, 5356, 2]  # any ids the model's vocabulary holds
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+
+def _config():
+    return verl_config([
+        "actor_rollout_ref.rollout.name=agentloop", "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.prompt_length=256", "actor_rollout_ref.rollout.response_length=16",
+        "+actor_rollout_ref.rollout.custom={agentloop: {engine: embedded, "
+        "engine_config: {max_running: 4, max_model_len: 1024}}}",
+        f"actor_rollout_ref.model.path={model_store.prepare()}",
+    ])
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    started = init_ray(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def manager(local_ray):
+    manager = LLMServerManager.create(config=_config())  # as verl's trainer calls it: synchronously
+    yield manager
+    for replica in manager.get_replicas():
+        await replica.stop(grace_s=2)
+
+
+async def _state(address: str) -> int:
+    async with Fleet([address]) as fleet:
+        return (await fleet.server_info()).raise_for_errors().responses[address].state
+
+
+def test_the_rollout_name_finds_our_replica_through_verls_registry() -> None:
+    assert get_rollout_replica_class("agentloop") is AgentloopReplica
+
+
+async def test_verls_client_and_balancer_generate_on_our_engine_server(manager) -> None:
+    (address,) = manager.get_addresses()
+    output = await manager.get_client().generate("traj-1", prompt_ids=PROMPT, sampling_params=dict(GREEDY))
+    async with Router([address]) as router:
+        direct = await router.generate(GenerateCall("direct", PROMPT, SamplingParams(
+            max_new_tokens=16, temperature=0.0, logprobs=True)))
+    assert output.token_ids == list(direct.token_ids) and len(output.token_ids) == 16  # response_length bounds it
+    assert output.log_probs == pytest.approx(list(direct.logprobs), abs=1e-5)
+    assert output.stop_reason == "completed"
+
+
+async def test_abort_pauses_the_engine_and_resume_lets_held_calls_finish(manager) -> None:
+    (replica,) = manager.get_replicas()
+    (address,) = manager.get_addresses()
+    client = manager.get_client()
+    long = {**GREEDY, "max_tokens": 16, "ignore_eos": True}
+    running = asyncio.ensure_future(client.generate("traj-a", prompt_ids=PROMPT, sampling_params=long))
+    await asyncio.sleep(0.5)
+    await replica.abort_all_requests()
+    aborted = await running
+    assert aborted.stop_reason == "aborted" and len(aborted.token_ids) < 16
+    assert await _state(address) == engine_pb2.ENGINE_STATE_PAUSED
+    held = asyncio.ensure_future(client.generate("traj-b", prompt_ids=PROMPT, sampling_params=long))
+    await asyncio.sleep(0.5)
+    assert not held.done()  # parked until resume, as verl's own servers do during a weight sync
+    await replica.resume_generation()
+    assert len((await held).token_ids) == 16
+    assert await _state(address) == engine_pb2.ENGINE_STATE_RUNNING
+    await replica.clear_kv_cache()
+
+
+async def test_abort_with_reject_answers_new_calls_aborted_at_once(manager) -> None:
+    (replica,) = manager.get_replicas()
+    await replica.abort_all_requests(reject_request=True)
+    try:
+        rejected = await asyncio.wait_for(
+            manager.get_client().generate("traj-c", prompt_ids=PROMPT, sampling_params=dict(GREEDY)), 10)
+        assert rejected.stop_reason == "aborted" and rejected.token_ids == []
+    finally:
+        await replica.resume_generation()
+
+
+async def test_sleep_wake_and_kv_release_reach_the_engine_in_hybrid_mode(manager) -> None:
+    """Standalone servers keep their memory (as verl's own); a hybrid replica's server sleeps while the trainer
+    trains: an actor in hybrid mode on the same server shows what verl's calls do to the engine."""
+    (address,) = manager.get_addresses()
+    actor = ray.remote(EngineServerActor).remote(_config(), "hybrid", address=address)
+    await actor.start.remote()
+    try:
+        await actor.sleep.remote()
+        assert await _state(address) == engine_pb2.ENGINE_STATE_SLEEPING
+        await actor.wake_up.remote()
+        assert await _state(address) == engine_pb2.ENGINE_STATE_RUNNING
+        await actor.release_kv_cache.remote()
+        assert await _state(address) == engine_pb2.ENGINE_STATE_SLEEPING
+        await actor.resume_kv_cache.remote()
+        assert await _state(address) == engine_pb2.ENGINE_STATE_RUNNING
+    finally:
+        await actor.stop.remote()
+        ray.kill(actor)
