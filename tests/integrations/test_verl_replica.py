@@ -12,6 +12,10 @@ import pytest
 pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
 
 import ray  # noqa: E402
+import torch  # noqa: E402
+from verl.checkpoint_engine import CheckpointEngineRegistry  # noqa: E402
+from verl.utils.import_utils import import_external_libs  # noqa: E402
+from verl.workers.rollout.base import get_rollout_class  # noqa: E402
 from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
 from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
 
@@ -125,3 +129,69 @@ async def test_sleep_wake_and_kv_release_reach_the_engine_in_hybrid_mode(manager
     finally:
         await actor.stop.remote()
         ray.kill(actor)
+
+
+def _model():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_store.prepare()), dtype=torch.float32)
+
+
+async def _greedy_logprobs(address: str) -> list[float]:
+    async with Router([address]) as router:
+        result = await router.generate(GenerateCall("probe", PROMPT, SamplingParams(
+            max_new_tokens=4, temperature=0.0, logprobs=True)))
+    return list(result.logprobs)
+
+
+async def _version(address: str) -> int:
+    async with Fleet([address]) as fleet:
+        return (await fleet.server_info()).raise_for_errors().responses[address].weight_version
+
+
+async def test_verls_checkpoint_engine_pushes_the_trainers_weights_to_our_servers(manager) -> None:
+    """verl's trainer ranks call ``send_weights(per-tensor params, global_steps)``: rank 0 applies them on every
+    server (here by a weight group: the transfer ``auto`` picks on one machine), the others only walk them."""
+    (address,) = manager.get_addresses()
+    model = _model()
+    before = await _greedy_logprobs(address)
+    import_external_libs("agentloop_grpc.integrations.verl.checkpoint_engine")  # as verl does for the config key
+    sender = CheckpointEngineRegistry.new("agentloop", bucket_size=64 << 20, is_master=True)
+    walker = CheckpointEngineRegistry.new("agentloop", bucket_size=64 << 20, is_master=False)
+    sender.init_process_group(servers=[address])
+    walked = []
+    assert await walker.send_weights(((n, walked.append(n) or p) for n, p in model.named_parameters()), 3) == {}
+    assert walked and await _version(address) != 3  # walked, nothing sent
+    with torch.no_grad():
+        model.model.norm.weight.mul_(0.5)
+    metrics = await sender.send_weights(iter(list(model.named_parameters())), global_steps=3)
+    assert await _version(address) == 3 and metrics["agentloop/weight_bytes"] > 0
+    changed = await _greedy_logprobs(address)
+    assert changed != pytest.approx(before, abs=1e-4)  # the halved norm reached the engine
+    with torch.no_grad():
+        model.model.norm.weight.mul_(2.0)
+    await sender.send_weights(model.named_parameters(), global_steps=4)
+    assert await _version(address) == 4
+    assert await _greedy_logprobs(address) == pytest.approx(before, abs=1e-5)
+    assert sender._pusher.transfer == "collective"
+    await sender._pusher.close()
+
+
+async def test_verls_hybrid_weight_sync_steps_reach_the_engine(manager) -> None:
+    """What verl's trainer worker does with the naive backend: release between rollouts, then resume weights,
+    update, resume the KV cache, through the in-trainer rollout handle ``rollout.name=agentloop`` resolves to."""
+    (address,) = manager.get_addresses()
+    config = _config()
+    adapter = get_rollout_class("agentloop", "async")(
+        config=config.actor_rollout_ref.rollout, model_config=config.actor_rollout_ref.model, device_mesh=None)
+    assert adapter.is_leader_rank and adapter.replica_rank == 0
+    await adapter.release()
+    assert await _state(address) == engine_pb2.ENGINE_STATE_SLEEPING
+    await adapter.resume(tags=["weights"])
+    await adapter.update_weights(_model().named_parameters(), global_steps=9)
+    assert await _state(address) == engine_pb2.ENGINE_STATE_SLEEPING  # the KV cache is still released
+    await adapter.resume(tags=["kv_cache"])
+    assert await _state(address) == engine_pb2.ENGINE_STATE_RUNNING and await _version(address) == 9
+    assert len(await _greedy_logprobs(address)) == 4
+    with pytest.raises(ValueError, match="lora"):
+        await adapter.update_weights(iter(()), peft_config={"r": 8})

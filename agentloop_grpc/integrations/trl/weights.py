@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agentloop_grpc.common.types import NamedTensor
+from agentloop_grpc.integrations.named_tensors import named_tensor
 
 
 def model_tensors(model, trainable_only: bool = True) -> list[NamedTensor]:
@@ -10,19 +11,10 @@ def model_tensors(model, trainable_only: bool = True) -> list[NamedTensor]:
     ``trainable_only`` only those the optimizer can change (frozen ones are still the engines' own).
 
     The names are the model's own (``model.layers.0.self_attn.q_proj.weight``), which is what engines serving the
-    same architecture expect. bfloat16 has no numpy dtype, so bytes are taken from a same-sized integer view.
+    same architecture expect.
     """
-    import torch
-
-    tensors = []
-    for name, parameter in model.named_parameters():
-        if trainable_only and not parameter.requires_grad:
-            continue
-        data = parameter.detach().contiguous().cpu()
-        raw = data.view(torch.int16) if data.dtype == torch.bfloat16 else data
-        tensors.append(NamedTensor(name, str(data.dtype).removeprefix("torch."), tuple(data.shape),
-                                   raw.numpy().tobytes()))
-    return tensors
+    return [named_tensor(name, parameter) for name, parameter in model.named_parameters()
+            if parameter.requires_grad or not trainable_only]
 
 
 def train_top_layers(model, top_layers: int | None) -> int:

@@ -24,6 +24,7 @@ from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 from agentloop_grpc.engine_adapters.config import engine_config
 from agentloop_grpc.launch.launcher import EngineLaunch
 
+from .rollout_adapter import server_actor_name
 from .server_actor import EngineServerActor
 from .settings import AgentloopSettings, settings_from
 
@@ -59,7 +60,7 @@ class AgentloopReplica(RolloutReplica):
         if self.config.data_parallel_size != 1 or self.config.pipeline_model_parallel_size != 1:
             raise ValueError("rollout name 'agentloop' serves one DP group per replica: set data_parallel_size=1 "
                              "and pipeline_model_parallel_size=1 (more replicas give more DP groups)")
-        options: dict[str, Any] = {"name": f"agentloop_server_{self.replica_rank}{self.name_suffix}", "num_cpus": 1,
+        options: dict[str, Any] = {"name": server_actor_name(self.replica_rank, self.name_suffix), "num_cpus": 1,
                                    "max_concurrency": self.max_concurrency}
         env: dict[str, str] = {}
         if self.workers:  # hybrid: on the node and GPUs of the replica's trainer workers

@@ -116,7 +116,7 @@ class EngineServerActor:
     async def sleep(self) -> None:
         if self._mode == "standalone" or not self._free_cache_engine:
             return
-        await self._sleep(2 if self._mode == "hybrid" else 1)
+        await sleep_when_idle(self._fleet, 2 if self._mode == "hybrid" else 1)
 
     async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
         self._rejecting = reject_request
@@ -134,7 +134,7 @@ class EngineServerActor:
 
     async def release_kv_cache(self) -> None:
         if self._free_cache_engine and self._mode != "colocated":
-            await self._sleep(1)
+            await sleep_when_idle(self._fleet, 1)
 
     async def resume_kv_cache(self) -> None:
         if self._free_cache_engine and self._mode != "colocated":
@@ -147,14 +147,16 @@ class EngineServerActor:
     async def stop_profile(self) -> None:
         """See ``start_profile``."""
 
-    async def _sleep(self, level: int) -> None:
-        deadline = time.monotonic() + _SLEEP_RETRY_S
-        while True:
-            result = await self._fleet.sleep(level)
-            error = next(iter(result.errors.values()), None)
-            if error is None:
-                return
-            in_flight = isinstance(error, grpc.aio.AioRpcError) and error.code() is grpc.StatusCode.FAILED_PRECONDITION
-            if not in_flight or time.monotonic() > deadline:
-                result.raise_for_errors()
-            await asyncio.sleep(0.05)  # aborted calls are still leaving the engine
+
+async def sleep_when_idle(fleet: Fleet, level: int) -> None:
+    """Sleep(``level``) on every server of ``fleet``, retried while calls aborted a moment earlier still leave."""
+    deadline = time.monotonic() + _SLEEP_RETRY_S
+    while True:
+        result = await fleet.sleep(level)
+        error = next(iter(result.errors.values()), None)
+        if error is None:
+            return
+        in_flight = isinstance(error, grpc.aio.AioRpcError) and error.code() is grpc.StatusCode.FAILED_PRECONDITION
+        if not in_flight or time.monotonic() > deadline:
+            result.raise_for_errors()
+        await asyncio.sleep(0.05)

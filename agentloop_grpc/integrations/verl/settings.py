@@ -10,6 +10,7 @@ actor_rollout_ref:
         engine: embedded       # the adapter each launched server runs (embedded, vllm, sglang)
         engine_config: {max_running: 64}
         servers: []            # or the addresses of engine servers already running: nothing is launched
+        weight_transfer: auto  # collective, path or stream (checkpoint_engine.py, rollout_adapter.py)
         loops: {}              # the loop-level manager's settings (integrations.verl.manager)
 ```
 """
@@ -17,10 +18,12 @@ actor_rollout_ref:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field
+
+from agentloop_grpc.agent.weight_transfer import WeightTransferKind
 
 #: The key under ``rollout.custom`` that holds our settings.
 SECTION = "agentloop"
@@ -39,6 +42,16 @@ class AgentloopSettings(BaseModel):
     """Addresses of engine servers that already run (``agentloop engine launch``): the replica launches nothing."""
     startup_timeout_s: float = Field(600.0, gt=0)
     """How long a launched server may take to load its model and report SERVING."""
+    weight_transfer: WeightTransferKind = "auto"
+    """How verl's weights reach the servers (``agent/weight_transfer.py``): ``auto`` broadcasts over a weight
+    group when the servers can join one, else has them load a checkpoint file when they share this machine (or
+    ``weights_dir``), else streams it over gRPC."""
+    weights_dir: str | None = None
+    """A folder every server can read (shared storage): ``path`` transfers write there."""
+    weight_group_address: str | None = None
+    """The address the servers reach the trainer's weight group by; None: this machine's address towards them."""
+    weight_group_backend: Literal["gloo", "nccl"] = "gloo"
+    """gloo moves CPU bytes (any machine); nccl needs GPUs on both ends."""
     loops: dict[str, Any] = Field(default_factory=dict)
     """The loop-level agent-loop manager's settings; read by ``integrations.verl.manager``."""
 
