@@ -14,6 +14,10 @@ pytest.importorskip("verl", reason="verl is not installed (make setup installs i
 import ray  # noqa: E402
 import torch  # noqa: E402
 from verl.checkpoint_engine import CheckpointEngineRegistry  # noqa: E402
+from verl.single_controller.base import Worker  # noqa: E402
+from verl.single_controller.base.decorator import Dispatch, register  # noqa: E402
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
+from verl.workers.config import CheckpointEngineConfig  # noqa: E402
 from verl.utils.import_utils import import_external_libs  # noqa: E402
 from verl.workers.rollout.base import get_rollout_class  # noqa: E402
 from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
@@ -21,6 +25,7 @@ from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
 
 from agentloop_grpc.common import model_store  # noqa: E402
 from agentloop_grpc.common.types import SamplingParams  # noqa: E402
+from agentloop_grpc.integrations.verl.checkpoint_manager import AgentloopCheckpointManager  # noqa: E402
 from agentloop_grpc.integrations.verl.replica import AgentloopReplica  # noqa: E402
 from agentloop_grpc.integrations.verl.server_actor import EngineServerActor  # noqa: E402
 from agentloop_grpc.router import Fleet, GenerateCall, Router  # noqa: E402
@@ -195,3 +200,46 @@ async def test_verls_hybrid_weight_sync_steps_reach_the_engine(manager) -> None:
     assert len(await _greedy_logprobs(address)) == 4
     with pytest.raises(ValueError, match="lora"):
         await adapter.update_weights(iter(()), peft_config={"r": 8})
+
+
+class TrainerRank(Worker):
+    """A verl trainer rank reduced to its weight-sync calls: the same verl decorators and dispatch modes as
+    verl's ActorRolloutRefWorker, the checkpoint engine built as it builds it, the model's parameters as its
+    engine's per-tensor params (FSDP is not needed to see what verl's manager does with them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import_external_libs("agentloop_grpc.integrations.verl.checkpoint_engine")
+        self.checkpoint_engine = CheckpointEngineRegistry.new("agentloop", is_master=self.rank == 0,
+                                                              bucket_size=64 << 20)
+        self.model = _model()
+        with torch.no_grad():
+            self.model.model.norm.weight.mul_(0.5)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE, blocking=False)
+    def execute_checkpoint_engine(self, method: str, *args, **kwargs):
+        return getattr(self.checkpoint_engine, method)(*args, **kwargs)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    async def update_weights(self, global_steps: int | None = None, mode: str = "auto"):
+        return await self.checkpoint_engine.send_weights(self.model.named_parameters(), global_steps=global_steps)
+
+
+async def test_verls_checkpoint_manager_class_updates_every_replica_from_the_trainer_ranks(manager) -> None:
+    """``checkpoint_manager_class`` + backend ``agentloop``: verl's trainer calls ``update_weights(step)``; rank 0
+    of a real verl worker group pushes, rank 1 walks, and the replica's server serves the new version."""
+    (address,) = manager.get_addresses()
+    before = await _greedy_logprobs(address)
+    ranks = RayWorkerGroup(resource_pool=RayResourcePool([2], use_gpu=False, max_colocate_count=1),
+                           ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TrainerRank)), device_name="cpu")
+    config = CheckpointEngineConfig(backend="agentloop",
+                                    custom_backend_module="agentloop_grpc.integrations.verl.checkpoint_engine")
+    checkpoints = AgentloopCheckpointManager(config=config, actor_wg=ranks, replicas=manager.get_replicas())
+    try:
+        metrics = await checkpoints.update_weights(12)
+        assert metrics["agentloop/weight_bytes"] > 0
+        assert await _version(address) == 12
+        assert await _greedy_logprobs(address) != pytest.approx(before, abs=1e-4)
+    finally:
+        for worker in ranks.workers:
+            ray.kill(worker)
