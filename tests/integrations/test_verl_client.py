@@ -187,3 +187,18 @@ async def test_verls_fully_async_client_resumes_an_aborted_generation_after_resu
     budget = CONFIG.actor_rollout_ref.rollout.response_length
     assert output.token_ids == [1003 + i for i in range(budget)]  # one uninterrupted series across the abort
     assert len(output.log_probs) == budget and output.stop_reason == "length"  # verl's name for a spent budget
+
+
+async def test_a_budget_past_the_engines_context_is_clamped_as_verls_servers_do() -> None:
+    server, address = await _fake_server(max_model_len=64)
+    client = AgentloopLLMClient(CONFIG, servers=[address])
+    try:
+        # verl's own servers cut an explicit max_tokens to the room the context leaves, and raise a spent one to 1
+        long = await client.generate("r", prompt_ids=list(range(3, 53)), sampling_params={"max_tokens": 40,
+                                                                                           "ignore_eos": True})
+        spent = await client.generate("r", prompt_ids=[3, 4], sampling_params={"max_tokens": 0, "ignore_eos": True})
+    finally:
+        await client.close()
+        await server.stop(grace_s=1)
+    assert len(long.token_ids) == 64 - 50 and long.stop_reason == "completed"
+    assert len(spent.token_ids) == 1

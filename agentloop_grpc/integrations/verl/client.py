@@ -4,7 +4,8 @@ Router, so verl's own agent loops (single-turn, tool) run unchanged on our engin
 verl's loops call ``server_manager.generate(request_id, prompt_ids=, sampling_params=, ...) -> TokenOutput``.
 Here verl's request id is the Router's session (a tool loop's turns share it: they stick to one server and its
 prefix cache); verl's sampling dict is mapped key by key (``sampling.py``), with the defaults verl's own servers
-take from the rollout config (``repetition_penalty``, ``ignore_eos``, the seed under ``full_determinism``); the
+take from the rollout config (``repetition_penalty``, ``ignore_eos``, the seed under ``full_determinism``) and
+their budget (the rollout's lengths by default, always within the engine's context, at least one token); the
 ids and logprobs are the engine's own; the finish maps to verl's stop reasons ('aborted' for an abort, as when
 EngineControl Pause(ABORT) stops it, with the tokens so far; 'completed' otherwise); the weight versions of the
 tokens go into ``extra_fields`` as verl's ``global_steps``/``min_global_steps``/``max_global_steps`` (verl's
@@ -17,6 +18,8 @@ generation is resumed from its tokens once the engines take requests again, invi
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,14 +48,22 @@ class AgentloopLLMClient(LLMServerClient):
         self._servers = list(servers)
         self._router_config = router_config
         self._router: Router | None = None
+        self._router_lock: asyncio.Lock | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # a Router holds channels bound to this process's event loop: a copy in another process opens its own
-        return {**self.__dict__, "_router": None}
+        return {**self.__dict__, "_router": None, "_router_lock": None}
 
     async def router(self) -> Router:
+        """The Router, once a server is ready (its context length bounds every budget, as verl's servers do)."""
         if self._router is None:
-            self._router = await Router(self._servers, self._router_config).__aenter__()
+            # verl starts a worker's loops together: the first calls must wait for one Router, not open one each
+            self._router_lock = self._router_lock or asyncio.Lock()
+            async with self._router_lock:
+                if self._router is None:
+                    router = await Router(self._servers, self._router_config).__aenter__()
+                    await router.fleet.wait_ready(timeout_s=router.config.no_server_wait_s)
+                    self._router = router
         return self._router
 
     async def close(self) -> None:
@@ -89,6 +100,11 @@ class AgentloopLLMClient(LLMServerClient):
             raise ValueError(f"generate() arguments {sorted(kwargs)} have no agentloop.v1 equivalent")
         sampling = self._sampling_params(sampling_params, len(prompt_ids))
         router = await self.router()
+        # as verl's own servers: at least one token, at most what the context leaves (a prompt that leaves none
+        # is the engine's INVALID_ARGUMENT)
+        context = min(e.info.max_model_len for e in router.fleet.servers.values() if e.info is not None)
+        room = context - len(prompt_ids)
+        sampling = dataclasses.replace(sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, room)))
         result = await router.generate(
             GenerateCall(session_id=str(request_id), prompt_ids=prompt_ids, sampling=sampling, priority=priority)
         )
