@@ -22,6 +22,7 @@ from agentloop_grpc.common import model_store  # noqa: E402
 from agentloop_grpc.common.types import PauseMode, SamplingParams  # noqa: E402
 from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
+from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
 from agentloop_grpc.integrations.verl import sampling_from_verl  # noqa: E402
 from agentloop_grpc.integrations.verl.client import AgentloopFullyAsyncLLMClient, AgentloopLLMClient  # noqa: E402
 from agentloop_grpc.router import Fleet, GenerateCall, Router  # noqa: E402
@@ -202,3 +203,25 @@ async def test_a_budget_past_the_engines_context_is_clamped_as_verls_servers_do(
         await server.stop(grace_s=1)
     assert len(long.token_ids) == 64 - 50 and long.stop_reason == "completed"
     assert len(spent.token_ids) == 1
+
+
+def test_a_client_used_from_a_second_event_loop_says_to_close_it_first() -> None:
+    loop = BackgroundLoop("verl-client-engine")  # the engine serves on, whichever loop the client is called from
+    server = loop.run(_fake_server())[0]
+    client = AgentloopLLMClient(CONFIG, servers=[f"127.0.0.1:{server.port}"])
+
+    async def generate(close: bool):
+        try:
+            return await client.generate("r", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 2})
+        finally:
+            if close:
+                await client.close()
+
+    try:
+        assert len(asyncio.run(generate(close=True)).token_ids) == 2  # one event loop per call, as verl's
+        assert len(asyncio.run(generate(close=False)).token_ids) == 2  # auto_await does from sync code
+        with pytest.raises(RuntimeError, match="another event loop: await client.close"):
+            asyncio.run(generate(close=False))
+    finally:
+        loop.run(server.stop(grace_s=1))
+        loop.close()

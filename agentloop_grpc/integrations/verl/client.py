@@ -49,16 +49,24 @@ class AgentloopLLMClient(LLMServerClient):
         self._router_config = router_config
         self._router: Router | None = None
         self._router_lock: asyncio.Lock | None = None
+        self._router_loop: asyncio.AbstractEventLoop | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # a Router holds channels bound to this process's event loop: a copy in another process opens its own
-        return {**self.__dict__, "_router": None, "_router_lock": None}
+        return {**self.__dict__, "_router": None, "_router_lock": None, "_router_loop": None}
 
     async def router(self) -> Router:
-        """The Router, once a server is ready (its context length bounds every budget, as verl's servers do)."""
+        """The Router, once a server is ready (its context length bounds every budget, as verl's servers do). It
+        belongs to the event loop of the first call: ``close()`` it in that loop before calling from another."""
+        loop = asyncio.get_running_loop()
+        if self._router is not None and self._router_loop is not loop:
+            # gRPC channels serve the loop that opened them; used from another they fail with 'Event loop is closed'
+            raise RuntimeError("AgentloopLLMClient's Router was opened in another event loop: await client.close() "
+                               "in that loop before using the client from a new one (e.g. one asyncio.run per call)")
         if self._router is None:
+            if self._router_loop is not loop:  # an asyncio lock, too, serves one loop
+                self._router_lock, self._router_loop = asyncio.Lock(), loop
             # verl starts a worker's loops together: the first calls must wait for one Router, not open one each
-            self._router_lock = self._router_lock or asyncio.Lock()
             async with self._router_lock:
                 if self._router is None:
                     router = await Router(self._servers, self._router_config).__aenter__()
