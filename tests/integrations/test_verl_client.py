@@ -89,7 +89,7 @@ async def test_verls_sampling_dict_and_request_id_reach_the_engine_as_mapped() -
     )
     for name in SamplingParams.__dataclass_fields__:  # floats crossed the wire as float32
         assert getattr(first.sampling, name) == pytest.approx(getattr(expected, name), rel=1e-6), name
-    assert first.priority == 3 and first.session_id == "traj-7" and seen[1].session_id == "traj-7"
+    assert first.priority == -3 and first.session_id == "traj-7" and seen[1].session_id == "traj-7"
     assert seen[1].sampling.max_new_tokens == 24 and not seen[1].sampling.logprobs  # verl's default: response_length
     assert output.token_ids[:3] == [5, 6, 7] and len(output.log_probs) == len(output.token_ids)
     assert output.stop_reason == "completed" and again.log_probs is None
@@ -225,3 +225,25 @@ def test_a_client_used_from_a_second_event_loop_says_to_close_it_first() -> None
     finally:
         loop.run(server.stop(grace_s=1))
         loop.close()
+
+
+async def test_verls_priorities_keep_their_order_lower_first_as_in_vllm() -> None:
+    server, address = await _fake_server(max_running=1, token_latency_s=0.01)
+    client = AgentloopLLMClient(CONFIG, servers=[address])
+    finished = []
+
+    async def generate(priority: int, tokens: int) -> None:
+        await client.generate(f"s{priority}", prompt_ids=[1, 2, 3], priority=priority,
+                              sampling_params={"max_tokens": tokens, "ignore_eos": True})
+        finished.append(priority)
+
+    try:
+        await generate(9, 1)  # the Router is open
+        busy = asyncio.create_task(generate(5, 10))  # holds the engine's one slot while the others queue
+        await asyncio.sleep(0.03)
+        await asyncio.gather(*(generate(priority, 1) for priority in (3, 1, 2)))  # verl's: sample indices
+        await busy
+    finally:
+        await client.close()
+        await server.stop(grace_s=1)
+    assert finished == [9, 5, 1, 2, 3]

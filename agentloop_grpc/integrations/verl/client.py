@@ -5,12 +5,13 @@ verl's loops call ``server_manager.generate(request_id, prompt_ids=, sampling_pa
 Here verl's request id is the Router's session (a tool loop's turns share it: they stick to one server and its
 prefix cache); verl's sampling dict is mapped key by key (``sampling.py``), with the defaults verl's own servers
 take from the rollout config (``repetition_penalty``, ``ignore_eos``, the seed under ``full_determinism``) and
-their budget (the rollout's lengths by default, always within the engine's context, at least one token); the
-ids and logprobs are the engine's own; the finish maps to verl's stop reasons ('aborted' for an abort, as when
-EngineControl Pause(ABORT) stops it, with the tokens so far; 'completed' otherwise); the weight versions of the
-tokens go into ``extra_fields`` as verl's ``global_steps``/``min_global_steps``/``max_global_steps`` (verl's
-staleness bookkeeping) and the prefix-cache hit as ``num_cached_tokens``. Multi-modal inputs are refused by name
-(not carried by agentloop.v1 yet).
+their budget (the rollout's lengths by default, always within the engine's context, at least one token); verl's
+priority is vLLM's (lower first), ours is negated; the ids and logprobs are the engine's own; the finish maps to
+verl's stop reasons ('aborted' for an abort, as when EngineControl Pause(ABORT) stops it, with the tokens so far;
+'completed' otherwise); the weight versions of the tokens go into ``extra_fields`` as verl's
+``global_steps``/``min_global_steps``/``max_global_steps`` (verl's staleness bookkeeping), the prefix-cache hit
+as ``num_cached_tokens``, failovers as ``num_preempted``. Multi-modal inputs are refused by name (not carried by
+agentloop.v1 yet).
 
 ``AgentloopFullyAsyncLLMClient`` is verl's ``FullyAsyncLLMServerClient`` over the same calls: an aborted
 generation is resumed from its tokens once the engines take requests again, invisibly to the loop.
@@ -103,7 +104,8 @@ class AgentloopLLMClient(LLMServerClient):
         if any(value for value in carried.values()):
             named = sorted(name for name, value in carried.items() if value)
             raise ValueError(f"{named}: multi-modal inputs are not carried by agentloop.v1 yet")
-        priority = int(kwargs.pop("priority", 0) or 0)
+        # verl's priority is vLLM's, which schedules lower values first; agentloop.v1 schedules higher ones first
+        priority = -int(kwargs.pop("priority", 0) or 0)
         if kwargs:
             raise ValueError(f"generate() arguments {sorted(kwargs)} have no agentloop.v1 equivalent")
         sampling = self._sampling_params(sampling_params, len(prompt_ids))
