@@ -25,7 +25,7 @@ from agentloop_grpc.engine_adapters.server import create_server, start_adapter  
 from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
 from agentloop_grpc.integrations.verl import sampling_from_verl  # noqa: E402
 from agentloop_grpc.integrations.verl.client import AgentloopFullyAsyncLLMClient, AgentloopLLMClient  # noqa: E402
-from agentloop_grpc.router import Fleet, GenerateCall, Router  # noqa: E402
+from agentloop_grpc.router import Fleet, GenerateCall, NoHealthyServerError, Router, RouterConfig  # noqa: E402
 
 CONFIG = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 256, "response_length": 24}}})
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
@@ -247,3 +247,11 @@ async def test_verls_priorities_keep_their_order_lower_first_as_in_vllm() -> Non
         await client.close()
         await server.stop(grace_s=1)
     assert finished == [9, 5, 1, 2, 3]
+
+
+async def test_a_client_whose_servers_never_come_up_says_so_and_tries_afresh_next_time() -> None:
+    client = AgentloopLLMClient(CONFIG, servers=["127.0.0.1:1"], router_config=RouterConfig(no_server_wait_s=0.2))
+    for _ in range(2):
+        with pytest.raises(NoHealthyServerError, match="healthy"):
+            await client.generate("r", prompt_ids=[1], sampling_params={})
+    assert client._router is None

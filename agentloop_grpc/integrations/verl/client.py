@@ -28,7 +28,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
-from agentloop_grpc.common.types import FinishReason
+from agentloop_grpc.common.types import FinishReason, SamplingParams
 from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 
 from .sampling import sampling_from_verl
@@ -71,7 +71,11 @@ class AgentloopLLMClient(LLMServerClient):
             async with self._router_lock:
                 if self._router is None:
                     router = await Router(self._servers, self._router_config).__aenter__()
-                    await router.fleet.wait_ready(timeout_s=router.config.no_server_wait_s)
+                    try:
+                        await router.fleet.wait_ready(timeout_s=router.config.no_server_wait_s)
+                    except BaseException:  # no server came up: the next call tries afresh
+                        await router.close()
+                        raise
                     self._router = router
         return self._router
 
@@ -80,7 +84,7 @@ class AgentloopLLMClient(LLMServerClient):
         if router is not None:
             await router.close()
 
-    def _sampling_params(self, params: dict[str, Any], prompt_len: int):
+    def _sampling_params(self, params: dict[str, Any], prompt_len: int) -> SamplingParams:
         """Ours for verl's dict, with the defaults verl's own servers take from the rollout config."""
         rollout = self.config.actor_rollout_ref.rollout
         params = dict(params)
