@@ -82,11 +82,14 @@ async def _started(adapter):
     return server
 
 
-async def _scripted_fake(tokenizer):
-    """A fake engine that answers a prompt without a tool response with the tool call, else with ANSWER."""
+async def _scripted_fake(tokenizer, log: list | None = None, name: str = ""):
+    """A fake engine that answers a prompt without a tool response with the tool call, else with ANSWER; it logs
+    (``name``, session) of each request in ``log``."""
     call, answer = (tokenizer.encode(text, add_special_tokens=False) for text in (CALL, ANSWER))
 
     def script(request):
+        if log is not None:
+            log.append((name, request.session_id))
         return answer if "<tool_response>" in tokenizer.decode(request.prompt_ids.tolist()) else call
 
     server = await _started(make_adapter("fake", {
@@ -95,13 +98,18 @@ async def _scripted_fake(tokenizer):
     return server, f"127.0.0.1:{server.port}", call, answer
 
 
+def _tool_config(tmp_path) -> str:
+    """verl's tool config file: the worker loads AddTool by its class name."""
+    path = tmp_path / "tools.yaml"
+    path.write_text(yaml.safe_dump({"tools": [{"class_name": f"{AddTool.__module__}.AddTool",
+                                               "config": {"type": "native"}, "tool_schema": ADD_SCHEMA}]}))
+    return str(path)
+
+
 async def test_verls_worker_builds_its_batch_from_its_tool_loops_on_our_engine_and_grpo_runs_on_it(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(str(model_store.prepare()))
     server, address, call, answer = await _scripted_fake(tokenizer)
-    tools = tmp_path / "tools.yaml"  # verl's tool config: the worker loads the tool by class name
-    tools.write_text(yaml.safe_dump({"tools": [{"class_name": f"{AddTool.__module__}.AddTool",
-                                                "config": {"type": "native"}, "tool_schema": ADD_SCHEMA}]}))
-    config = verl_config(128, tool_config_path=str(tools))
+    config = verl_config(128, tool_config_path=_tool_config(tmp_path))
     client = AgentloopLLMClient(config, servers=[address])
     try:
         data = await AgentLoopWorker(config, client).generate_sequences(prompts(2, 2, "tool_agent"))
@@ -139,6 +147,26 @@ async def test_verls_worker_builds_its_batch_from_its_tool_loops_on_our_engine_a
     loss, _ = get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=old + 0.01 * mask, advantages=advantages,
                                             response_mask=mask, loss_agg_mode="token-mean", config=actor)
     assert torch.isfinite(loss)
+
+
+async def test_each_trajectory_of_verls_worker_sticks_to_one_of_our_servers(tmp_path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(model_store.prepare()))
+    log = []
+    fakes = [await _scripted_fake(tokenizer, log, name) for name in ("a", "b")]
+    config = verl_config(128, tool_config_path=_tool_config(tmp_path))
+    client = AgentloopLLMClient(config, servers=[address for _, address, *_ in fakes])
+    try:
+        await AgentLoopWorker(config, client).generate_sequences(prompts(2, 2, "tool_agent"))
+    finally:
+        await client.close()
+        for server, *_ in fakes:
+            await server.stop(grace_s=1)
+    placed = {}
+    for name, session in log:  # verl's request id per trajectory is the Router's session
+        placed.setdefault(session, set()).add(name)
+    assert len(log) == 8 and len(placed) == 4
+    assert all(len(servers) == 1 for servers in placed.values())  # both turns on one server: its prefix cache
+    assert {name for name, _ in log} == {"a", "b"}  # the trajectories spread over both
 
 
 async def test_verls_worker_records_the_real_models_tokens_from_the_embedded_engine(servers) -> None:
