@@ -20,6 +20,7 @@ pytest.importorskip("verl", reason="verl is not installed (make setup installs i
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 from verl import DataProto  # noqa: E402
@@ -37,7 +38,7 @@ from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: 
 from agentloop_grpc.integrations.verl.batch import FailedTrajectoriesError  # noqa: E402
 from agentloop_grpc.integrations.verl.manager import samples_from  # noqa: E402
 from agentloop_grpc.router import GenerateCall, Router  # noqa: E402
-from agentloop_grpc.tools.client import GrpcToolClient  # noqa: E402
+from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError  # noqa: E402
 from agentloop_grpc.tools.config import ToolServerConfig  # noqa: E402
 from agentloop_grpc.tools.server import create_tool_server  # noqa: E402
 
@@ -115,7 +116,7 @@ def tool_server(servers):
     loop.run(server.stop(grace_s=1))
 
 
-def verl_config(engine: str, tools: str) -> OmegaConf:
+def verl_config(engine: str, tools: str | None) -> OmegaConf:
     """The parts of verl's ppo_trainer config the manager reads."""
     return OmegaConf.create({"actor_rollout_ref": {
         "model": {"path": str(model_store.prepare())},
@@ -305,6 +306,30 @@ def test_an_infrastructure_failure_raises_naming_the_trajectories(servers, tmp_p
         manager.close()
 
 
+def test_verls_tool_config_path_is_served_by_a_launched_tool_server(servers, tmp_path: Path) -> None:
+    engine, _, loop, _ = servers
+    path = tmp_path / "tools.yaml"
+    path.write_text(yaml.safe_dump(VERL_YAML))
+    config = verl_config(engine, None)
+    config.actor_rollout_ref.rollout.multi_turn.tool_config_path = str(path)
+
+    async def hosted(address: str) -> list[str]:
+        client = GrpcToolClient(address, timeout_s=10)
+        try:
+            return [spec.name for spec in await client.list_tools()]
+        finally:
+            await client.close()
+
+    manager = load_class_from_fqn(MANAGER).create(config=config, llm_client=None)
+    try:
+        address = manager.tool_server
+        assert loop.run(hosted(address)) == ["submit_answer"]  # verl's tool, in another process
+    finally:
+        manager.close()
+    with pytest.raises(ToolInfrastructureError, match="UNAVAILABLE"):  # the server ends with the manager
+        loop.run(hosted(address))
+
+
 def test_verl_rows_become_samples_and_bad_rows_are_refused_by_name() -> None:
     def rows(**columns) -> DataProto:
         base = {"dummy_tensor": torch.zeros(1, 1), "raw_prompt": np.array([ROWS[1]["prompt"]], dtype=object),
@@ -348,6 +373,10 @@ def test_bad_settings_are_refused_by_name() -> None:
     config = verl_config("127.0.0.1:1", "127.0.0.1:2")
     config.actor_rollout_ref.rollout.multi_turn.format = "qwen3_coder"
     with pytest.raises(ValueError, match="multi_turn.format 'qwen3_coder'"):
+        manager_class(config, None)
+    config = verl_config("127.0.0.1:1", "127.0.0.1:2")
+    config.actor_rollout_ref.rollout.multi_turn.function_tool_path = "tools.py"
+    with pytest.raises(ValueError, match="multi_turn.function_tool_path"):
         manager_class(config, None)
     with pytest.raises(ValueError, match="teacher_client"):
         manager_class(verl_config("127.0.0.1:1", "127.0.0.1:2"), None, teacher_client={"t": object()})

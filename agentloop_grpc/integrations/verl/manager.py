@@ -8,8 +8,9 @@ actor_rollout_ref:
     custom:
       agentloop:
         servers: ["127.0.0.1:50051"]      # or none: the servers verl's load balancer holds (rollout.name=agentloop)
-        loops:                            # LoopSettings below
-          tool_server: 127.0.0.1:50061    # `agentloop tools serve --config <verl's tool YAML>`
+        loops: {}                         # LoopSettings below
+    multi_turn:
+      tool_config_path: tools.yaml        # verl's tool YAML: served by a launched `agentloop tools serve`
 ```
 
 verl's trainer calls ``create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`` and then
@@ -40,8 +41,10 @@ import copy
 import dataclasses
 import json
 import random
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,6 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tensordict import TensorDict
 from verl import DataProto
+from verl.utils.import_utils import resolve_config_path
 from verl.utils.ray_utils import auto_await
 
 from agentloop_grpc.agent.config import AgentLoopConfig
@@ -58,6 +62,7 @@ from agentloop_grpc.agent.sample import Sample
 from agentloop_grpc.agent.spec import ComponentSpec, WorkerSpec, load_codec
 from agentloop_grpc.agent.trajectory import Trajectory
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
+from agentloop_grpc.launch.launcher import ServerProcess, agentloop_command
 from agentloop_grpc.rollout.dataset import row_sample
 from agentloop_grpc.router import RouterConfig
 
@@ -76,7 +81,10 @@ class LoopSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tool_server: str | None = None
-    """Address of the ToolExecute server the tool loop uses (it may serve verl's tool YAML); None: no tools."""
+    """Address of the ToolExecute server the tool loop uses; None: one is launched for verl's
+    ``multi_turn.tool_config_path`` (its tool YAML, served out of process), else no tools."""
+    tool_server_startup_s: float = Field(120.0, gt=0)
+    """How long a launched tool server may take to import its tools and report SERVING."""
     model_dir: str | None = None
     """Folder of the tokenizer the loops encode with; None: verl's ``model.tokenizer_path`` or ``model.path``."""
     workers: int = Field(1, ge=1)
@@ -247,6 +255,14 @@ class AgentloopAgentLoopManager:
         self.default_agent = OmegaConf.select(rollout, "agent.default_agent_loop", default="single_turn_agent")
         model = config.actor_rollout_ref.get("model") or {}
         self.model_dir = self.settings.model_dir or model.get("tokenizer_path") or model.get("path")
+        multi_turn = rollout.get("multi_turn") or {}
+        if multi_turn.get("function_tool_path"):
+            raise ValueError("multi_turn.function_tool_path: verl's function tools are not served by agentloop; "
+                             "name them in a tool config (agentloop_grpc/tools/README.md)")
+        self.tool_config_path = multi_turn.get("tool_config_path")
+        #: The tool server the loops use: ``loops.tool_server``, else one launched for ``tool_config_path``.
+        self.tool_server = self.settings.tool_server
+        self._tools_process: ServerProcess | None = None
         self._background = BackgroundLoop("agentloop-verl")
         self._managers: dict[bool, AgentLoopManager] = {}
         self._engines: tuple[str, ...] = ()
@@ -270,17 +286,26 @@ class AgentloopAgentLoopManager:
         await asyncio.to_thread(self._background.run, self._open())
 
     async def _open(self) -> None:
+        if self.tool_server is None and self.tool_config_path:
+            self.tool_server = await self._launch_tools(resolve_config_path(self.tool_config_path))
         codec = await asyncio.to_thread(load_codec, self.model_dir)
         self._pad_token_id = codec.tokenizer.pad_token_id or 0
         s = self.settings
         for validate, loop in self.loop_configs.items():
-            spec = WorkerSpec(engines=self._engines, tool_server=s.tool_server, model_dir=self.model_dir, loop=loop,
+            spec = WorkerSpec(engines=self._engines, tool_server=self.tool_server, model_dir=self.model_dir, loop=loop,
                               router=s.router, max_concurrency=s.max_concurrency, reward=s.reward,
                               interactions=s.interactions)
             manager = AgentLoopManager(spec, num_workers=s.workers, use_ray=s.use_ray)
             self._managers[validate] = manager  # before start: close() reaches a half-started one too
             await manager.start()
             await manager.check_tokenizer()
+
+    async def _launch_tools(self, config_path: str) -> str:
+        """``agentloop tools serve`` for verl's tool YAML: its tools run in that process, which ends with ours."""
+        log = Path(tempfile.mkdtemp(prefix="agentloop-verl-")) / "tools.log"
+        self._tools_process = ServerProcess([*agentloop_command(), "tools", "serve", "--config", config_path,
+                                             "--port", "0"], log, terminate_with_parent=True)
+        return await self._tools_process.start(timeout_s=self.settings.tool_server_startup_s)
 
     @auto_await
     async def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -324,6 +349,8 @@ class AgentloopAgentLoopManager:
         managers, self._managers = list(self._managers.values()), {}
         for manager in managers:
             self._background.run(manager.close())
+        if self._tools_process is not None:
+            self._background.run(self._tools_process.stop(grace_s=5.0))
         self._background.close()
 
 
