@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +25,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from agentloop_grpc.common import model_store  # noqa: E402
 from agentloop_grpc.common.types import PauseMode, SamplingParams  # noqa: E402
 from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig  # noqa: E402
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
 from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
 from agentloop_grpc.integrations.verl import sampling_from_verl  # noqa: E402
@@ -255,3 +260,33 @@ async def test_a_client_whose_servers_never_come_up_says_so_and_tries_afresh_nex
         with pytest.raises(NoHealthyServerError, match="healthy"):
             await client.generate("r", prompt_ids=[1], sampling_params={})
     assert client._router is None
+
+
+async def test_a_generation_whose_server_is_killed_resumes_on_another_and_verl_sees_one_output() -> None:
+    # the victim in its own process, so it can die without a word; the survivor, the same fake engine, here
+    victim = subprocess.Popen([str(Path(sys.executable).parent / "agentloop"), "engine", "serve", "--adapter", "fake",
+                               "--port", "0", "--set", "token_latency_s=0.01", "--log-level", "WARNING"],
+                              stdout=subprocess.PIPE, text=True)
+    survivor, survivor_address = await _fake_server(vocab_size=FakeEngineConfig().vocab_size, token_latency_s=0.01)
+    client = AgentloopLLMClient(CONFIG, servers=[victim.stdout.readline().split()[4]])  # "... listening on ADDR"
+    budget = 160  # the Router's generate receives tokens in groups of 32: some must have arrived at the kill
+    greedy = {"temperature": 0.0, "logprobs": True, "ignore_eos": True, "max_tokens": budget}
+    try:
+        router = await client.router()
+        task = asyncio.create_task(client.generate("t", prompt_ids=[1, 2, 3], sampling_params=greedy))
+        await asyncio.sleep(0.8)  # the victim's tokens flow
+        await router.fleet.add_server(survivor_address)
+        victim.send_signal(signal.SIGKILL)
+        output = await task
+        async with Router([survivor_address]) as direct:  # what the survivor makes of the prompt and of the rest
+            whole = await direct.generate(GenerateCall("d", [1, 2, 3], sampling_from_verl(greedy, 0)))
+            split = next(i for i, (a, b) in enumerate(zip(output.token_ids, whole.token_ids)) if a != b)
+            rest = await direct.generate(GenerateCall("d", [1, 2, 3, *output.token_ids[:split]],
+                                                      sampling_from_verl({**greedy, "max_tokens": budget - split}, 0)))
+    finally:
+        victim.kill()
+        victim.wait()
+        await client.close()
+        await survivor.stop(grace_s=0)
+    assert 0 < split < budget and output.token_ids[split:] == list(rest.token_ids)  # nothing lost, nothing twice
+    assert len(output.log_probs) == budget and output.num_preempted == 1 and output.stop_reason == "completed"
