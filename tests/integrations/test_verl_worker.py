@@ -20,6 +20,7 @@ from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn  # noqa: E402
 from verl.utils.import_utils import load_class_from_fqn  # noqa: E402
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient  # noqa: E402
+from verl.workers.rollout.router import get_router_handle  # noqa: E402
 
 from agentloop_grpc.common import model_store  # noqa: E402
 from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
@@ -193,7 +194,7 @@ def test_verls_trainer_loads_our_manager_by_name_and_its_ray_workers_use_our_rou
     server = loop.run(_started(make_adapter("fake", {
         "script": lambda request: seen.append(request.session_id) or [5, 6, 7], "vocab_size": 50_000,
     })))
-    config = verl_config(8, servers=(f"127.0.0.1:{server.port}",))
+    config = verl_config(8)  # no servers of ours: they come from verl's balancer, as in a run with name=agentloop
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
@@ -201,8 +202,9 @@ def test_verls_trainer_loads_our_manager_by_name_and_its_ray_workers_use_our_rou
     try:
         manager_class = load_class_from_fqn(config.actor_rollout_ref.rollout.agent.agent_loop_manager_class,
                                             "AgentLoopManager")  # as verl's trainer does
-        # verl's plain client, with no load balancer: only ours can reach the engine
-        manager = manager_class.create(config=config, llm_client=LLMServerClient(config))
+        # verl's own client and balancer, whose server ids are our servers' addresses (our replica registers them)
+        balancer = get_router_handle(servers={f"127.0.0.1:{server.port}": None})
+        manager = manager_class.create(config=config, llm_client=LLMServerClient(config, balancer))
         data = manager.generate_sequences(prompts(2, 1, "single_turn_agent"))
     finally:
         if started:
