@@ -1,7 +1,7 @@
 """verl's own ``AgentLoopWorker`` and ``AgentLoopManager`` machinery on our engines (verl 0.9.1 running for real):
 the DataProto verl's ``_postprocess`` builds comes from verl's loops over ``AgentloopLLMClient``, its masks cover
 exactly the model's tokens, verl's GRPO advantage and vanilla policy loss run on it; and
-``AgentloopAgentLoopManager``, loaded by name from verl's config as verl's trainer loads it, hands its Ray workers
+``RouterAgentLoopManager``, loaded by name from verl's config as verl's trainer loads it, hands its Ray workers
 our client."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from agentloop_grpc.integrations.verl.loops_manager import agentloop_client  # n
 
 from .test_verl_tool_loop import ADD_SCHEMA, CALL, ROLLOUT, AddTool, _direct, _segments  # noqa: E402
 
-MANAGER = "agentloop_grpc.integrations.verl.loops_manager.AgentloopAgentLoopManager"
+MANAGER = "agentloop_grpc.integrations.verl.loops_manager.RouterAgentLoopManager"
 ANSWER = "The answer is 5."
 QUESTIONS = ("What is 2 + 3?", "Add 2 and 3.")
 

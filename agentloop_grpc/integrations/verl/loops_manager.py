@@ -7,7 +7,7 @@ sessions, failover with resume and engine-side aborts without changing a loop.
 actor_rollout_ref:
   rollout:
     agent:
-      agent_loop_manager_class: agentloop_grpc.integrations.verl.loops_manager.AgentloopAgentLoopManager
+      agent_loop_manager_class: agentloop_grpc.integrations.verl.loops_manager.RouterAgentLoopManager
     custom:
       agentloop:
         servers: ["10.0.0.1:50051", "10.0.0.2:50051"]   # else the servers of verl's rollout (name=agentloop)
@@ -39,9 +39,10 @@ async def agentloop_client(config: Any, llm_client: LLMServerClient) -> Agentloo
     return AgentloopLLMClient(config, servers=servers)
 
 
-class AgentloopAgentLoopManager(AgentLoopManager):
-    """verl's manager, its workers handed ``AgentloopLLMClient`` (see the module docstring). Created as verl's:
-    ``AgentloopAgentLoopManager.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)``."""
+class RouterAgentLoopManager(AgentLoopManager):
+    """verl's manager, its workers handed ``AgentloopLLMClient`` (see the module docstring; ``manager.py``'s
+    ``AgentloopAgentLoopManager`` runs our own loops instead). Created as verl's:
+    ``RouterAgentLoopManager.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)``."""
 
     async def _init_agent_loop_workers(self) -> None:
         # the swap happens here, not in __init__: finding verl's servers asks its load balancer, a Ray call
@@ -49,4 +50,4 @@ class AgentloopAgentLoopManager(AgentLoopManager):
         await super()._init_agent_loop_workers()
 
 
-__all__ = ["AgentloopAgentLoopManager", "agentloop_client"]
+__all__ = ["RouterAgentLoopManager", "agentloop_client"]
