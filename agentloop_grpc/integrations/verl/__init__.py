@@ -1,9 +1,18 @@
-"""verl integration (the ``verl`` extra; tested with verl 0.9.1): verl's agent loops on agentloop.v1 engines.
+"""verl integration (the ``verl`` extra; tested with verl 0.9.1): verl's trainer and agent loops on agentloop.v1
+engines, selected by verl's own config keys (no verl file is patched).
 
-```python
-client = AgentloopLLMClient(config, servers=["127.0.0.1:50051"])   # verl's LLMServerClient, over our Router
-output = await SingleTurnAgentLoop(..., server_manager=client, ...).run(sampling_params, raw_prompt=messages)
-```
+Engine level (verl's loops unchanged):
+  - ``rollout.name=agentloop``: our rollout replica (``replica.py``, registered by the ``verl.plugins`` entry
+    point, ``plugin.py``) launches one engine server per replica behind a Ray actor verl's balancer and client call
+    (``server_actor.py``); verl's wake_up / sleep / abort / resume / cache calls map onto EngineControl; in hybrid
+    mode verl's in-trainer rollout handle is ``rollout_adapter.py``;
+  - ``checkpoint_engine.backend=agentloop`` (``custom_backend_module``: ``checkpoint_engine.py``) with
+    ``checkpoint_manager_class`` (``checkpoint_manager.py``): verl's weights reach the servers by our transfer;
+  - ``agent.agent_loop_manager_class=...loops_manager...``: verl's loops on ``AgentloopLLMClient`` (``client.py``,
+    verl's ``LLMServerClient`` over our Router; ``sampling.py`` maps verl's sampling dict).
+Loop level (our loops inside verl's trainer): ``agent.agent_loop_manager_class=...manager...`` reads verl's dataset
+columns, runs our agent loops and returns verl's agent-loop batch (``batch.py``); verl's tool YAML runs in our tool
+server (``tools.py``). Our settings live under ``rollout.custom.agentloop`` (``settings.py``).
 """
 
 from .sampling import sampling_from_verl
