@@ -32,6 +32,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
 from verl.utils.import_utils import load_class_from_fqn  # noqa: E402
 
 from agentloop_grpc.agent.parsers import HermesParser  # noqa: E402
+from agentloop_grpc.agent.reward import Outcome, Score  # noqa: E402
 from agentloop_grpc.common import model_store  # noqa: E402
 from agentloop_grpc.common.types import SamplingParams, StructuredOutput  # noqa: E402
 from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
@@ -268,7 +269,8 @@ def test_our_loops_inside_verls_trainer_step(servers, tool_server, tmp_path: Pat
             if scores[a] != scores[b]:  # within a group, the better reward is pushed up
                 assert (advantages[a][mask[a] == 1][0] > advantages[b][mask[b] == 1][0]) == bool(scores[a] > scores[b])
         metrics = compute_data_metrics(batch, use_critic=False)
-        assert metrics["num_turns/max"] >= 3 and "tool_call_counts/mean" in metrics
+        assert metrics["num_turns/max"] == max(batch.non_tensor_batch["__num_turns__"])
+        assert metrics["tool_call_counts/max"] == max(batch.non_tensor_batch["tool_call_counts"])
         old = batch.batch["rollout_log_probs"]
         actor = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
                                   "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean",
@@ -281,6 +283,36 @@ def test_our_loops_inside_verls_trainer_step(servers, tool_server, tmp_path: Pat
     finally:
         manager.close()
         reward_worker.close()
+
+
+def token_reward(outcome: Outcome) -> Score:
+    """Our reward function (``loops.reward``): a tenth of a point per response token."""
+    return Score(len(outcome.response_ids) / 10, {"tokens": float(len(outcome.response_ids))})
+
+
+def test_our_reward_function_scores_when_set(servers, tool_server) -> None:
+    engine, _, loop, _ = servers
+    config = verl_config(engine, tool_server[0])
+    config.actor_rollout_ref.rollout.custom.agentloop.loops.reward = {"path": f"{__name__}:token_reward"}
+    config.actor_rollout_ref.rollout.custom.agentloop.loops.loop.max_new_tokens_per_turn = 8
+    rows = DataProto.from_single_dict({
+        "dummy_tensor": torch.zeros(2, 1), "raw_prompt": np.array([ROWS[2]["prompt"]] * 2, dtype=object),
+        "agent_name": np.array(["single_turn_agent"] * 2, dtype=object), "uid": np.array(["u", "u"], dtype=object),
+        **{key: np.array([ROWS[2][key]] * 2, dtype=object) for key in ("data_source", "reward_model", "extra_info")},
+    }, meta_info={"validate": True})
+    reward_worker = RewardWorker(model_store.load_tokenizer(model_store.prepare()))
+    manager = load_class_from_fqn(MANAGER).create(config=config, llm_client=None,
+                                                  reward_loop_worker_handles=[reward_worker])
+    try:
+        output = manager.generate_sequences(rows)  # ours scores: the reward workers are not asked
+    finally:
+        manager.close()
+        reward_worker.close()
+    check_fields(output, 2)
+    tokens = output.batch["attention_mask"][:, PROMPT_LENGTH:].sum(-1).float()
+    assert output.batch["rm_scores"].sum(-1).tolist() == pytest.approx((tokens / 10).tolist())
+    assert output.meta_info["reward_extra_keys"] == ["tokens"]
+    assert list(output.non_tensor_batch["tokens"]) == tokens.tolist()
 
 
 def test_an_infrastructure_failure_raises_naming_the_trajectories(servers, tmp_path: Path) -> None:
@@ -346,6 +378,8 @@ def test_verl_rows_become_samples_and_bad_rows_are_refused_by_name() -> None:
     assert sample.tools_kwargs == {"submit_answer": {"ground_truth": "17"}, "check_answer": {"ground_truth": "17"}}
     assert (sample.interaction, sample.interaction_kwargs) == ("retry", {"query": "q"})
     assert samples_from(rows(), "single_turn_agent")[0].loop == "single_turn"  # verl's default agent loop
+    assert samples_from(rows(reward_model={"ground_truth": np.int64(17)}), "tool_agent")[0].ground_truth == "17"
+    assert samples_from(rows(reward_model={"ground_truth": ["a", 1]}), "tool_agent")[0].ground_truth == '["a", 1]'
     with pytest.raises(ValueError, match="row 0: agent_name 'react_agent' has no agentloop loop"):
         samples_from(rows(agent_name="react_agent"), "single_turn_agent")
     with pytest.raises(ValueError, match="tools_kwargs.submit_answer.execute_kwargs has no equivalent"):

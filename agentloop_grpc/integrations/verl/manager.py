@@ -27,7 +27,7 @@ arguments; ``uid`` -> the GRPO group (verl already repeated each prompt ``rollou
 
 Rewards: verl's reward loop workers when the trainer passes them and ``reward`` is not set (verl's reward config,
 custom reward function included, scores every trajectory as verl's manager has it do); else our reward function in
-the rollout. The result is ``to_dataproto``'s batch padded to ``prompt_length``/``response_length``, one row per
+the rollout (the metrics it reports for every trajectory become verl's reward extra info). The result is ``to_dataproto``'s batch padded to ``prompt_length``/``response_length``, one row per
 input row in the input's order, with verl's manager's meta_info (``timing``, ``reward_extra_keys``). A failed
 trajectory raises ``FailedTrajectoriesError`` naming it (see ``batch.py`` for why none is dropped or masked).
 Weight updates stay verl's (its checkpoint engine reaches our replicas); engines are neither woken nor put to
@@ -159,7 +159,7 @@ def _create_kwargs(tools_kwargs: Mapping[str, Any], row: int) -> dict[str, dict[
 def _ground_truth(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
-    return str(value) if isinstance(value, (int, float)) else json.dumps(value, default=str)
+    return str(value) if isinstance(value, (int, float, np.number)) else json.dumps(value, default=str)
 
 
 def samples_from(batch: DataProto, default_agent: str, ground_truth_tools: Sequence[str] = ()) -> list[Sample]:
@@ -323,11 +323,13 @@ class AgentloopAgentLoopManager:
         if failed:
             raise FailedTrajectoriesError(failed, len(trajectories))
         columns = dict(prompts.non_tensor_batch)
-        reward_extra = None
         if self.reward_loop_worker_handles and self.settings.reward is None:
             scored = await asyncio.gather(*(self._verl_reward(columns, i, t) for i, t in enumerate(trajectories)))
             trajectories = [t for t, _ in scored]
             reward_extra = [extra for _, extra in scored]
+        else:  # our reward ran in the rollout; the metrics every trajectory reports become verl's extra info
+            common = sorted(set.intersection(*(set(t.metrics) for t in trajectories)))
+            reward_extra = [{key: t.metrics[key] for key in common} for t in trajectories]
         data = to_dataproto(trajectories, self._pad_token_id, self.prompt_length, self.response_length,
                             columns=columns, reward_extra=reward_extra)
         metrics = data.meta_info.pop("metrics")
