@@ -90,10 +90,12 @@ async def test_verls_grpo_advantage_and_policy_loss_run_on_it() -> None:
 async def test_input_columns_and_reward_extra_info_are_carried_and_failures_refused() -> None:
     trajectories, codec = await _trajectories()
     pad = codec.tokenizer.pad_token_id or 0
-    columns = {"data_source": np.array(["gsm8k"] * len(trajectories), dtype=object)}
+    columns = {"data_source": np.array(["gsm8k"] * len(trajectories), dtype=object),
+               "uid": np.array([0, 0, 1, 1, 2])}  # a trainer's uid of another type than our group ids
     extra = [{"acc": t.reward} for t in trajectories]
     data = to_dataproto(trajectories, pad, columns=columns, reward_extra=extra)
     assert list(data.non_tensor_batch["data_source"]) == ["gsm8k"] * len(trajectories)
+    assert data.non_tensor_batch["uid"] is columns["uid"]
     assert list(data.non_tensor_batch["acc"]) == [t.reward for t in trajectories]
     assert data.meta_info["reward_extra_keys"] == ["acc"]
     with pytest.raises(ValueError, match="reward_extra\\[1\\] has keys"):

@@ -5,11 +5,12 @@ Tensors: ``prompts`` (left-padded), ``responses`` (right-padded), ``response_mas
 ``input_ids``, ``attention_mask``, ``position_ids``, ``rollout_log_probs`` (the engine's) and ``rm_scores`` (the
 trajectory's reward on its last response token, where verl's loops put it). Non-tensor: the input batch's columns
 as they came (``columns``: verl's trainer unions the output with its batch, which needs them equal), ``uid`` (the
-GRPO group), ``__num_turns__`` (verl counts the prompt, each assistant turn and each tool or user turn),
-``multi_modal_inputs`` (empty per row for text: the trainer iterates it), ``tool_call_counts``, ``turn_scores``,
-``tool_rewards``, ``min_global_steps``/``max_global_steps`` (the weight versions of the model tokens), ``extras``,
-``sample_id``, and one column per reward extra-info key. meta_info: ``metrics`` (per trajectory: seconds
-generating, in tools and scoring, failovers as ``num_preempted``) and ``reward_extra_keys``.
+input's when given, else each trajectory's GRPO group), ``__num_turns__`` (verl counts the prompt, each assistant
+turn and each tool or user turn), ``multi_modal_inputs`` (empty per row for text: the trainer iterates it),
+``tool_call_counts``, ``turn_scores``, ``tool_rewards``, ``min_global_steps``/``max_global_steps`` (the weight
+versions of the model tokens), ``extras``, ``sample_id``, and one column per reward extra-info key. meta_info:
+``metrics`` (per trajectory: seconds generating, in tools and scoring, failovers as ``num_preempted``) and
+``reward_extra_keys``.
 
 Every trajectory must have succeeded (``FailedTrajectoriesError`` names those that did not): verl's batch keeps one
 row per input row, and a failed row kept with a zero mask would still enter its GRPO group's mean and std with a
@@ -105,6 +106,8 @@ def to_dataproto(trajectories: Sequence[Trajectory], pad_token_id: int, prompt_l
         "extras": _objects([{"termination": t.termination.value, "tool_calls": t.tool_calls} for t in rows]),
         **extra_columns,
     }
+    if columns is not None and "uid" in columns:  # the trainer's own values (any type): its union compares them
+        non_tensor["uid"] = columns["uid"]
     metrics = [{"generate_sequences": t.timings.generate_s, "tool_calls": t.timings.tools_s,
                 "compute_score": t.timings.reward_s, "num_preempted": t.resumed_generations} for t in rows]
     return DataProto(
