@@ -27,9 +27,10 @@ arguments; ``uid`` -> the GRPO group (verl already repeated each prompt ``rollou
 
 Rewards: verl's reward loop workers when the trainer passes them and ``reward`` is not set (verl's reward config,
 custom reward function included, scores every trajectory as verl's manager has it do); else our reward function in
-the rollout (the metrics it reports for every trajectory become verl's reward extra info). The result is ``to_dataproto``'s batch padded to ``prompt_length``/``response_length``, one row per
-input row in the input's order, with verl's manager's meta_info (``timing``, ``reward_extra_keys``). A failed
-trajectory raises ``FailedTrajectoriesError`` naming it (see ``batch.py`` for why none is dropped or masked).
+the rollout (the metrics it reports for every trajectory become verl's reward extra info). The result is
+``to_dataproto``'s batch padded to ``prompt_length``/``response_length``, one row per input row in the input's
+order, with verl's manager's meta_info (``timing``, ``reward_extra_keys``). A failed trajectory raises
+``FailedTrajectoriesError`` naming it (see ``batch.py`` for why none is dropped or masked).
 Weight updates stay verl's (its checkpoint engine reaches our replicas); engines are neither woken nor put to
 sleep here: verl's trainer does that around ``generate_sequences``.
 """
