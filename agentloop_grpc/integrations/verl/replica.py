@@ -78,8 +78,10 @@ class AgentloopReplica(RolloutReplica):
             target = {"address": settings.servers[self.replica_rank]}
         else:
             target = {"launch": self._launch(settings)}
+        # what the actor's client reads of verl's rollout config: the lengths and the sampling defaults
+        read = ("prompt_length", "response_length", "repetition_penalty", "ignore_eos", "full_determinism", "seed")
         trainer_config = OmegaConf.create({"actor_rollout_ref": {"rollout": {
-            "prompt_length": self.config.prompt_length, "response_length": self.config.response_length,
+            name: getattr(self.config, name) for name in read
         }}})
         actor = ray.remote(EngineServerActor).options(**options).remote(
             trainer_config, self.rollout_mode.value, self.config.free_cache_engine,
