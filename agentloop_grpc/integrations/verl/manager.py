@@ -54,6 +54,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tensordict import TensorDict
 from verl import DataProto
+from verl.utils.fs import copy_to_local
 from verl.utils.import_utils import resolve_config_path
 from verl.utils.ray_utils import auto_await
 
@@ -289,6 +290,8 @@ class AgentloopAgentLoopManager:
     async def _open(self) -> None:
         if self.tool_server is None and self.tool_config_path:
             self.tool_server = await self._launch_tools(resolve_config_path(self.tool_config_path))
+        if self.model_dir is not None:  # verl's model paths may be hdfs:// or hub ids: made local as verl does
+            self.model_dir = await asyncio.to_thread(copy_to_local, self.model_dir)
         codec = await asyncio.to_thread(load_codec, self.model_dir)
         self._pad_token_id = codec.tokenizer.pad_token_id or 0
         s = self.settings
