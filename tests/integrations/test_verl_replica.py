@@ -43,6 +43,7 @@ def _config():
         "actor_rollout_ref.rollout.name=agentloop", "actor_rollout_ref.rollout.nnodes=1",
         "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.prompt_length=256", "actor_rollout_ref.rollout.response_length=16",
+        "+actor_rollout_ref.rollout.repetition_penalty=1.5",  # verl's servers apply it to every call: so must ours
         "+actor_rollout_ref.rollout.custom={agentloop: {engine: embedded, "
         "engine_config: {max_running: 4, max_model_len: 1024}}}",
         f"actor_rollout_ref.model.path={model_store.prepare()}",
@@ -79,7 +80,7 @@ async def test_verls_client_and_balancer_generate_on_our_engine_server(manager) 
     output = await manager.get_client().generate("traj-1", prompt_ids=PROMPT, sampling_params=dict(GREEDY))
     async with Router([address]) as router:
         direct = await router.generate(GenerateCall("direct", PROMPT, SamplingParams(
-            max_new_tokens=16, temperature=0.0, logprobs=True)))
+            max_new_tokens=16, temperature=0.0, logprobs=True, repetition_penalty=1.5)))
     assert output.token_ids == list(direct.token_ids) and len(output.token_ids) == 16  # response_length bounds it
     assert output.log_probs == pytest.approx(list(direct.logprobs), abs=1e-5)
     assert output.stop_reason == "completed"
