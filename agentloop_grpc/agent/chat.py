@@ -1,45 +1,59 @@
 """ChatCodec: turns messages into token ids the way the chat template renders them, by deltas.
 
 The loop never re-tokenizes model output. Everything it adds between model turns (tool responses, user turns) is
-encoded as the template's *delta*: render the conversation with and without the new messages and encode only the
-difference, so the tokens equal what the template would produce at that spot.
+encoded as the template's *delta*: the text the template puts after the model's last turn, found by rendering
+that turn as a sentinel and taking what follows it. The delta depends neither on how the template re-renders
+earlier turns (Qwen3's drops the reasoning of turns before the last user query, others trim content or
+re-serialise tool calls) nor on a render of the past being a prefix of its continuation, so the next prompt
+continues exactly what the engine saw.
 
 The turn separator: a template closes an assistant turn with text after the end-of-turn token (ChatML:
 ``<|im_end|>`` then ``\n``). The model stops at ``<|im_end|>``; the ``\n`` is the template's, not the model's,
-and it must still be there before the next turn (verl #6501 dropped it). ``separator()`` finds that tail by
-rendering a sentinel assistant turn, and the loop prepends what the model did not produce to the next delta.
+and it must still be there before the next turn (verl #6501 dropped it). The text after the sentinel starts with
+that tail, and the loop drops from it only the stop token the model did produce.
 
-Drift check: ``first_drift`` re-renders the whole conversation and compares it with the recorded ids. A
-difference means the template would not reproduce what was trained on, either because the model produced a
-non-canonical tokenization of its own text (harmless for training, the ids are the truth) or because a delta was
-wrong (a bug). Modes: strict (the trajectory fails), report (recorded in it), off.
+Drift check: ``first_drift`` re-renders the whole conversation and compares it with the recorded ids. The first
+difference is classified: ``tokenization`` when the recorded ids decode to the rendered text (the model produced
+a non-canonical tokenization of its own text: harmless, the ids are the truth), ``text`` when the template renders
+something else (a template that re-renders past turns differently, or a wrong delta: a trainer that re-templates
+the conversation would train on other tokens). Modes: strict (the trajectory fails), report (recorded in it), off.
 
-The tokenizer is only read (``apply_chat_template``, ``encode``, ``decode``); nothing here mutates it.
+The template is the loop's alone (engines take token ids): the tokenizer's own, or ``AgentLoopConfig.chat_template``
+with ``chat_template_kwargs`` passed to every render. The tokenizer is only read (``apply_chat_template``,
+``encode``, ``decode``); nothing here mutates it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from .trajectory import Drift
 
 _SENTINEL = "\u2063agentloop-sentinel\u2063"
+#: Characters of each text shown either side of a drift.
+_DRIFT_CONTEXT_CHARS = 60
 
 
 class ChatCodec:
     """Renders and encodes conversations for one tokenizer and chat template."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self._template = chat_template  # None: the tokenizer's own
+        self._template_kwargs = dict(template_kwargs or {})
         self.eos_token_ids = tuple(
             sorted({i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None})
         )
-        closed = self.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}])
-        self._assistant_tail = closed[closed.index(_SENTINEL) + len(_SENTINEL) :]
+        try:
+            closed = self.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}])
+        except TemplateError as error:  # a broken template fails when the worker is built, not in the first loop
+            raise ValueError(f"chat_template: the template does not render a conversation ({error})") from None
+        self._assistant_tail = self._after_sentinel(closed)
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict] | None = None, *,
                add_generation_prompt: bool = False) -> str:
@@ -49,6 +63,7 @@ class ChatCodec:
             chat_template=self._template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
+            **self._template_kwargs,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -70,11 +85,22 @@ class ChatCodec:
 
     def separator(self, stopped_on: int | None) -> str:
         """What the template puts after an assistant turn that the model did not produce itself."""
+        return self._not_produced(self._assistant_tail, stopped_on)
+
+    def _not_produced(self, tail: str, stopped_on: int | None) -> str:
         if stopped_on is not None:
             stop_text = self.decode([stopped_on])
-            if self._assistant_tail.startswith(stop_text):
-                return self._assistant_tail[len(stop_text) :]
-        return self._assistant_tail
+            if tail.startswith(stop_text):
+                return tail[len(stop_text) :]
+        return tail
+
+    @staticmethod
+    def _after_sentinel(text: str) -> str:
+        at = text.find(_SENTINEL)
+        if at < 0:
+            raise ValueError("chat_template: the template does not render an assistant turn's content, so the loop "
+                             "cannot tell where the model's tokens end")
+        return text[at + len(_SENTINEL) :]
 
     def delta_ids(
         self,
@@ -85,20 +111,56 @@ class ChatCodec:
     ) -> list[int]:
         """Token ids to append after the model's last turn (the last message of ``history``) so that the
         conversation continues with ``new_messages`` and is opened for the assistant again."""
-        before = self.render(history, tools)
-        after = self.render([*history, *new_messages], tools, add_generation_prompt=True)
-        if not after.startswith(before):
-            raise ValueError("the chat template does not render the conversation as a prefix of its continuation")
-        return self.encode(self.separator(stopped_on) + after[len(before) :])
+        if not history or history[-1].get("role") != "assistant":
+            raise ValueError("a delta continues an assistant turn: the last message of history must be one")
+        probe = [*history[:-1], {**history[-1], "content": _SENTINEL}, *new_messages]
+        after = self._after_sentinel(self.render(probe, tools, add_generation_prompt=True))
+        return self.encode(self._not_produced(after, stopped_on))
 
     def first_drift(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict] | None, recorded: Sequence[int],
         open_for_assistant: bool,
     ) -> Drift | None:
         """Compare ``recorded`` (prompt + response ids) with a fresh render of ``messages``; None when it is a
-        prefix of the render (the render may go on with the last turn's separator)."""
-        rendered = self.encode(self.render(messages, tools, add_generation_prompt=open_for_assistant))
-        for position, token in enumerate(recorded):
-            if position >= len(rendered) or rendered[position] != token:
-                return Drift(position, token, rendered[position] if position < len(rendered) else None)
-        return None
+        prefix of the render (the render may go on with the last turn's separator), else the first difference,
+        classified (see the module docstring)."""
+        recorded = list(recorded)
+        rendered_text = self.render(messages, tools, add_generation_prompt=open_for_assistant)
+        rendered = self.encode(rendered_text)
+        if recorded == rendered[: len(recorded)]:
+            return None
+        recorded_text = self.decode(recorded)
+        if rendered_text.startswith(recorded_text):
+            kind = "tokenization"
+            position = next(i for i, token in enumerate(recorded) if i >= len(rendered) or rendered[i] != token)
+            offset = len(self.decode(recorded[:position]))
+        else:
+            kind = "text"
+            offset = _common_prefix(recorded_text, rendered_text)
+            position = self._token_at(recorded, rendered_text)
+        lo, hi = max(0, offset - _DRIFT_CONTEXT_CHARS), offset + _DRIFT_CONTEXT_CHARS
+        return Drift(
+            position,
+            recorded[position] if position < len(recorded) else None,
+            rendered[position] if position < len(rendered) else None,
+            kind=kind,
+            recorded_text=recorded_text[lo:hi],
+            rendered_text=rendered_text[lo:hi],
+        )
+
+    def _token_at(self, recorded: list[int], rendered_text: str) -> int:
+        """The first recorded token whose text takes the decoded sequence off ``rendered_text`` (binary search:
+        the decoded prefixes stay prefixes of the render up to that token, and none does after it)."""
+        lo, hi = 0, len(recorded)  # decode(recorded[:lo]) is a prefix of the render, decode(recorded[:hi]) is not
+        while hi - lo > 1:
+            middle = (lo + hi) // 2
+            if rendered_text.startswith(self.decode(recorded[:middle])):
+                lo = middle
+            else:
+                hi = middle
+        return lo
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentloop_grpc.common.types import SamplingParams
 
@@ -82,10 +83,31 @@ class AgentLoopConfig(BaseModel):
         "report", description="Re-render the conversation at the end and compare with the recorded ids: strict "
         "fails the trajectory on a difference, report records the first difference, off skips the check."
     )
+    chat_template: str | None = Field(
+        None, description="The chat template conversations are encoded with: Jinja text, or the path of a file "
+        "holding it (a value without '{{' or '{%' is a path, read when the config is loaded, relative to the "
+        "working directory); None: the tokenizer's own. Engines take token ids and never apply a template, so it "
+        "is the loop's alone."
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra variables of every render of the template, e.g. "
+        "{enable_thinking: false} for Qwen3's."
+    )
     generate_timeout_s: float = Field(600.0, gt=0, description="Deadline of one generation.")
     end_on_tool: tuple[str, ...] = Field(
         ("check_answer",), description="Tools whose call ends the episode (the final answer was submitted)."
     )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _read_template_file(cls, value: str | None) -> str | None:
+        # a file's text is carried in the config, so a worker on another machine needs no copy of the file
+        if value is None or "{{" in value or "{%" in value:
+            return value
+        try:
+            return Path(value).read_text()
+        except OSError as error:
+            raise ValueError(f"chat_template {value!r} is neither Jinja text nor a readable file ({error})") from None
 
     def sampling_for(self, turn: int) -> SamplingConfig:
         return self.turn_sampling[turn] if turn < len(self.turn_sampling) else self.sampling

@@ -1,9 +1,10 @@
 """Episode: the conversation state one loop run shares between its turns, and how it ends.
 
 It keeps two views of the conversation: ``rendered`` (what the chat template renders: assistant turns as the
-model's raw text, so a fresh render reproduces the model's tokens) and the builder's ``messages`` (for humans:
-assistant turns with parsed tool calls). It encodes every non-model turn as a template delta, enforces the
-response budget, traces turns, and at the end runs the drift check and the reward.
+model's raw text, so a fresh render reproduces its text where the template keeps it) and the builder's
+``messages`` (for humans: assistant turns with parsed tool calls). It encodes every non-model turn as a template
+delta, enforces the response budget, traces turns, and at the end runs the drift check (a departure from a fresh
+render is recorded, classified, in the trajectory; only the strict mode fails it) and the reward.
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ class Episode:
                 self.rendered, self.tools, self.builder.context_ids, self.open_for_assistant
             )
             if drift is not None and self.context.config.drift_check == "strict":
-                termination, error = Termination.ERROR, f"token drift at position {drift.position} (strict check)"
+                termination, error = (Termination.ERROR,
+                                      f"{drift.kind} drift at token {drift.position} (strict check): recorded "
+                                      f"{drift.recorded_text!r}, rendered {drift.rendered_text!r}")
         reward, metrics, reward_s = 0.0, {}, 0.0
         if termination is not Termination.ERROR:
             started = time.monotonic()

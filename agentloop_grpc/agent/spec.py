@@ -87,11 +87,13 @@ class WorkerSpec(BaseModel):
         return Fleet(list(self.engines), self.router)
 
 
-def load_codec(model_dir: str | None) -> ChatCodec:
+def load_codec(model_dir: str | None, loop: AgentLoopConfig | None = None) -> ChatCodec:
+    """The tokenizer of ``model_dir`` with the loop's chat template (None: the tokenizer's own template)."""
     from agentloop_grpc.common import model_store
 
     folder = Path(model_dir) if model_dir else model_store.prepare()
-    return ChatCodec(model_store.load_tokenizer(folder))
+    loop = loop or AgentLoopConfig()
+    return ChatCodec(model_store.load_tokenizer(folder), loop.chat_template, loop.chat_template_kwargs)
 
 
 async def build_worker(spec: WorkerSpec, stack: AsyncExitStack, index: int = 0) -> tuple[AgentLoopWorker, Router]:
@@ -114,7 +116,7 @@ async def build_worker(spec: WorkerSpec, stack: AsyncExitStack, index: int = 0) 
         context_args["reward"] = spec.reward.load()
     context = LoopContext(
         generator=router,
-        codec=load_codec(spec.model_dir),
+        codec=load_codec(spec.model_dir, spec.loop),
         config=spec.loop,
         tools=tools,
         tool_specs=specs,

@@ -8,9 +8,11 @@ model's tokens exactly as the engine produced them, interleaved with the tool/us
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 
 class Termination(enum.Enum):
@@ -41,13 +43,28 @@ class Timings:
     started_at: float = 0.0
 
 
+#: ``tokenization``: the recorded ids decode to the rendered text, split into other tokens (the model's own
+#: non-canonical tokenization of its text): harmless, the ids are the truth. ``text``: the template renders other
+#: text (it re-renders past turns differently, or a delta was wrong): a trainer that re-templates the
+#: conversation would train on other tokens than the model produced.
+DriftKind = Literal["tokenization", "text"]
+
+
 @dataclass(frozen=True, slots=True)
 class Drift:
-    """The first place where the recorded tokens differ from a fresh render of the whole conversation."""
+    """Where the recorded tokens (prompt + response) first depart from a fresh render of the whole conversation,
+    and why."""
 
+    #: Index in prompt + response ids: for text drift the token where the texts part, for tokenization drift the
+    #: first token that differs.
     position: int
+    #: The recorded id and the fresh render's id at ``position`` (None past the end).
     recorded: int | None
     rendered: int | None
+    kind: DriftKind = "text"
+    #: The recorded ids decoded, and the rendered text, around the place they part (the same span of both).
+    recorded_text: str = ""
+    rendered_text: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,3 +147,16 @@ class Trajectory:
     @property
     def failed(self) -> bool:
         return self.termination is Termination.ERROR
+
+
+def drift_summary(trajectories: Sequence[Trajectory]) -> dict[str, dict[str, Any]]:
+    """Drifted trajectories per kind (every kind, also at 0), with the first one of each as an example (None when
+    there is none), for summaries and reports."""
+    summary: dict[str, dict[str, Any]] = {kind: {"count": 0, "example": None} for kind in get_args(DriftKind)}
+    for t in trajectories:
+        if t.drift is not None:
+            entry = summary[t.drift.kind]
+            entry["count"] += 1
+            if entry["example"] is None:
+                entry["example"] = {"sample_id": t.sample_id, **dataclasses.asdict(t.drift)}
+    return summary
