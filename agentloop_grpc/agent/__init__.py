@@ -13,7 +13,10 @@ from .loops import AgentLoop, LoopRegistry, LoopState, SingleTurnLoop, ToolLoop
 from .manager import AgentLoopManager, RolloutBatch
 from .metrics import RolloutMetrics
 from .parquet import read_parquet, write_parquet
-from .parsers import HermesParser, ParsedTurn, ToolCall, ToolCallParser
+from .parsers import (
+    GptOssParser, HermesParser, Llama3JsonParser, ParsedTurn, ParseError, Qwen3CoderParser, ToolCall, ToolCallParser,
+    make_parser,
+)
 from .reward import Outcome, RewardFunction, Score
 from .sample import Sample
 from .spec import ComponentSpec, WorkerSpec
@@ -22,9 +25,10 @@ from .trajectory import Termination, Timings, Trajectory
 from .worker import AgentLoopWorker
 
 __all__ = [
-    "AgentLoop", "AgentLoopConfig", "AgentLoopManager", "AgentLoopWorker", "ChatCodec", "ComponentSpec",
-    "HermesParser", "Interaction", "InteractionTurn", "JsonlTracer", "LoopContext", "LoopRegistry", "LoopState",
-    "Outcome", "ParsedTurn", "RetryOnWrongAnswer", "RewardFunction", "RolloutBatch", "RolloutMetrics", "Sample",
-    "SamplingConfig", "Score", "SingleTurnLoop", "Termination", "Timings", "ToolCall", "ToolCallParser", "ToolLoop",
-    "TrainerBatch", "Trajectory", "WorkerSpec", "read_parquet", "to_batch", "write_parquet",
+    "AgentLoop", "AgentLoopConfig", "AgentLoopManager", "AgentLoopWorker", "ChatCodec", "ComponentSpec", "GptOssParser",
+    "HermesParser", "Interaction", "InteractionTurn", "JsonlTracer", "Llama3JsonParser", "LoopContext", "LoopRegistry",
+    "LoopState", "Outcome", "ParseError", "ParsedTurn", "Qwen3CoderParser", "RetryOnWrongAnswer", "RewardFunction",
+    "RolloutBatch", "RolloutMetrics", "Sample", "SamplingConfig", "Score", "SingleTurnLoop", "Termination", "Timings",
+    "ToolCall", "ToolCallParser", "ToolLoop", "TrainerBatch", "Trajectory", "WorkerSpec", "make_parser", "read_parquet",
+    "to_batch", "write_parquet",
 ]

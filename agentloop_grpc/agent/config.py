@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentloop_grpc.common.types import SamplingParams
+
+from .parsers import ParserName
 
 
 class SamplingConfig(BaseModel):
@@ -73,7 +75,13 @@ class AgentLoopConfig(BaseModel):
         "output with the parser's grammar); the trajectory records it. The loop then ends when a tool or an "
         "interaction ends it, or at a limit."
     )
-    tool_parser: Literal["hermes"] = Field("hermes", description="Format of tool calls in the model's text.")
+    tool_parser: ParserName = Field(
+        "hermes", description="Format of tool calls in the model's text: hermes (a JSON call in tool_call tags), "
+        "qwen3_coder (Qwen3-Coder's XML-style function and parameter tags, values typed by the tool's schema), "
+        "llama3_json (Llama 3's JSON calls with name and parameters, maybe after its python tag, several joined by "
+        "';') or gpt_oss (harmony messages addressed to=functions.NAME; it has no grammar, so not with "
+        "constrain_tool_calls)."
+    )
     resume_on_abort: bool = Field(
         True, description="A generation the engine aborted (Pause ABORT before a weight update) continues from the "
         "tokens it had, once the engine resumes: partial rollout."
@@ -108,6 +116,13 @@ class AgentLoopConfig(BaseModel):
             return Path(value).read_text()
         except OSError as error:
             raise ValueError(f"chat_template {value!r} is neither Jinja text nor a readable file ({error})") from None
+
+    @model_validator(mode="after")
+    def _grammar_exists(self) -> AgentLoopConfig:
+        # gpt_oss writes its calls in special tokens, which no grammar the engines take can emit
+        if self.constrain_tool_calls and self.tool_parser == "gpt_oss":
+            raise ValueError("constrain_tool_calls is not available with tool_parser gpt_oss (it has no grammar)")
+        return self
 
     def sampling_for(self, turn: int) -> SamplingConfig:
         return self.turn_sampling[turn] if turn < len(self.turn_sampling) else self.sampling
