@@ -48,6 +48,11 @@ class Timings:
 #: text (it re-renders past turns differently, or a delta was wrong): a trainer that re-templates the
 #: conversation would train on other tokens than the model produced.
 DriftKind = Literal["tokenization", "text"]
+#: One line per kind for people reading a summary or a report.
+DRIFT_MEANING: dict[str, str] = {
+    "tokenization": "same text, other token split (the model's own tokenization): harmless",
+    "text": "the template renders other text: a trainer that re-templates would train on other tokens",
+}
 
 
 @dataclass(frozen=True, slots=True)

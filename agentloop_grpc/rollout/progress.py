@@ -11,6 +11,15 @@ from rich.live import Live
 from rich.table import Table
 
 from agentloop_grpc.agent import Trajectory
+from agentloop_grpc.agent.trajectory import DRIFT_MEANING
+
+
+def drift_line(summary: dict) -> str:
+    """How many trajectories depart from a fresh render, per kind with what the kind means."""
+    kinds = summary.get("drift", {})
+    parts = [f"{kind} {entry['count']}" + (f" ({DRIFT_MEANING[kind]})" if entry["count"] else "")
+             for kind, entry in kinds.items()]
+    return f"{summary['drifted_trajectories']}" + (f": {'; '.join(parts)}" if parts else "")
 
 
 class Progress:
@@ -85,5 +94,6 @@ class Progress:
                     "infrastructure_failures", "sticky_share", "slowest_s"):
             table.add_row(key.replace("_", " "), str(summary[key]))
         table.add_row("terminations", ", ".join(f"{k} {v}" for k, v in sorted(summary["terminations"].items())))
+        table.add_row("drifted trajectories", drift_line(summary))
         self.console.print(table)
         self.console.print(f"report: {output_dir}/report.html")

@@ -2,8 +2,10 @@
 
 Plots: a timeline of every trajectory (generating vs tools vs waiting, from the turn trace), latency
 distributions (generate calls, tool phases), the reward distribution and terminations, per-server in-flight
-requests over time with the router's routing decisions (new / sticky / moved); then one trajectory rendered token
-by token with its response mask (model tokens and tool/template tokens in two colours).
+requests over time with the router's routing decisions (new / sticky / moved); the token drift per kind with
+one example each (where the recorded tokens depart from a fresh render of the conversation, and whether that is
+harmless); then one trajectory rendered token by token with its response mask (model tokens and tool/template
+tokens in two colours).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from agentloop_grpc.agent import Trajectory
 from agentloop_grpc.agent.chat import ChatCodec
 from agentloop_grpc.agent.tracing import read_trace
+from agentloop_grpc.agent.trajectory import DRIFT_MEANING
 
 MODEL_COLOUR, CONTEXT_COLOUR, WAIT_COLOUR, TOOL_COLOUR = "#1f77b4", "#ff7f0e", "#dddddd", "#2ca02c"
 
@@ -115,6 +118,33 @@ def render_tokens(trajectory: Trajectory, codec: ChatCodec) -> str:
     return "".join(parts)
 
 
+def _token(codec: ChatCodec, token_id: int | None) -> str:
+    if token_id is None:
+        return "nothing (past the end)"
+    return f"id {token_id} {html.escape(repr(codec.decode([token_id])))}"
+
+
+def drift_section(summary: dict, codec: ChatCodec) -> str:
+    """The drift table: per kind, how many trajectories, what it means, and its first example with the token
+    where the recorded ids depart from a fresh render and both texts around that place."""
+    rows = []
+    for kind, entry in summary.get("drift", {}).items():
+        example = entry["example"]
+        if example is None:
+            shown = "none"
+        else:
+            shown = (f"{html.escape(example['sample_id'])}, token {example['position']}: recorded "
+                     f"{_token(codec, example['recorded'])}, rendered {_token(codec, example['rendered'])}"
+                     f"<pre>recorded: {html.escape(repr(example['recorded_text']))}\n"
+                     f"rendered: {html.escape(repr(example['rendered_text']))}</pre>")
+        rows.append(f"<tr><th>{kind}</th><td>{entry['count']}</td><td>{html.escape(DRIFT_MEANING[kind])}</td>"
+                    f"<td>{shown}</td></tr>")
+    return ("<p>Trajectories whose recorded tokens (what the engine saw and produced) depart from a fresh render "
+            "of their conversation by the chat template, at the first place they part.</p>"
+            f"<table><tr><th>kind</th><th>trajectories</th><th>meaning</th><th>first example</th></tr>"
+            f"{''.join(rows)}</table>")
+
+
 def _example(trajectories: list[Trajectory]) -> Trajectory | None:
     candidates = [t for t in trajectories if not t.failed] or trajectories
     return max(candidates, key=lambda t: (t.reward, t.assistant_turns, -len(t.response_ids)), default=None)
@@ -131,7 +161,7 @@ def write_report(record, summary: dict, codec: ChatCodec, path: Path) -> Path:
     _servers(record, out / "servers.png")
     example = _example(trajectories)
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v))}</td></tr>"
-                   for k, v in summary.items())
+                   for k, v in summary.items() if k != "drift")  # drift has its own section
     tokens = render_tokens(example, codec) if example is not None else ""
     example_title = (f"{html.escape(example.sample_id)}: reward {example.reward}, {example.assistant_turns} assistant "
                      f"turns, {example.termination.value}" if example is not None else "")
@@ -144,11 +174,13 @@ table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding
 .prompt {{ color: #888; }}
 .model {{ background: #cfe2f3; border-right: 1px solid #9fc5e8; }}
 .context {{ background: #fce5cd; border-right: 1px solid #f9cb9c; }}
+pre {{ white-space: pre-wrap; margin: 4px 0; }}
 </style></head><body>
 <h1>Rollout report</h1>
 <p>{len(trajectories)} trajectories{" (interrupted: the ones finished before Ctrl-C)" if record.interrupted else ""},
 written to <code>{html.escape(str(out))}</code>. Rates are measured as they came out: nothing is filtered.</p>
 <table>{rows}</table>
+<h2>Token drift</h2>{drift_section(summary, codec)}
 <h2>Timeline</h2><img src="timeline.png" alt="timeline">
 <h2>Latencies</h2><img src="latency.png" alt="latency distributions">
 <h2>Rewards and terminations</h2><img src="rewards.png" alt="reward distribution">

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agentloop_grpc.agent import AgentLoopManager, Trajectory, WorkerSpec, to_batch, write_parquet
 from agentloop_grpc.agent.metrics import RolloutMetrics
+from agentloop_grpc.agent.trajectory import drift_summary
 from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
 from agentloop_grpc.router import NoHealthyServerError
 from agentloop_grpc.router.discovery import discovery_addresses
@@ -208,4 +209,5 @@ def summarize(record: RunRecord) -> dict:
         "slowest_sample": m.slowest_sample,
         "slowest_s": round(m.slowest_s, 2),
         "drifted_trajectories": sum(t.drift is not None for t in ts),
+        "drift": drift_summary(ts),  # per kind: how many, and the first one as an example
     }
