@@ -19,7 +19,7 @@ from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
 
 from . import convert
 from .instances import InstanceManager
-from .result import RewardResult, ToolResult, ToolSpec
+from .result import LoopSnapshot, RewardResult, ToolResult, ToolSpec
 
 
 class ToolInfrastructureError(Exception):
@@ -35,7 +35,10 @@ class ToolClient(Protocol):
 
     async def create_instance(self, tool_name: str, trajectory_id: str, kwargs: dict[str, Any] | None = None) -> str: ...
 
-    async def execute(self, instance_id: str, arguments_json: str, call_id: str = "") -> ToolResult: ...
+    async def execute(self, instance_id: str, arguments_json: str, call_id: str = "",
+                      loop_state: LoopSnapshot | None = None) -> ToolResult:
+        """One call; ``loop_state`` is given only for tools whose spec has ``wants_loop_state``."""
+        ...
 
     async def calc_reward(self, instance_id: str) -> RewardResult: ...
 
@@ -76,8 +79,11 @@ class GrpcToolClient:
         )
         return (await self._call("CreateInstance", request)).instance_id
 
-    async def execute(self, instance_id: str, arguments_json: str, call_id: str = "") -> ToolResult:
+    async def execute(self, instance_id: str, arguments_json: str, call_id: str = "",
+                      loop_state: LoopSnapshot | None = None) -> ToolResult:
         request = tool_pb2.ExecuteRequest(instance_id=instance_id, arguments_json=arguments_json, call_id=call_id)
+        if loop_state is not None:  # unset otherwise: tools that do not ask cost nothing on the wire
+            request.loop_state.CopyFrom(convert.loop_state_to_proto(loop_state))
         return convert.result_from_proto(await self._call("Execute", request))
 
     async def calc_reward(self, instance_id: str) -> RewardResult:
@@ -109,8 +115,9 @@ class InProcessToolClient:
     async def create_instance(self, tool_name: str, trajectory_id: str, kwargs: dict[str, Any] | None = None) -> str:
         return await self._call(self._instances.create(tool_name, trajectory_id, json.dumps(kwargs or {})))
 
-    async def execute(self, instance_id: str, arguments_json: str, call_id: str = "") -> ToolResult:
-        return await self._call(self._instances.execute(instance_id, arguments_json))
+    async def execute(self, instance_id: str, arguments_json: str, call_id: str = "",
+                      loop_state: LoopSnapshot | None = None) -> ToolResult:
+        return await self._call(self._instances.execute(instance_id, arguments_json, loop_state))
 
     async def calc_reward(self, instance_id: str) -> RewardResult:
         return await self._call(self._instances.reward(instance_id))

@@ -6,7 +6,7 @@ import json
 
 from agentloop_grpc.v1 import tool_pb2
 
-from .result import RewardResult, ToolErrorKind, ToolImage, ToolResult, ToolSpec
+from .result import LoopSnapshot, RewardResult, ToolErrorKind, ToolImage, ToolResult, ToolSpec
 
 ERROR_KINDS = {
     ToolErrorKind.INVALID_ARGUMENTS: tool_pb2.TOOL_ERROR_KIND_INVALID_ARGUMENTS,
@@ -19,12 +19,19 @@ _ERROR_KINDS_FROM_PROTO = {code: kind for kind, code in ERROR_KINDS.items()}
 
 def spec_to_proto(spec: ToolSpec) -> tool_pb2.ToolSpec:
     return tool_pb2.ToolSpec(
-        name=spec.name, description=spec.description, parameters_json_schema=json.dumps(spec.parameters)
+        name=spec.name, description=spec.description, parameters_json_schema=json.dumps(spec.parameters),
+        wants_loop_state=spec.wants_loop_state,
     )
 
 
 def spec_from_proto(spec: tool_pb2.ToolSpec) -> ToolSpec:
-    return ToolSpec(name=spec.name, description=spec.description, parameters=json.loads(spec.parameters_json_schema))
+    return ToolSpec(name=spec.name, description=spec.description, parameters=json.loads(spec.parameters_json_schema),
+                    wants_loop_state=spec.wants_loop_state)
+
+
+def loop_state_to_proto(snapshot: LoopSnapshot) -> tool_pb2.LoopState:
+    return tool_pb2.LoopState(trajectory_id=snapshot.trajectory_id, turn=snapshot.turn,
+                              messages_json=json.dumps(snapshot.messages, default=str))
 
 
 def result_to_proto(result: ToolResult) -> tool_pb2.ExecuteResponse:

@@ -26,7 +26,7 @@ import jsonschema
 from agentloop_grpc.common.errors import EngineOverloadedError, InvalidRequestError, NotFoundError
 
 from .config import ToolLimits
-from .result import RewardResult, ToolErrorKind, ToolResult, ToolSpec, exception_result
+from .result import LoopSnapshot, RewardResult, ToolErrorKind, ToolResult, ToolSpec, exception_result
 from .tool import Tool
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,15 @@ def _decode(field: str, text: str) -> Any:
         raise InvalidRequestError(
             f"{field} holds an integer of more than {sys.get_int_max_str_digits()} digits"
         ) from None
+
+
+def loop_snapshot(trajectory_id: str, turn: int, messages_json: str) -> LoopSnapshot:
+    """A request's loop_state as a LoopSnapshot, or InvalidRequestError naming the field that is wrong."""
+    _check_id("loop_state.trajectory_id", trajectory_id)
+    messages = _decode("loop_state.messages_json", messages_json or "[]")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise InvalidRequestError("loop_state.messages_json must be a JSON array of message objects")
+    return LoopSnapshot(trajectory_id, turn, tuple(messages))
 
 
 @dataclass
@@ -132,10 +141,14 @@ class InstanceManager:
         instance.last_used = time.monotonic()
         return instance
 
-    async def execute(self, instance_id: str, arguments_json: str) -> ToolResult:
+    async def execute(self, instance_id: str, arguments_json: str, loop_state: LoopSnapshot | None = None) -> ToolResult:
+        """Run one call; ``loop_state`` reaches only a tool whose spec wants it (which then needs it)."""
         instance = self._get(instance_id)
         arguments = _decode("arguments_json", arguments_json)
         name = instance.tool.spec.name
+        wants_state = instance.tool.spec.wants_loop_state
+        if wants_state and loop_state is None:
+            raise InvalidRequestError(f"loop_state: tool {name!r} asks for the loop's state and the call has none")
         problems = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
         if problems:
             described = "; ".join(
@@ -151,7 +164,10 @@ class InstanceManager:
             async with instance.lock:
                 started = time.monotonic()
                 try:
-                    result = await instance.tool.execute(instance.state, arguments)
+                    if wants_state:
+                        result = await instance.tool.execute(instance.state, arguments, loop_state=loop_state)
+                    else:
+                        result = await instance.tool.execute(instance.state, arguments)
                 except Exception as error:  # noqa: BLE001 - a tool's failure is the model's to read
                     result = exception_result(error)
                 result.metrics.setdefault("seconds", time.monotonic() - started)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class ToolErrorKind(enum.Enum):
@@ -57,10 +58,23 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict
+    #: The tool receives the loop's state (a LoopSnapshot) with every call; only such tools are sent it.
+    wants_loop_state: bool = False
 
     def openai(self) -> dict:
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": self.parameters}}
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSnapshot:
+    """The agent loop's state at one tool call (agentloop.v1.LoopState), for tools whose spec wants it."""
+
+    trajectory_id: str
+    #: 0-based index of the assistant turn that made the call.
+    turn: int
+    #: The conversation so far (OpenAI chat messages), ending with the assistant message that holds the call.
+    messages: tuple[dict[str, Any], ...]
 
 
 def to_result(value: object) -> ToolResult:

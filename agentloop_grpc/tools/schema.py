@@ -12,7 +12,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
@@ -65,13 +65,15 @@ def _docstring(function: Callable) -> tuple[str, dict[str, str]]:
     return description, params
 
 
-def function_schema(function: Callable) -> tuple[str, dict]:
-    """Return (description, JSON Schema of the arguments object)."""
+def function_schema(function: Callable, skip: Collection[str] = ()) -> tuple[str, dict]:
+    """Return (description, JSON Schema of the arguments object); ``skip``: parameters the model never fills."""
     hints = typing.get_type_hints(function, include_extras=True)
     description, documented = _docstring(function)
     properties: dict[str, dict] = {}
     required: list[str] = []
     for name, parameter in inspect.signature(function).parameters.items():
+        if name in skip:
+            continue
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise TypeError(f"{function.__name__}: *args/**kwargs cannot be described to a model")
         if name not in hints:

@@ -6,7 +6,7 @@ from agentloop_grpc.serving.status import map_errors
 from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
 
 from . import convert
-from .instances import InstanceManager
+from .instances import InstanceManager, loop_snapshot
 
 SERVICE_NAME = tool_pb2.DESCRIPTOR.services_by_name["ToolExecute"].full_name
 
@@ -26,7 +26,11 @@ class ToolExecuteServicer(tool_pb2_grpc.ToolExecuteServicer):
 
     @map_errors
     async def Execute(self, request, context):
-        return convert.result_to_proto(await self._instances.execute(request.instance_id, request.arguments_json))
+        state = request.loop_state
+        loop_state = (loop_snapshot(state.trajectory_id, state.turn, state.messages_json)
+                      if request.HasField("loop_state") else None)
+        result = await self._instances.execute(request.instance_id, request.arguments_json, loop_state)
+        return convert.result_to_proto(result)
 
     @map_errors
     async def CalcReward(self, request, context):
