@@ -19,7 +19,7 @@ from typing import Any
 from agentloop_grpc.common import wire
 from agentloop_grpc.common.prompt import PromptIds
 
-from .trajectory import Drift, Termination, Timings, Trajectory
+from .trajectory import Drift, Termination, Timings, ToolCallMetrics, Trajectory
 
 
 @dataclass(slots=True)
@@ -42,6 +42,7 @@ class TrajectoryBuilder:
     malformed_tool_calls: int = 0
     resumed_generations: int = 0
     servers: list[str] = field(default_factory=list)
+    tool_call_metrics: list[ToolCallMetrics] = field(default_factory=list)
     constrained: bool = False
     generate_s: float = 0.0
     tools_s: float = 0.0
@@ -128,4 +129,5 @@ class TrajectoryBuilder:
             servers=tuple(self.servers),
             messages=tuple(self.messages),
             metrics=dict(metrics or {}),
+            tool_call_metrics=tuple(self.tool_call_metrics),
         )

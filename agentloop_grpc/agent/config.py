@@ -48,8 +48,15 @@ class AgentLoopConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_assistant_turns: int = Field(8, ge=1, le=1000, description="Model turns before the loop stops (TURN_LIMIT).")
-    max_user_turns: int = Field(
-        4, ge=0, le=1000, description="Interaction (user simulator) turns before the loop stops (TURN_LIMIT)."
+    max_user_turns: int | None = Field(
+        4, ge=0, le=1000, description="User turns appended before the loop stops (TURN_LIMIT): interaction (user "
+        "simulator) replies only, unless count_tool_rounds_as_user_turns; tool rounds are otherwise bounded by "
+        "max_assistant_turns alone. The model still answers the last user turn appended. None: no limit (verl's "
+        "null)."
+    )
+    count_tool_rounds_as_user_turns: bool = Field(
+        False, description="verl's counting: each turn of tool responses counts against max_user_turns too (verl's "
+        "multi_turn.max_user_turns). Trajectory.user_turns still counts interaction replies only."
     )
     max_parallel_tool_calls: int = Field(
         4, ge=1, le=64, description="Calls of one turn executed concurrently; extra calls get a tool-error message."
@@ -66,7 +73,10 @@ class AgentLoopConfig(BaseModel):
         1024, ge=1, description="Tokens after the prompt (model, tool and user tokens together); LENGTH past it."
     )
     max_new_tokens_per_turn: int = Field(256, ge=1, description="Upper bound of one assistant turn.")
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling of every turn...")
+    sampling: SamplingConfig = Field(
+        default_factory=SamplingConfig, description="Sampling of every turn (a Sample's own sampling, e.g. greedy "
+        "for validation, replaces it and turn_sampling for every turn of that sample)..."
+    )
     turn_sampling: tuple[SamplingConfig, ...] = Field(
         (), description="...except turn i (0-based) uses turn_sampling[i] when present."
     )

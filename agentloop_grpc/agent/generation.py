@@ -18,6 +18,7 @@ from agentloop_grpc.common.types import FinishReason, StructuredOutput
 from agentloop_grpc.router.call import GenerateCall
 
 from .builder import TrajectoryBuilder
+from .config import SamplingConfig
 from .context import LoopContext
 from .errors import LoopError
 
@@ -43,9 +44,11 @@ async def generate_turn(
     turn: int,
     max_new_tokens: int,
     structured_output: StructuredOutput | None = None,
+    sampling: SamplingConfig | None = None,
 ) -> Turn:
+    """``sampling``: the sample's own (Sample.sampling), which replaces the config's for this turn."""
     config = context.config
-    sampling = config.sampling_for(turn)
+    sampling = config.sampling_for(turn) if sampling is None else sampling
     produced: list[int] = []
     seconds = 0.0
     server = ""

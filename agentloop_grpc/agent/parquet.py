@@ -8,9 +8,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from .trajectory import Drift, Termination, Timings, Trajectory
+from .trajectory import Drift, Termination, Timings, ToolCallMetrics, Trajectory
 
-_JSON_FIELDS = ("messages", "metrics")
+_JSON_FIELDS = ("messages", "metrics", "tool_call_metrics")
 
 
 def _row(t: Trajectory) -> dict:
@@ -18,6 +18,7 @@ def _row(t: Trajectory) -> dict:
     row["termination"] = t.termination.value
     row["timings"] = dataclasses.asdict(t.timings)
     row["drift"] = dataclasses.asdict(t.drift) if t.drift is not None else None
+    row["tool_call_metrics"] = [dataclasses.asdict(c) for c in t.tool_call_metrics]
     for name in _JSON_FIELDS:
         row[name] = json.dumps(row[name], default=str)
     for name, value in row.items():
@@ -42,12 +43,14 @@ def read_parquet(path: str | Path) -> list[Trajectory]:
 
     trajectories = []
     for row in pq.read_table(Path(path)).to_pylist():
+        row.setdefault("tool_call_metrics", "[]")  # files written before the column existed
         row["termination"] = Termination(row["termination"])
         row["timings"] = Timings(**row["timings"])
         row["drift"] = Drift(**row["drift"]) if row["drift"] is not None else None
         for name in _JSON_FIELDS:
             row[name] = json.loads(row[name])
         row["messages"] = tuple(row["messages"])
+        row["tool_call_metrics"] = [ToolCallMetrics(**c) for c in row["tool_call_metrics"]]
         for f in dataclasses.fields(Trajectory):
             if isinstance(row[f.name], list):
                 row[f.name] = tuple(row[f.name])

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .config import SamplingConfig
+
 
 class Sample(BaseModel):
     """A conversation to continue, what it needs (tools, interaction) and what it is scored against."""
@@ -23,6 +25,10 @@ class Sample(BaseModel):
     interaction: str | None = Field(None, description="Name of the interaction (user simulator) to use, if any.")
     interaction_kwargs: dict[str, Any] = Field(default_factory=dict)
     group_id: str = Field("", description="Samples of one prompt share it (GRPO groups).")
+    sampling: SamplingConfig | None = Field(
+        None, description="This sample's sampling for every turn, over the loop config's sampling and turn_sampling "
+        "(e.g. greedy, temperature 0, or verl's val_kwargs for a validation batch); None: the loop config's."
+    )
 
     @field_validator("messages")
     @classmethod

@@ -73,6 +73,21 @@ class Drift:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallMetrics:
+    """One executed tool call: the tool, the turn that made it, and the metrics its server returned."""
+
+    tool: str
+    #: 0-based index of the assistant turn that made the call.
+    turn: int
+    call_id: str
+    #: The tool-error kind when the tool's work failed; None when it succeeded.
+    error: str | None = None
+    step_reward: float = 0.0
+    #: What the tool server's Execute returned (e.g. ``seconds``).
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Trajectory:
     """One sample's rollout (see the module docstring)."""
 
@@ -112,6 +127,8 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     #: Prompt group (samples of one prompt share it: GRPO).
     group_id: str = ""
+    #: The executed tool calls with their servers' metrics, in call order (unknown and malformed calls are not run).
+    tool_call_metrics: tuple[ToolCallMetrics, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

@@ -63,6 +63,7 @@ def row_sample(row: Mapping[str, Any], sample_id: str, group_id: str, default_lo
         tools_kwargs=kwargs,
         ground_truth=None if truth is None else str(truth),
         interaction=row.get("interaction"),
+        sampling=row.get("sampling"),
     )
 
 

@@ -22,7 +22,7 @@ class SingleTurnLoop:
         episode = Episode(self.context, sample, self.name, tools=[])
         try:
             budget = min(self.context.config.max_new_tokens_per_turn, episode.budget_left)
-            turn = await generate_turn(self.context, episode.builder, 0, budget)
+            turn = await generate_turn(self.context, episode.builder, 0, budget, sampling=sample.sampling)
         except INFRASTRUCTURE_ERRORS as error:
             return await episode.finish(Termination.ERROR, error=str(error), infrastructure_failure=True)
         except REQUEST_ERRORS as error:

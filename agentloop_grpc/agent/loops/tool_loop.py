@@ -9,6 +9,11 @@ becomes a tool-error message the model reads), runs up to ``max_parallel_tool_ca
 trajectory's own tool instances, truncates long responses, and appends all responses of the turn as one template
 delta. INTERACTING asks the sample's interaction for the next user turn and records its score. Tool instances are
 created on first use (with the sample's ``tools_kwargs``), rewarded at the end, and always released.
+
+Every executed call's metrics (what the tool server returned) are kept in ``Trajectory.tool_call_metrics``. A tool
+whose spec has ``wants_loop_state`` gets the loop's state (turn, messages so far, sample id) with each call; other
+tools get nothing extra. ``max_user_turns`` counts interaction replies, and also tool rounds when
+``count_tool_rounds_as_user_turns`` (verl's counting). A sample's own ``sampling`` is used for all of its turns.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from typing import Any
 
 from agentloop_grpc.common.types import FinishReason, StructuredOutput
+from agentloop_grpc.tools.result import LoopSnapshot
 
 from ..context import LoopContext
 from ..episode import BudgetExceeded, Episode
@@ -28,7 +34,7 @@ from ..errors import INFRASTRUCTURE_ERRORS, REQUEST_ERRORS, LoopError
 from ..generation import Turn, generate_turn
 from ..parsers import ParsedTurn, ToolCall
 from ..sample import Sample
-from ..trajectory import Termination, Trajectory
+from ..trajectory import Termination, ToolCallMetrics, Trajectory
 from ..truncation import truncate
 
 log = logging.getLogger(__name__)
@@ -61,6 +67,8 @@ class _Run:
         self.turn: Turn | None = None
         self.parsed: ParsedTurn | None = None
         self.final_tool_called = False
+        #: User turns as max_user_turns counts them (tool rounds too under count_tool_rounds_as_user_turns).
+        self.counted_user_turns = 0
 
     # -- tools ---------------------------------------------------------------------------------------------
 
@@ -71,13 +79,22 @@ class _Run:
                 self.instances[tool] = await self.context.tools.create_instance(tool, self.sample.sample_id, kwargs)
             return self.instances[tool]
 
-    async def call(self, call: ToolCall, call_id: str) -> dict[str, Any]:
+    async def call(self, call: ToolCall, call_id: str, turn: int) -> dict[str, Any]:
         builder = self.episode.builder
         if call.name not in self.tool_names:
             builder.tool_errors += 1
             return _tool_message(call.name, f"Error: unknown tool {call.name!r}; available: {', '.join(self.tool_names)}")
-        result = await self.context.tools.execute(await self.instance(call.name), json.dumps(call.arguments), call_id)
+        instance, arguments = await self.instance(call.name), json.dumps(call.arguments)
+        if self.context.tool_specs[call.name].wants_loop_state:
+            state = LoopSnapshot(self.sample.sample_id, turn, tuple(dict(m) for m in builder.messages))
+            result = await self.context.tools.execute(instance, arguments, call_id, loop_state=state)
+        else:  # the plain call: a tool that did not ask for the state costs nothing extra (and old clients work)
+            result = await self.context.tools.execute(instance, arguments, call_id)
         builder.tool_rewards.append(result.step_reward)
+        builder.tool_call_metrics.append(ToolCallMetrics(
+            call.name, turn, call_id, None if result.error_kind is None else result.error_kind.value,
+            result.step_reward, dict(result.metrics),
+        ))
         if call.name in self.context.config.end_on_tool:
             self.final_tool_called = True
         if result.is_error:
@@ -94,6 +111,10 @@ class _Run:
                 await self.context.tools.release(instance)
             except Exception as error:  # noqa: BLE001 - release is best effort; the server's TTL reaps leftovers
                 log.warning("releasing %s instance %s failed: %s", name, instance, error)
+
+
+def _reached(count: int, limit: int | None) -> bool:
+    return limit is not None and count >= limit
 
 
 def _tool_message(name: str, content: str) -> dict[str, Any]:
@@ -156,7 +177,8 @@ class ToolLoop:
                 if budget <= 0:
                     return Termination.LENGTH
                 run.turn = await generate_turn(
-                    self.context, run.episode.builder, run.episode.builder.assistant_turns, budget, self._constraint(run)
+                    self.context, run.episode.builder, run.episode.builder.assistant_turns, budget, self._constraint(run),
+                    run.sample.sampling,
                 )
                 text = self.context.codec.assistant_text(run.turn.token_ids, run.turn.stopped_on)
                 run.parsed = self.context.parser.parse(text)
@@ -184,10 +206,14 @@ class ToolLoop:
                     return Termination.STOP
                 if run.episode.builder.assistant_turns >= config.max_assistant_turns:
                     return Termination.TURN_LIMIT
+                if config.count_tool_rounds_as_user_turns and _reached(run.counted_user_turns, config.max_user_turns):
+                    return Termination.TURN_LIMIT
                 try:
                     run.episode.continue_with(messages, run.turn.stopped_on, "tool", seconds)
                 except BudgetExceeded:
                     return Termination.LENGTH
+                if config.count_tool_rounds_as_user_turns:
+                    run.counted_user_turns += 1
                 state = LoopState.GENERATING
             # 3. INTERACTING: the user simulator answers the turn.
             elif state is LoopState.INTERACTING:
@@ -198,7 +224,7 @@ class ToolLoop:
                 run.episode.builder.turn_scores.append(reply.score)
                 if reply.done:
                     return Termination.STOP
-                if (run.episode.builder.user_turns >= config.max_user_turns
+                if (_reached(run.counted_user_turns, config.max_user_turns)
                         or run.episode.builder.assistant_turns >= config.max_assistant_turns):
                     return Termination.TURN_LIMIT
                 try:
@@ -208,6 +234,7 @@ class ToolLoop:
                 except BudgetExceeded:
                     return Termination.LENGTH
                 run.episode.builder.user_turns += 1
+                run.counted_user_turns += 1
                 state = LoopState.GENERATING
 
     async def _process_tools(self, run: _Run) -> list[dict[str, Any]]:
@@ -218,10 +245,12 @@ class ToolLoop:
         calls = list(parsed.calls[: config.max_parallel_tool_calls])
         builder.tool_calls += len(parsed.calls)
         builder.malformed_tool_calls += len(parsed.errors)
-        turn = builder.assistant_turns
+        turn = builder.assistant_turns - 1  # the turn that made the calls: its ids name them in its message too
         if calls and self.context.tools is None:
             raise LoopError("the model called tools but the worker has no tool client")
-        results = await asyncio.gather(*(run.call(c, f"{run.sample.sample_id}-{turn}-{i}") for i, c in enumerate(calls)))
+        results = await asyncio.gather(
+            *(run.call(c, f"{run.sample.sample_id}-{turn}-{i}", turn) for i, c in enumerate(calls))
+        )
         messages = [
             {**m, "content": truncate(m["content"], config.max_tool_response_chars, config.tool_response_truncation)}
             for m in results

@@ -124,7 +124,6 @@ def loop_config(rollout: Any, settings: LoopSettings, validate: bool) -> AgentLo
                          "hermes tool calls only")
     derived = {
         "max_assistant_turns": multi.get("max_assistant_turns"),
-        "max_user_turns": multi.get("max_user_turns"),
         "max_parallel_tool_calls": multi.get("max_parallel_calls"),
         "max_tool_response_chars": multi.get("max_tool_response_length"),
         "tool_response_truncation": multi.get("tool_response_truncate_side"),
@@ -133,6 +132,8 @@ def loop_config(rollout: Any, settings: LoopSettings, validate: bool) -> AgentLo
     sampling = {name: source.get(name) for name in ("temperature", "top_p", "top_k")}
     fields = {**lengths, "max_new_tokens_per_turn": lengths["response_budget"],
               **{name: value for name, value in derived.items() if value is not None},
+              # verl's user turns: each round of tool responses is one too, and null or 0 is no limit
+              "max_user_turns": multi.get("max_user_turns") or None, "count_tool_rounds_as_user_turns": True,
               "sampling": {name: value for name, value in sampling.items() if value is not None}}
     return AgentLoopConfig.model_validate({**fields, **settings.loop})
 
