@@ -212,6 +212,7 @@ def test_qwen3_coder_grammar_types_each_parameter(codec):
     assert not accepts(qwen_call("get_weather", city="Paris", days="1", unit="kelvin"))  # the enum
     assert not accepts(qwen_call("get_weather", city="Paris"))  # a required parameter
     assert not accepts(qwen_call("get_weather", days="1", city="Paris"))  # the schema's order
+    assert not accepts(qwen_call("calculator", expression="2+x"))  # the parameter's pattern
     assert not accepts(qwen_call("shell", command="ls"))  # only offered tools
     assert not accepts(qwen_call("get_weather", city="</parameter>", days="1"))  # a value cannot close its tag
     # what the grammar accepts, the parser reads

@@ -15,6 +15,10 @@ A value is raw text (one newline after the opening tag and before the closing on
 parameter the schema types as a string stays text; any other type is read as JSON and must be of that type, so
 ``3`` is the integer 3 for ``days`` but the text "3" for a string. The parser needs the tools' schemas for that:
 it is made with the worker's tool specs. A parameter no schema names is kept as text.
+
+The grammar writes the schema's parameters in its order (optional ones may be left out): typed values as compact
+JSON of their schema, strings as an enum's choices, the schema's pattern, or raw text without ``</`` (so a
+constrained value can never close its tag early).
 """
 
 from __future__ import annotations
@@ -24,15 +28,17 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import ParsedTurn, ParseError, ToolCall, check_offer, json_schema_rules, literal, tool_call_blocks
+from .base import (
+    ParsedTurn, ParseError, ToolCall, check_offer, json_schema_rules, literal, prefixed_rules, tool_call_blocks,
+)
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list, "null": type(None),
 }
-# Raw text without "</" (a constrained value cannot close its tag early): each "<" run is followed by another char.
 _NL = "\n"
+# Raw text without "</" (a constrained value cannot close its tag early): each "<" run is followed by another char.
 _TEXT_RULE = 'qc_text ::= ([^<] | "<"+ [^</])* "<"*'
 
 
@@ -121,6 +127,10 @@ def _value_rules(schema: Mapping[str, Any], name: str) -> str:
     types = _types(schema)
     if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]) and (not types or types == ["string"]):
         return f"{name} ::= " + " | ".join(literal(v) for v in schema["enum"])
+    if types == ["string"] and isinstance(schema.get("pattern"), str):  # the tool's own pattern, as JSON formats get
+        import xgrammar
+
+        return prefixed_rules(str(xgrammar.Grammar.from_regex(schema["pattern"])), name).strip()
     if not types or "string" in types:
         return f"{name} ::= qc_text"
     return json_schema_rules(dict(schema), name).strip()
