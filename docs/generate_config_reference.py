@@ -31,7 +31,7 @@ SECTIONS: list[tuple[type[BaseModel], str]] = [
     (SamplingConfig, "loop.sampling."),
     (RouterConfig, "router."),
     (ClientSecurity, "router.security. / tools.security."),
-    (ComponentSpec, "reward. / interactions.NAME."),
+    (ComponentSpec, "reward. / interactions.NAME. / loops.NAME."),
 ]
 
 

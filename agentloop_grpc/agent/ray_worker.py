@@ -2,7 +2,9 @@
 
 The class is plain; the manager wraps it with ``ray.remote`` when ``--ray`` is asked for, so importing this module
 never imports Ray. The same code runs on a local Ray or on a cluster (the actor builds its own channels, tokenizer
-and tool client on the node it lands on).
+and tool client on the node it lands on). Parts named by import path in the spec (reward, interactions, custom
+loops) are imported there too, so their modules must be importable on every node: a local Ray starts its workers
+in the driver's working directory, a cluster wants them installed or in the job's runtime_env.
 """
 
 from __future__ import annotations

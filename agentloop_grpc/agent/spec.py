@@ -1,18 +1,22 @@
 """WorkerSpec: everything needed to build a worker, as plain data, so a Ray actor on another node can build its
 own (channels, tokenizer and tool list cannot be pickled; a spec can).
 
-Python parts (reward function, interactions) are named by import path ``module:attribute``, resolved when the
-worker is built: explicit, no registry filled at import time.
+Python parts (reward function, interactions, loops of your own) are named by import path ``module:attribute``,
+resolved when the worker is built: explicit, no registry filled at import time. A custom loop is built once per
+worker as ``attribute(context, **kwargs)`` (the worker's LoopContext, then the loop's own config) and added to the
+built-in loops under its name (see loops/base.py); the same spec reaches in-process and Ray workers alike.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from agentloop_grpc.router import Fleet, Router, RouterConfig
 from agentloop_grpc.security import ClientSecurity
@@ -20,7 +24,7 @@ from agentloop_grpc.security import ClientSecurity
 from .chat import ChatCodec
 from .config import AgentLoopConfig
 from .context import LoopContext
-from .loops.base import LoopRegistry
+from .loops.base import BUILTIN_LOOPS, AgentLoop, LoopRegistry
 from .tracing import JsonlTracer
 from .weight_transfer import WeightTransferKind
 
@@ -34,14 +38,35 @@ class ComponentSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str = Field(description="module:attribute, e.g. agentloop_grpc.agent.interaction:RetryOnWrongAnswer")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments when the attribute is a class.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments when the attribute is a "
+                                   "class (a loop's class or factory: its own config, after the worker's context).")
 
-    def load(self) -> Any:
+    def resolve(self) -> Any:
+        """The attribute itself (ImportError, AttributeError or ValueError when the path names none)."""
         module, _, attribute = self.path.partition(":")
         if not attribute:
             raise ValueError(f"{self.path!r} is not of the form module:attribute")
-        target = getattr(importlib.import_module(module), attribute)
+        return getattr(importlib.import_module(module), attribute)
+
+    def load(self) -> Any:
+        """The attribute, or an instance built with the kwargs when it is a class."""
+        target = self.resolve()
         return target(**self.kwargs) if isinstance(target, type) else target
+
+    def call(self, *args: Any) -> Any:
+        """The attribute (a class or a factory) called with ``args``, then the kwargs."""
+        return self.resolve()(*args, **self.kwargs)
+
+
+def _custom_loop_names(loops: dict[str, ComponentSpec]) -> dict[str, ComponentSpec]:
+    taken = sorted(set(loops) & set(BUILTIN_LOOPS))
+    if taken:
+        raise ValueError(f"{taken} are built-in loop names; give your loops other names")
+    return loops
+
+
+#: Loops of your own by name, each built as ``Class(context, **kwargs)``; a built-in's name is refused.
+CustomLoops = Annotated[dict[str, ComponentSpec], AfterValidator(_custom_loop_names)]
 
 
 class WorkerSpec(BaseModel):
@@ -56,7 +81,10 @@ class WorkerSpec(BaseModel):
     router: RouterConfig = Field(default_factory=RouterConfig)
     max_concurrency: int = Field(256, ge=1, description="Loops running at once in one worker.")
     reward: ComponentSpec | None = Field(None, description="Reward function; None: the default (tool rewards).")
-    interactions: dict[str, ComponentSpec] = Field(default_factory=dict)
+    interactions: dict[str, ComponentSpec] = Field(default_factory=dict, description="Interactions by name.")
+    loops: CustomLoops = Field(
+        default_factory=dict, description="Loops of your own by name, beside single_turn and tool: an import path "
+        "module:Class built once per worker as Class(context, **kwargs), kwargs being the loop's own config.")
     weight_transfer: WeightTransferKind = Field(
         "auto", description="How update_weights reaches the engines: collective (one broadcast over a "
         "torch.distributed group of this process and every engine worker), path (a checkpoint they load, "
@@ -85,6 +113,22 @@ class WorkerSpec(BaseModel):
         if self.discovery_file:
             return Fleet.from_discovery_file(self.discovery_file, self.router)
         return Fleet(list(self.engines), self.router)
+
+
+def build_loops(loops: Mapping[str, ComponentSpec], context: LoopContext) -> dict[str, AgentLoop]:
+    """Each custom loop built on ``context``; an error names the loop's field (``loops.NAME``)."""
+    built = {}
+    for name, component in loops.items():
+        try:
+            loop = component.call(context)
+        except (ImportError, AttributeError, TypeError, ValueError) as error:
+            raise ValueError(f"loops.{name}: {component.path} could not be built ({type(error).__name__}: "
+                             f"{error})") from error
+        if not inspect.iscoroutinefunction(getattr(loop, "run", None)):
+            raise ValueError(f"loops.{name}: {component.path} gave a {type(loop).__name__}, which has no "
+                             "async run(sample) method")
+        built[name] = loop
+    return built
 
 
 def load_codec(model_dir: str | None, loop: AgentLoopConfig | None = None) -> ChatCodec:
@@ -124,4 +168,5 @@ async def build_worker(spec: WorkerSpec, stack: AsyncExitStack, index: int = 0) 
         tracer=tracer,
         **context_args,
     )
-    return AgentLoopWorker(LoopRegistry.default(context), spec.max_concurrency), router
+    registry = LoopRegistry.default(context, build_loops(spec.loops, context))
+    return AgentLoopWorker(registry, spec.max_concurrency), router

@@ -10,7 +10,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentloop_grpc.agent.config import AgentLoopConfig
-from agentloop_grpc.agent.spec import ComponentSpec
+from agentloop_grpc.agent.loops.base import BUILTIN_LOOPS
+from agentloop_grpc.agent.spec import ComponentSpec, CustomLoops
 from agentloop_grpc.engine_adapters.config import EngineConfig
 from agentloop_grpc.engine_adapters.config_base import LocalModelConfig
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
@@ -105,7 +106,7 @@ class Dataset(BaseModel):
     path: str | None = Field(None, description="A .jsonl or .parquet file of rows.")
     arithmetic: ArithmeticDataset | None = Field(None, description="Generate the demo task instead of reading a file.")
     limit: int | None = Field(None, ge=1, description="Use only the first rows.")
-    default_loop: str = Field("tool", description="Loop of rows that name none.")
+    default_loop: str = Field("tool", description="Loop of rows that name none (a built-in one or one under loops).")
     ground_truth_kwargs: tuple[str, ...] = Field(
         ("check_answer",), description="Tools that get {'ground_truth': row.ground_truth} at CreateInstance."
     )
@@ -130,6 +131,10 @@ class RolloutConfig(BaseModel):
     router: RouterConfig = Field(default_factory=RouterConfig, description="Routing over the engine servers.")
     reward: ComponentSpec | None = Field(None, description="Reward function (default: tool rewards + interaction).")
     interactions: dict[str, ComponentSpec] = Field(default_factory=dict, description="Interactions by name.")
+    loops: CustomLoops = Field(
+        default_factory=dict, description="Loops of your own by name, beside single_turn and tool (rows and "
+        "dataset.default_loop name them): path module:Class, built once per worker as Class(context, **kwargs), "
+        "kwargs being the loop's own config.")
     workers: int = Field(1, ge=1, description="Agent-loop workers.")
     ray: bool = Field(False, description="Run the workers as Ray actors (local Ray, or the cluster Ray is on).")
     max_concurrency: int = Field(256, ge=1, description="Loops in flight per worker.")
@@ -142,6 +147,18 @@ class RolloutConfig(BaseModel):
     )
     prompt_length: int | None = Field(None, ge=1, description="Pad prompts to this length in batch.pt (default: longest).")
     response_length: int | None = Field(None, ge=1, description="Pad responses to this length (default: longest).")
+
+    @property
+    def loop_names(self) -> list[str]:
+        """Every loop a row may name: the built-in ones and those under loops."""
+        return sorted({*BUILTIN_LOOPS, *self.loops})
+
+    @model_validator(mode="after")
+    def _default_loop_exists(self) -> RolloutConfig:
+        if self.dataset.default_loop not in self.loop_names:
+            raise ValueError(f"dataset.default_loop: no loop named {self.dataset.default_loop!r}; known: "
+                             f"{self.loop_names} (add yours under loops)")
+        return self
 
 
 def load_config(path: str | Path) -> RolloutConfig:

@@ -1,10 +1,11 @@
 """One rollout, start to finish: start what the config asks for, run every sample, write the outputs.
 
-Steps: (1) read the dataset (before anything starts, so a bad file fails fast); (2) engines: launch replicas or
-use running servers, and check they answer; (3) tools: launch a server or use a running one; (4) the manager runs
-the samples with a live progress display while a sampler records each server's load; (5) outputs:
-trajectories.parquet, trace.jsonl, batch.pt, summary.json, report.html. Servers this run started are stopped on
-the way out, also on Ctrl-C, and the trajectories finished before an interruption are still written.
+Steps: (1) read the dataset and check that every loop it names exists and imports (before anything starts, so a
+bad file or a misspelt loop fails fast); (2) engines: launch replicas or use running servers, and check they
+answer; (3) tools: launch a server or use a running one; (4) the manager runs the samples with a live progress
+display while a sampler records each server's load; (5) outputs: trajectories.parquet, trace.jsonl, batch.pt,
+summary.json, report.html. Servers this run started are stopped on the way out, also on Ctrl-C, and the
+trajectories finished before an interruption are still written.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentloop_grpc.agent import AgentLoopManager, Trajectory, WorkerSpec, to_batch, write_parquet
+from agentloop_grpc.agent import AgentLoopManager, Sample, Trajectory, WorkerSpec, to_batch, write_parquet
 from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.agent.trajectory import drift_summary
 from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
@@ -54,6 +55,21 @@ class RunRecord:
     servers: list[str] = field(default_factory=list)
     interrupted: bool = False
     wall_s: float = 0.0
+
+
+def check_loops(config: RolloutConfig, samples: list[Sample]) -> None:
+    """RolloutError when a sample names a loop no worker will have, or a custom loop's path imports nothing: found
+    here, not as one failed trajectory per sample after the servers started."""
+    for name, component in config.loops.items():
+        try:
+            component.resolve()
+        except (ImportError, AttributeError, ValueError) as error:
+            raise RolloutError(f"loops.{name}: {component.path} cannot be imported ({type(error).__name__}: "
+                               f"{error})") from None
+    for sample in samples:
+        if sample.loop not in config.loop_names:
+            raise RolloutError(f"sample {sample.sample_id} names the loop {sample.loop!r}, which is neither built "
+                               f"in nor under loops; known: {config.loop_names}")
 
 
 async def start_engines(engines: Engines, stack: AsyncExitStack, out: Path) -> tuple[list[str], str | None]:
@@ -109,6 +125,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
     out.mkdir(parents=True, exist_ok=True)
     # 1. the dataset, before anything starts
     samples = to_samples(read_rows(config.dataset), config.dataset, config.samples_per_prompt)
+    check_loops(config, samples)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
         # 2-3. engines and tools
@@ -122,7 +139,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
             engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
             model_dir=model_dir, loop=config.loop,
             router=config.router, max_concurrency=config.max_concurrency, reward=config.reward,
-            interactions=config.interactions, trace_path=str(trace) if config.trace else None,
+            interactions=config.interactions, loops=config.loops, trace_path=str(trace) if config.trace else None,
         )
         manager = AgentLoopManager(spec, num_workers=config.workers, use_ray=config.ray)
         await stack.enter_async_context(manager)

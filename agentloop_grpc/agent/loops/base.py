@@ -2,6 +2,12 @@
 
 No import side effects and no global state: whoever builds a worker builds its registry
 (``LoopRegistry.default(context)`` gives ``single_turn`` and ``tool``) and may add loops of its own.
+
+A loop of your own is a class (or factory) named by import path in ``WorkerSpec.loops`` or a rollout YAML's
+``loops:``; each worker builds it once as ``Class(context, **kwargs)``: the worker's LoopContext (engines, codec,
+tools, reward, tracer) first, then the loop's own config from the spec's kwargs. It needs one method,
+``async run(sample) -> Trajectory``. Its name may not be a built-in's: a custom loop is added, never swapped in
+silently for one other samples expect.
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ from typing import Protocol
 from ..context import LoopContext
 from ..sample import Sample
 from ..trajectory import Trajectory
+
+#: The loops every registry has, by name (``LoopRegistry.default``).
+BUILTIN_LOOPS = ("single_turn", "tool")
 
 
 class AgentLoop(Protocol):
@@ -25,11 +34,15 @@ class LoopRegistry:
         self._loops = dict(loops)
 
     @classmethod
-    def default(cls, context: LoopContext) -> LoopRegistry:
+    def default(cls, context: LoopContext, extra: Mapping[str, AgentLoop] | None = None) -> LoopRegistry:
+        """The built-in loops on ``context``, and ``extra`` ones (ValueError if one takes a built-in's name)."""
         from .single_turn import SingleTurnLoop
         from .tool_loop import ToolLoop
 
-        return cls({"single_turn": SingleTurnLoop(context), "tool": ToolLoop(context)})
+        taken = sorted(set(extra or ()) & set(BUILTIN_LOOPS))
+        if taken:
+            raise ValueError(f"loops: {taken} are built-in loop names; give your loops other names")
+        return cls({"single_turn": SingleTurnLoop(context), "tool": ToolLoop(context), **(extra or {})})
 
     def with_loop(self, name: str, loop: AgentLoop) -> LoopRegistry:
         return LoopRegistry({**self._loops, name: loop})
