@@ -141,7 +141,8 @@ class InstanceManager:
         instance.last_used = time.monotonic()
         return instance
 
-    async def execute(self, instance_id: str, arguments_json: str, loop_state: LoopSnapshot | None = None) -> ToolResult:
+    async def execute(self, instance_id: str, arguments_json: str,
+                      loop_state: LoopSnapshot | None = None) -> ToolResult:
         """Run one call; ``loop_state`` reaches only a tool whose spec wants it (which then needs it)."""
         instance = self._get(instance_id)
         arguments = _decode("arguments_json", arguments_json)

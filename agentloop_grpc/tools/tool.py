@@ -66,7 +66,8 @@ class FunctionTool:
         if kwargs:
             raise ValueError(f"tool {self.spec.name!r} takes no creation arguments, got {sorted(kwargs)}")
 
-    async def execute(self, state: None, arguments: dict[str, Any], loop_state: LoopSnapshot | None = None) -> ToolResult:
+    async def execute(self, state: None, arguments: dict[str, Any],
+                      loop_state: LoopSnapshot | None = None) -> ToolResult:
         if self._state_parameter is not None:
             arguments = {**arguments, self._state_parameter: loop_state}
         if self._pool is not None:

@@ -176,9 +176,9 @@ class ToolLoop:
                 budget = min(config.max_new_tokens_per_turn, run.episode.budget_left)
                 if budget <= 0:
                     return Termination.LENGTH
+                builder = run.episode.builder
                 run.turn = await generate_turn(
-                    self.context, run.episode.builder, run.episode.builder.assistant_turns, budget, self._constraint(run),
-                    run.sample.sampling,
+                    self.context, builder, builder.assistant_turns, budget, self._constraint(run), run.sample.sampling
                 )
                 text = self.context.codec.assistant_text(run.turn.token_ids, run.turn.stopped_on)
                 run.parsed = self.context.parser.parse(text)

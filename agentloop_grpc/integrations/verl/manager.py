@@ -253,7 +253,9 @@ class AgentloopAgentLoopManager:
         self.reward_loop_worker_handles = list(reward_loop_worker_handles or [])
         rollout = config.actor_rollout_ref.rollout
         self.settings = LoopSettings.model_validate(settings_from(rollout).loops)
-        self.loop_configs = {validate: loop_config(rollout, self.settings, validate) for validate in (False, True)}
+        self.loop = loop_config(rollout, self.settings, validate=False)
+        #: Each validation sample's own sampling (verl's val_kwargs): the same workers run both kinds of batch.
+        self.val_sampling = loop_config(rollout, self.settings, validate=True).sampling
         self.prompt_length, self.response_length = rollout.prompt_length, rollout.response_length
         self.default_agent = OmegaConf.select(rollout, "agent.default_agent_loop", default="single_turn_agent")
         model = config.actor_rollout_ref.get("model") or {}
@@ -267,7 +269,7 @@ class AgentloopAgentLoopManager:
         self.tool_server = self.settings.tool_server
         self._tools_process: ServerProcess | None = None
         self._background = BackgroundLoop("agentloop-verl")
-        self._managers: dict[bool, AgentLoopManager] = {}
+        self._manager: AgentLoopManager | None = None
         self._engines: tuple[str, ...] = ()
         self._pad_token_id = 0
 
@@ -283,8 +285,8 @@ class AgentloopAgentLoopManager:
         return instance
 
     async def start(self) -> None:
-        """Find the engine servers and open the training and validation managers (checking the engines'
-        tokenizer): a bad address or tool server fails here, not at the first validation hours later."""
+        """Find the engine servers and open our manager (checking the engines' tokenizer): a bad address or tool
+        server fails here, not at the first validation hours later."""
         self._engines = tuple(await server_addresses(self.config, self.llm_client))
         await asyncio.to_thread(self._background.run, self._open())
 
@@ -296,14 +298,13 @@ class AgentloopAgentLoopManager:
         codec = await asyncio.to_thread(load_codec, self.model_dir)
         self._pad_token_id = codec.tokenizer.pad_token_id or 0
         s = self.settings
-        for validate, loop in self.loop_configs.items():
-            spec = WorkerSpec(engines=self._engines, tool_server=self.tool_server, model_dir=self.model_dir, loop=loop,
-                              router=s.router, max_concurrency=s.max_concurrency, reward=s.reward,
-                              interactions=s.interactions)
-            manager = AgentLoopManager(spec, num_workers=s.workers, use_ray=s.use_ray)
-            self._managers[validate] = manager  # before start: close() reaches a half-started one too
-            await manager.start()
-            await manager.check_tokenizer()
+        spec = WorkerSpec(engines=self._engines, tool_server=self.tool_server, model_dir=self.model_dir, loop=self.loop,
+                          router=s.router, max_concurrency=s.max_concurrency, reward=s.reward,
+                          interactions=s.interactions)
+        # kept before start: close() reaches a half-started manager too
+        self._manager = AgentLoopManager(spec, num_workers=s.workers, use_ray=s.use_ray)
+        await self._manager.start()
+        await self._manager.check_tokenizer()
 
     async def _launch_tools(self, config_path: str) -> str:
         """``agentloop tools serve`` for verl's tool YAML: its tools run in that process, which ends with ours."""
@@ -323,7 +324,9 @@ class AgentloopAgentLoopManager:
         return await asyncio.to_thread(self._background.run, self._generate(prompts, samples, validate))
 
     async def _generate(self, prompts: DataProto, samples: list[Sample], validate: bool) -> DataProto:
-        trajectories = list((await self._managers[validate].generate(samples)).trajectories)
+        if validate:
+            samples = [sample.model_copy(update={"sampling": self.val_sampling}) for sample in samples]
+        trajectories = list((await self._manager.generate(samples)).trajectories)
         failed = [(t.sample_id, t.error or t.termination.value) for t in trajectories if t.failed]
         if failed:
             raise FailedTrajectoriesError(failed, len(trajectories))
@@ -352,9 +355,9 @@ class AgentloopAgentLoopManager:
         return scored, dict(result.get("reward_extra_info") or {})
 
     def close(self) -> None:
-        """Close the managers and the background loop (verl never calls this; tests and scripts do)."""
-        managers, self._managers = list(self._managers.values()), {}
-        for manager in managers:
+        """Close our manager and the background loop (verl never calls this; tests and scripts do)."""
+        manager, self._manager = self._manager, None
+        if manager is not None:
             self._background.run(manager.close())
         if self._tools_process is not None:
             self._background.run(self._tools_process.stop(grace_s=5.0))
