@@ -22,15 +22,16 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentloop_grpc.channels import open_channel
-from agentloop_grpc.engine_adapters.config import EngineConfig
+from agentloop_grpc.engine_adapters.config import EngineConfig, engine_config
 from agentloop_grpc.engine_adapters.config_flags import settings
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.security import ClientSecurity
@@ -155,6 +156,12 @@ class EngineLaunch:
     def __post_init__(self) -> None:
         if self.dp < 1:
             raise ValueError("dp must be >= 1")
+
+    @classmethod
+    def of(cls, adapter: str, config: Mapping[str, Any], **options: Any) -> EngineLaunch:
+        """Servers of ``adapter`` with ``config``'s fields validated as its config (the error names the field):
+        for callers that know an adapter by name and must not import the adapters' configs themselves."""
+        return cls(engine=engine_config(adapter, config), **options)
 
     @property
     def adapter(self) -> str:

@@ -21,7 +21,6 @@ from omegaconf import OmegaConf
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
-from agentloop_grpc.engine_adapters.config import engine_config
 from agentloop_grpc.launch.launcher import EngineLaunch
 
 from .rollout_adapter import server_actor_name
@@ -53,7 +52,7 @@ class AgentloopReplica(RolloutReplica):
             fields.setdefault("tp_size", tp)
         elif settings.engine == "vllm" and tp != 1:
             raise ValueError(f"the vllm adapter serves tensor_model_parallel_size=1, not {tp}")
-        return EngineLaunch(engine=engine_config(settings.engine, fields), startup_timeout_s=settings.startup_timeout_s)
+        return EngineLaunch.of(settings.engine, fields, startup_timeout_s=settings.startup_timeout_s)
 
     async def launch_servers(self) -> None:
         settings = settings_from(self.config)
