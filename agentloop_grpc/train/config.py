@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentloop_grpc.agent.config import AgentLoopConfig
+from agentloop_grpc.agent.spec import ComponentSpec
 from agentloop_grpc.rollout.config import Dataset, Engines, Tools
 from agentloop_grpc.router import RouterConfig
 
@@ -47,6 +48,9 @@ class TrainConfig(BaseModel):
     tools: Tools = Field(default_factory=Tools, description="Tool servers.")
     dataset: Dataset = Field(description="Prompts (rows with messages, ground_truth, tools).")
     loop: AgentLoopConfig = Field(default_factory=AgentLoopConfig, description="Loop limits and sampling.")
+    loops: dict[str, ComponentSpec] = Field(
+        default_factory=dict, description="Your own loops by name (module:Class and its kwargs), beside "
+        "single_turn and tool; rows name them in `loop`.")
     router: RouterConfig = Field(default_factory=RouterConfig, description="Routing over the engine servers.")
     grpo: GrpoSettings = Field(default_factory=GrpoSettings, description="The trainer.")
     workers: int = Field(1, ge=1, description="Agent-loop workers.")

@@ -125,7 +125,7 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
                                                                     start_tools(config.tools, stack, out)))
         spec = WorkerSpec(engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
                           model_dir=model_dir,
-                          loop=config.loop, router=config.router)
+                          loop=config.loop, loops=config.loops, router=config.router)
         # 3. the rollout and the trainer, on the engines' checkpoint
         checkpoint = model_store.resolve(model_dir)
         if config.grpo.torch_threads:

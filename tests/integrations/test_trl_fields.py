@@ -94,3 +94,18 @@ def test_conflicting_rows_for_one_prompt_are_refused():
         _rollout([ROWS[0], {**ROWS[0], "ground_truth": "4"}])
     _rollout([ROWS[0], {**ROWS[0], "id": "r1-again"}])  # the same row twice is fine
     assert prompt_key([{"role": "user", "content": "x", "tool_calls": None}]) == prompt_key([{"content": "x", "role": "user"}])
+
+
+def test_the_replayed_call_grammar_is_the_runs_tool_call_format() -> None:
+    """The trainer's logprob replay masks constrained turns with the grammar the loops used: the run's format's,
+    not always Hermes'."""
+    from agentloop_grpc.agent import AgentLoopConfig
+    from agentloop_grpc.agent.parsers import make_parser
+    from agentloop_grpc.integrations.trl.rollout import call_grammar
+
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "math", "parameters": {
+        "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+    for name in ("hermes", "llama3_json", "qwen3_coder"):
+        loop = AgentLoopConfig(tool_parser=name, constrain_tool_calls=True)
+        assert call_grammar(loop, tools) == make_parser(name, tools).constraint(tools, loop.max_parallel_tool_calls)
+    assert call_grammar(AgentLoopConfig(tool_parser="llama3_json"), tools) != call_grammar(AgentLoopConfig(), tools)

@@ -378,6 +378,7 @@ def test_verl_rows_become_samples_and_bad_rows_are_refused_by_name() -> None:
     assert sample.tools_kwargs == {"submit_answer": {"ground_truth": "17"}, "check_answer": {"ground_truth": "17"}}
     assert (sample.interaction, sample.interaction_kwargs) == ("retry", {"query": "q"})
     assert samples_from(rows(), "single_turn_agent")[0].loop == "single_turn"  # verl's default agent loop
+    assert samples_from(rows(agent_name="revise"), "tool_agent", custom_loops=["revise"])[0].loop == "revise"
     assert samples_from(rows(reward_model={"ground_truth": np.int64(17)}), "tool_agent")[0].ground_truth == "17"
     assert samples_from(rows(reward_model={"ground_truth": ["a", 1]}), "tool_agent")[0].ground_truth == '["a", 1]'
     with pytest.raises(ValueError, match="row 0: agent_name 'react_agent' has no agentloop loop"):

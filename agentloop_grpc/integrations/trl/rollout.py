@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentloop_grpc.agent import AgentLoopManager, Sample, Trajectory, WorkerSpec
+from agentloop_grpc.agent import AgentLoopConfig, AgentLoopManager, Sample, Trajectory, WorkerSpec
 from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.agent.spec import load_codec
 from agentloop_grpc.rollout.dataset import row_sample
@@ -152,7 +152,6 @@ class AgentLoopRollout:
         for the replay (the grammar depends on the tools a sample was offered: each name is a choice in it)."""
         import xgrammar
 
-        from agentloop_grpc.agent.parsers import HermesParser
         from agentloop_grpc.tools.client import GrpcToolClient
 
         tools = GrpcToolClient(self.spec.tool_server, security=self.spec.tool_security)
@@ -167,8 +166,7 @@ class AgentLoopRollout:
         def grammar(names: tuple[str, ...] | None):
             key = tuple(sorted(specs if names is None else names))
             if key not in compiled:
-                text = HermesParser().constraint([specs[n] for n in key], self.spec.loop.max_parallel_tool_calls)
-                compiled[key] = compiler.compile_grammar(text)
+                compiled[key] = compiler.compile_grammar(call_grammar(self.spec.loop, [specs[n] for n in key]))
             return compiled[key]
 
         return grammar
@@ -293,3 +291,10 @@ def step_metrics(trajectories: Sequence[Trajectory], rollout: RolloutMetrics, ve
         # tokens made by weights other than the trainer's current ones (0 when every push landed)
         "stale_tokens": float(sum(v != version for v in versions)),
     }
+
+
+def call_grammar(loop: AgentLoopConfig, tools: Sequence[dict[str, Any]]) -> str:
+    """The call grammar the loops constrained turns offering ``tools`` with: the run's tool-call format's."""
+    from agentloop_grpc.agent.parsers import make_parser
+
+    return make_parser(loop.tool_parser, tools).constraint(tools, loop.max_parallel_tool_calls)

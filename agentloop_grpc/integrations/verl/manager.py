@@ -100,6 +100,9 @@ class LoopSettings(BaseModel):
     else our default (the tool instances' rewards plus the interaction's score)."""
     interactions: dict[str, ComponentSpec] = Field(default_factory=dict)
     """Interactions by the name a row's ``interaction_kwargs.name`` gives."""
+    loops: dict[str, ComponentSpec] = Field(default_factory=dict)
+    """Your own loops by name (``module:Class`` + its config), beside ``single_turn`` and ``tool``: a row's
+    ``agent_name`` may name one."""
     ground_truth_tools: tuple[str, ...] = ("check_answer",)
     """Tools whose instances get ``{"ground_truth": reward_model.ground_truth}`` unless create_kwargs say
     otherwise."""
@@ -165,8 +168,11 @@ def _ground_truth(value: Any) -> str | None:
     return str(value) if isinstance(value, (int, float, np.number)) else json.dumps(value, default=str)
 
 
-def samples_from(batch: DataProto, default_agent: str, ground_truth_tools: Sequence[str] = ()) -> list[Sample]:
-    """Our Samples for verl's rows (see the module docstring); ValueError names the row and the column."""
+def samples_from(batch: DataProto, default_agent: str, ground_truth_tools: Sequence[str] = (),
+                 custom_loops: Sequence[str] = ()) -> list[Sample]:
+    """Our Samples for verl's rows (see the module docstring); an ``agent_name`` in ``custom_loops`` runs that
+    loop of ours. ValueError names the row and the column."""
+    loops = {**AGENT_LOOPS, **{name: name for name in custom_loops}}
     columns = batch.non_tensor_batch
     for required in ("raw_prompt", "uid"):
         if required not in columns:
@@ -174,8 +180,8 @@ def samples_from(batch: DataProto, default_agent: str, ground_truth_tools: Seque
     samples = []
     for i in range(len(batch)):
         agent = str(_column(columns, "agent_name", i, default_agent))
-        if agent not in AGENT_LOOPS:
-            raise ValueError(f"row {i}: agent_name {agent!r} has no agentloop loop; known: {sorted(AGENT_LOOPS)}")
+        if agent not in loops:
+            raise ValueError(f"row {i}: agent_name {agent!r} has no agentloop loop; known: {sorted(loops)}")
         extra_info = _column(columns, "extra_info", i, {})
         tools_kwargs = _column(columns, "tools_kwargs", i, None) or extra_info.get("tools_kwargs") or {}
         interaction = dict(_column(columns, "interaction_kwargs", i, None) or extra_info.get("interaction_kwargs")
@@ -183,7 +189,7 @@ def samples_from(batch: DataProto, default_agent: str, ground_truth_tools: Seque
         if interaction and not interaction.get("name"):
             raise ValueError(f"row {i}: interaction_kwargs.name must name the interaction")
         selection = extra_info.get("tool_selection")
-        row = {"messages": [dict(m) for m in columns["raw_prompt"][i]], "loop": AGENT_LOOPS[agent],
+        row = {"messages": [dict(m) for m in columns["raw_prompt"][i]], "loop": loops[agent],
                "tools_kwargs": _create_kwargs(tools_kwargs, i), "interaction": interaction.pop("name", None),
                "ground_truth": _ground_truth(_column(columns, "reward_model", i, {}).get("ground_truth")),
                "tools": list(selection) if selection else None}
@@ -300,7 +306,7 @@ class AgentloopAgentLoopManager:
         s = self.settings
         spec = WorkerSpec(engines=self._engines, tool_server=self.tool_server, model_dir=self.model_dir, loop=self.loop,
                           router=s.router, max_concurrency=s.max_concurrency, reward=s.reward,
-                          interactions=s.interactions)
+                          interactions=s.interactions, loops=s.loops)
         # kept before start: close() reaches a half-started manager too
         self._manager = AgentLoopManager(spec, num_workers=s.workers, use_ray=s.use_ray)
         await self._manager.start()
@@ -320,7 +326,7 @@ class AgentloopAgentLoopManager:
         do_sample = prompts.non_tensor_batch.get("__do_sample__")
         if do_sample is not None and not validate and not np.all(do_sample):
             raise ValueError("__do_sample__: REMAX's greedy baseline rows are not supported by the agentloop manager")
-        samples = samples_from(prompts, self.default_agent, self.settings.ground_truth_tools)
+        samples = samples_from(prompts, self.default_agent, self.settings.ground_truth_tools, list(self.settings.loops))
         return await asyncio.to_thread(self._background.run, self._generate(prompts, samples, validate))
 
     async def _generate(self, prompts: DataProto, samples: list[Sample], validate: bool) -> DataProto:
