@@ -52,6 +52,9 @@ def _config():
 
 @pytest.fixture(scope="module")
 def local_ray():
+    # a server actor, verl's balancer and a 2-rank worker group need more CPUs than a Ray left by earlier tests
+    if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < 4:
+        ray.shutdown()
     started = init_ray(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     if started:
