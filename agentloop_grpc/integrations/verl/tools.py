@@ -23,7 +23,6 @@ from verl.tools.schemas import OpenAIFunctionToolSchema
 from agentloop_grpc.tools.result import RewardResult, ToolErrorKind, ToolResult, ToolSpec
 
 
-
 def _tool_class(class_name: str) -> type[BaseTool]:
     module, _, name = class_name.rpartition(".")
     if not module:
