@@ -154,3 +154,26 @@ def test_chat_template_from_a_file_or_text_and_from_the_yaml(tmp_path):
 def test_a_template_that_does_not_render_fails_naming_the_field(codec):
     with pytest.raises(ValueError, match="chat_template"):
         ChatCodec(codec.tokenizer, "{{ messages[0].content | no_such_filter }}")
+
+
+#: ChatML whose assistant turns render their parsed tool calls from the message's ``tool_calls`` after the content,
+#: as Qwen2.5's and Qwen3's templates do.
+TOOL_CALLS_FIELD = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content }}"
+    "{%- if message.tool_calls %}{%- for c in message.tool_calls %}"
+    "{{- '\\n<tool_call>\\n' + (c.function | tojson) + '\\n</tool_call>' }}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+async def test_a_template_rendering_tool_calls_from_the_message_does_not_repeat_the_models_call(codec):
+    """The model wrote its call as text (recorded as produced); the delta after its turn must not add the
+    template's rendering of the same call again."""
+    fielded = ChatCodec(codec.tokenizer, TOOL_CALLS_FIELD)
+    replies = [call("calculator", expression="2 + 3"), "It is 5."]
+    async with loop_context(fielded, replies) as (_, loops, script):
+        t = await loops.get("tool").run(Sample(sample_id="s", messages=QUESTION, tools=("calculator",)))
+    assert t.tool_calls == 1 and t.tool_errors == 0
+    second = fielded.decode(script.requests[1].prompt_ids)
+    assert second.count("<tool_call>") == 1 and second.count('"calculator"') == 1, second
