@@ -1,5 +1,9 @@
 """``agentloop rollout --config FILE``: bad input ends with one clear sentence and a non-zero exit, never a
-traceback; Ctrl-C stops the servers this run started and keeps the trajectories already finished."""
+traceback; Ctrl-C stops the servers this run started and keeps the trajectories already finished.
+
+Exit codes: 0 done; 1 the run could not start or go on; 2 bad command line or config; 3 the run finished but the
+share of failed trajectories reached ``max_failed_share`` (outputs written, the top error causes printed);
+130 interrupted."""
 
 from __future__ import annotations
 
@@ -13,13 +17,17 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from agentloop_grpc.agent.tokenizer_check import TokenizerMismatchError
 from agentloop_grpc.launch.launcher import LaunchError
 
 from .config import load_config
 from .dataset import DatasetError
-from .run import RolloutError, RunRecord, run_rollout, summarize
+from .run import RolloutError, RunRecord, error_causes, failed_share, run_rollout, summarize
 
 T = TypeVar("T")
+
+#: The exit code of a run whose failed share reached max_failed_share (distinct from 1: the run itself went on).
+EXIT_TOO_MANY_FAILED = 3
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -66,9 +74,25 @@ def rollout(
         kept = len(record.trajectories)
         typer.echo(f"interrupted: servers stopped; {kept} finished trajectories kept in {record.output_dir}", err=True)
         raise typer.Exit(130) from None
-    except (DatasetError, RolloutError, LaunchError) as error:
+    except (DatasetError, RolloutError, LaunchError, TokenizerMismatchError) as error:
         _fail(str(error).splitlines()[0] if isinstance(error, DatasetError) else str(error), 1)
     progress.summary(summarize(record), str(record.output_dir))
+    report_failures(record, settings.max_failed_share)
+
+
+def report_failures(record: RunRecord, max_failed_share: float) -> None:
+    """Print the top error causes of the failed trajectories; exit 3 when their share reached the threshold."""
+    failed = sum(t.failed for t in record.trajectories)
+    total = len(record.trajectories)
+    if failed:
+        typer.echo(f"error causes ({failed} of {total} trajectories failed; the Parquet `error` column has each):",
+                   err=True)
+        for cause, count in error_causes(record.trajectories):
+            typer.echo(f"  {count} x {cause}", err=True)
+    share = failed_share(record)
+    if share >= max_failed_share:
+        _fail(f"{failed} of {total} trajectories failed ({share:.0%}), max_failed_share is {max_failed_share}; "
+              f"outputs are in {record.output_dir}", EXIT_TOO_MANY_FAILED)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,11 @@ class RolloutConfig(BaseModel):
         None, ge=0, le=65535, description="Serve the Router's Prometheus metrics at http://127.0.0.1:PORT/metrics "
         "while the rollout runs (0: a free port, printed). With several or Ray workers, the control router's."
     )
+    max_failed_share: float = Field(
+        1.0, gt=0, le=1, description="`agentloop rollout` exits 3 when failed trajectories / all trajectories reaches "
+        "this share (1.0: only when every trajectory failed; a run with none counts as all failed). The outputs are "
+        "written either way."
+    )
     prompt_length: int | None = Field(None, ge=1, description="Pad prompts to this length in batch.pt (default: longest).")
     response_length: int | None = Field(None, ge=1, description="Pad responses to this length (default: longest).")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from importlib import resources
 import time
 from contextlib import AsyncExitStack
@@ -227,4 +228,17 @@ def summarize(record: RunRecord) -> dict:
         "slowest_s": round(m.slowest_s, 2),
         "drifted_trajectories": sum(t.drift is not None for t in ts),
         "drift": drift_summary(ts),  # per kind: how many, and the first one as an example
+        "error_causes": [{"error": error, "count": count} for error, count in error_causes(ts)],
     }
+
+
+def error_causes(trajectories: list[Trajectory], top: int = 5) -> list[tuple[str, int]]:
+    """The failed trajectories' errors (first line, verbatim), most common first, at most ``top`` of them."""
+    errors = Counter((t.error or "no error recorded").splitlines()[0] for t in trajectories if t.failed)
+    return errors.most_common(top)
+
+
+def failed_share(record: RunRecord) -> float:
+    """Failed trajectories over all of them; a run that produced none counts as wholly failed."""
+    ts = record.trajectories
+    return sum(t.failed for t in ts) / len(ts) if ts else 1.0
