@@ -17,6 +17,7 @@ import inspect
 import logging
 import os
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 import typer
 import yaml
 
+from agentloop_grpc.config_errors import describe
 from agentloop_grpc.engine_adapters.config import ENGINE_KINDS, EngineConfig, engine_config
 from agentloop_grpc.engine_adapters.config_flags import apply_setting
 from agentloop_grpc.engine_adapters.factory import make_adapter
@@ -147,28 +149,35 @@ _ENGINE_OPTIONS = {
 }
 
 
+def _config_error(message: str) -> None:
+    """End a command on a bad config or option in the style every command shares: ``error: ...``, exit 2."""
+    typer.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
 def _engine_config(adapter: AdapterKind | None, path: Path | None, overrides: list[str] | None) -> EngineConfig:
-    """The engine config the options describe; a bad field exits 2 with pydantic's message naming it."""
+    """The engine config the options describe; a bad field exits 2 with every problem, each naming its field."""
     from pydantic import ValidationError
 
-    hint = "--adapter/--config/--set"
     try:
         fields = (yaml.safe_load(path.read_text()) if path else None) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--config") from None
+    except yaml.YAMLError as exc:
+        _config_error(describe(path, exc))
+    except OSError as exc:
+        _config_error(f"{path}: {exc.strerror or exc}")
     if not isinstance(fields, dict):
-        raise typer.BadParameter(f"{path} is not a mapping of config fields", param_hint="--config")
+        _config_error(f"{path} is not a mapping of config fields")
     kind = adapter.value if adapter is not None else fields.get("kind", "embedded")
+    source = " and ".join(filter(None, [str(path) if path else None, "--set" if overrides else None]))
     try:
         for setting in overrides or ():
             apply_setting(fields, setting)
         return engine_config(kind, fields)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or kind}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in exc.errors())
-        raise typer.BadParameter(f"{kind} engine config: {problems}", param_hint=hint) from None
+        model = typing.get_args(typing.get_args(EngineConfig)[0])[ENGINE_KINDS.index(kind)]  # the kind's class
+        _config_error(describe(f"{kind} engine config" + (f" ({source})" if source else ""), exc, model))
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint=hint) from None
+        _config_error(str(exc))
 
 
 @engine_app.command("serve")
@@ -214,8 +223,8 @@ def model_prepare(
 @tools_app.command("serve")
 @with_server_security
 def tools_serve(
-    config: Path = typer.Option(
-        ..., exists=True, dir_okay=False, help="tools.yaml (see agentloop_grpc/tools/builtin.yaml)."
+    config: str = typer.Option(
+        ..., help="tools.yaml (see agentloop_grpc/tools/builtin.yaml), or 'builtin' for the built-in tools."
     ),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(50061, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
@@ -227,15 +236,18 @@ def tools_serve(
     """Serve the tools a config names over agentloop.v1.ToolExecute (with health and reflection)."""
     from pydantic import ValidationError
 
-    from agentloop_grpc.tools.config import load_config
+    from agentloop_grpc.tools.config import BUILTIN, ToolServerConfig, load_config
     from agentloop_grpc.tools.server import serve_tools
 
     _configure_logging(log_level)
+    if config != BUILTIN and not Path(config).is_file():
+        _config_error(f"the config file {config} does not exist (or give {BUILTIN!r} for the built-in tools)")
     try:
         tool_config = load_config(config)
-    except (ValidationError, ValueError, OSError) as exc:
-        typer.echo(f"error: {config}: {exc}", err=True)
-        sys.exit(2)
+    except (ValidationError, yaml.YAMLError) as exc:
+        _config_error(describe(config, exc, ToolServerConfig))
+    except (ValueError, OSError) as exc:
+        _config_error(f"{config}: {exc}")
 
     def announce(bound_port: int) -> None:
         print(f"agentloop tools listening on {host}:{bound_port}", flush=True)

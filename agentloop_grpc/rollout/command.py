@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from agentloop_grpc.agent.tokenizer_check import TokenizerMismatchError
+from agentloop_grpc.config_errors import describe, returned_model
 from agentloop_grpc.launch.launcher import LaunchError
 
 from .config import load_config
@@ -35,22 +36,16 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _validation_message(path: Path, error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{path}: {where}: {first['msg']}{more}"
-
-
 def load_settings(config: Path, loader: Callable[[Path], T], what: str) -> T:
-    """Read the YAML ``config`` with ``loader``; a missing file or a bad config ends the command in one sentence."""
+    """Read the YAML ``config`` with ``loader``; a missing file or a bad config ends the command with every problem
+    (the loader's return annotation names the config class the "did you mean" hints come from)."""
     if not config.is_file():
         _fail(f"the config file {config} does not exist")
     try:
         return loader(config)
-    except ValidationError as error:
-        _fail(_validation_message(config, error))
-    except (yaml.YAMLError, ValueError, OSError) as error:
+    except (ValidationError, yaml.YAMLError) as error:
+        _fail(describe(config, error, returned_model(loader)))
+    except (ValueError, OSError) as error:
         _fail(f"{config} is not a valid {what} config: {str(error).splitlines()[0]}")
 
 

@@ -17,6 +17,7 @@ registry); a name collision or an import failure is a start-up error.
 from __future__ import annotations
 
 import importlib
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -117,5 +118,13 @@ def build_tools(config: ToolServerConfig) -> dict[str, Tool]:
     return tools
 
 
+#: The name that stands for the built-in tools' config (as a rollout YAML's ``tools.launch: builtin`` does).
+BUILTIN = "builtin"
+
+
 def load_config(path: str | Path) -> ToolServerConfig:
+    """Read and validate a tools.yaml, or the built-in one for ``builtin`` (ValidationError / OSError /
+    yaml.YAMLError on bad input)."""
+    if str(path) == BUILTIN:
+        path = Path(str(resources.files("agentloop_grpc.tools") / "builtin.yaml"))
     return ToolServerConfig.model_validate(yaml.safe_load(Path(path).read_text()))
