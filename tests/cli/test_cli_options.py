@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from agentloop_grpc.cli import app
 
-runner = CliRunner()
+runner = CliRunner(env={"COLUMNS": "300"})  # usage errors are boxed by rich: one line each
 
 
 def test_version_prints_the_installed_version():
