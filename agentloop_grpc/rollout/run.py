@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
 from importlib import resources
 import time
 from contextlib import AsyncExitStack
@@ -29,6 +28,7 @@ from agentloop_grpc.serving.metrics import serve_metrics
 
 from .config import Engines, RolloutConfig, Tools
 from .dataset import read_rows, to_samples
+from .error_causes import top_causes
 from .progress import Progress
 
 
@@ -233,9 +233,9 @@ def summarize(record: RunRecord) -> dict:
 
 
 def error_causes(trajectories: list[Trajectory], top: int = 5) -> list[tuple[str, int]]:
-    """The failed trajectories' errors (first line, verbatim), most common first, at most ``top`` of them."""
-    errors = Counter((t.error or "no error recorded").splitlines()[0] for t in trajectories if t.failed)
-    return errors.most_common(top)
+    """The failed trajectories' error causes (errors that differ only in numbers or ids are one), most common first,
+    at most ``top`` of them."""
+    return top_causes((t.error for t in trajectories if t.failed), top)
 
 
 def failed_share(record: RunRecord) -> float:
