@@ -1,12 +1,19 @@
-"""The configuration reference is generated from the code; the committed file must match it."""
+"""The docs stay true: the configuration references are generated from the code, the example configs load, and
+the snippets of the docs pages compile, import what exists, parse, and name real CLI commands and options."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+import yaml
+
+from .test_readme import README, ROOT, broken_links, fenced_blocks
 
 
 def test_config_references_are_current():
@@ -27,3 +34,83 @@ def test_train_config_is_valid():
     config = load_train_config(ROOT / "examples" / "train.yaml")
     assert config.engines.launch.replicas == 2 and config.dataset.arithmetic.kind == "one_step"
     assert config.loop.constrain_tool_calls and config.loop.sampling.temperature > 0
+
+
+# The pages the README links to that hold snippets (generated references and other helpers' pages excepted).
+PAGES = ("agent-loops", "architecture", "benchmarks", "contract", "internals", "metrics", "rollout", "router",
+         "security", "serve-engines", "testing", "tools", "trl", "verl")
+
+
+def _page(name: str) -> Path:
+    return ROOT / "docs" / f"{name}.md"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_links_stay_in_the_repository_and_exist(name):
+    assert broken_links(_page(name)) == []
+
+
+def _imports(tree: ast.AST) -> list[tuple[str, str | None]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found += [(node.module, alias.name) for alias in node.names]
+    return found
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_python_compiles_and_its_imports_resolve(name):
+    for block in fenced_blocks(_page(name)):
+        if block.lang != "python":
+            continue
+        where = f"docs/{name}.md line {block.line}"
+        # snippets may await at top level, as they would inside the caller's coroutine
+        tree = compile(block.body, where, "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        for module, attribute in _imports(tree):
+            imported = importlib.import_module(module)
+            assert attribute is None or hasattr(imported, attribute), f"{where}: {module} has no {attribute}"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_yaml_parses(name):
+    for block in fenced_blocks(_page(name)):
+        if block.lang == "yaml":
+            assert isinstance(yaml.safe_load(block.body), dict), f"docs/{name}.md line {block.line}"
+
+
+def _agentloop_lines(body: str) -> list[list[str]]:
+    joined = body.replace("\\\n", " ")
+    lines = []
+    for line in joined.splitlines():
+        for command in line.split("#", 1)[0].split(";"):
+            argv = shlex.split(command)
+            if argv and argv[0].endswith("agentloop") and argv[0] in ("agentloop", ".venv/bin/agentloop"):
+                lines.append(argv[1:])
+    return lines
+
+
+@pytest.mark.parametrize("name", (*PAGES, "README"))
+def test_agentloop_command_lines_name_real_commands_and_options(name):
+    import typer
+    from typer.core import TyperGroup
+
+    from agentloop_grpc.cli import app
+
+    path = README if name == "README" else _page(name)
+    for block in fenced_blocks(path):
+        if block.lang != "bash":
+            continue
+        for argv in _agentloop_lines(block.body):
+            command = typer.main.get_command(app)
+            words = list(argv)
+            while isinstance(command, TyperGroup) and words and not words[0].startswith("-"):
+                word = words.pop(0)
+                assert word in command.commands, f"{path.name} line {block.line}: no command `{word}`"
+                command = command.commands[word]
+            assert not isinstance(command, TyperGroup), f"{path.name} line {block.line}: {argv} names no command"
+            options = {opt for param in command.params for opt in param.opts}
+            for word in words:
+                if word.startswith("--"):
+                    assert word.split("=", 1)[0] in options, f"{path.name} line {block.line}: no option {word}"
