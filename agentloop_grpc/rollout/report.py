@@ -1,17 +1,16 @@
-"""report.html: the run at a glance, with PNG plots next to it (matplotlib, Agg backend: no display needed).
+"""report.html: the run at a glance, self-contained (the data embedded as JSON, a vanilla-JS page: no network).
 
-Plots: a timeline of every trajectory (generating vs tools vs waiting, from the turn trace), latency
-distributions (generate calls, tool phases), the reward distribution and terminations, per-server in-flight
-requests over time with the router's routing decisions (new / sticky / moved); the token drift per kind with
-one example each (where the recorded tokens depart from a fresh render of the conversation, and whether that is
-harmless); then one trajectory rendered token by token with its response mask (model tokens and tool/template
-tokens in two colours).
+Sections: a summary (what ran, counts, reward, failure share, tokens/s); every trajectory in a table with filters
+(reward, termination, error, group, id) and the selected one token by token with its response mask (model tokens
+and tool/template tokens in two colours), its messages, reward and error; GRPO group statistics; the errors by
+cause (infrastructure told apart from the sample's or model's); the token drift per kind; a timeline with one
+labelled row per trajectory (generating, tools, interaction, waiting; short phases kept visible, a shared or a
+per-trajectory scale); PNG plots beside the page (report_plots.py). docs/report.md describes the sections.
 """
 
 from __future__ import annotations
 
 import html
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -20,102 +19,135 @@ from agentloop_grpc.agent.chat import ChatCodec
 from agentloop_grpc.agent.tracing import read_trace
 from agentloop_grpc.agent.trajectory import DRIFT_MEANING
 
-MODEL_COLOUR, CONTEXT_COLOUR, WAIT_COLOUR, TOOL_COLOUR = "#1f77b4", "#ff7f0e", "#dddddd", "#2ca02c"
+from .report_data import MAX_DETAIL_CHARS, report_data, to_script_json
+from .report_plots import latency_plot, rewards_plot, servers_plot
+from .report_script import SCRIPT, STYLE
+
+#: Groups listed in the page's table (the statistics above it count every group).
+MAX_GROUP_ROWS = 2000
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+def _e(value) -> str:
+    return html.escape(str(value))
 
 
-def _timeline(trajectories: list[Trajectory], trace: list[dict], path: Path) -> None:
-    plt = _pyplot()
-    order = sorted(trajectories, key=lambda t: t.timings.started_at)
-    origin = min(t.timings.started_at for t in order)
-    rows = {t.sample_id: i for i, t in enumerate(order)}
-    fig, ax = plt.subplots(figsize=(10, max(3, 0.18 * len(order) + 1.5)))
-    for t in order:
-        ax.barh(rows[t.sample_id], t.timings.total_s, left=t.timings.started_at - origin, color=WAIT_COLOUR,
-                height=0.8)
-    for event in trace:
-        if event["sample_id"] not in rows or event["kind"] not in ("assistant", "tool", "user"):
-            continue
-        colour = MODEL_COLOUR if event["kind"] == "assistant" else TOOL_COLOUR
-        ax.barh(rows[event["sample_id"]], event["seconds"], left=event["time"] - event["seconds"] - origin,
-                color=colour, height=0.8)
-    ax.set_xlabel("seconds since the first trajectory started")
-    ax.set_ylabel("trajectory")
-    ax.set_yticks([])
-    ax.set_title("Timeline: generating (blue), tools / user (green), waiting (grey)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+def _fact(label: str, value, note: str = "") -> str:
+    return f'<div id="fact-{label.replace(" ", "-")}">{_e(label)}<b>{_e(value)}</b>{_e(note)}</div>'
 
 
-def _latency(trace: list[dict], path: Path) -> None:
-    plt = _pyplot()
-    generate = [e["seconds"] for e in trace if e["kind"] == "assistant"]
-    tools = [e["seconds"] for e in trace if e["kind"] in ("tool", "user")]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    for ax, values, title, colour in ((axes[0], generate, "generate calls (s)", MODEL_COLOUR),
-                                      (axes[1], tools, "tool phases (s)", TOOL_COLOUR)):
-        if values:
-            ax.hist(values, bins=min(30, max(5, len(values) // 2)), color=colour)
-        ax.set_title(f"{title}, n={len(values)}")
-        ax.set_ylabel("count")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+def _percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{100 * share:.1f}%"
 
 
-def _rewards(trajectories: list[Trajectory], path: Path) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    rewards = Counter(round(t.reward, 3) for t in trajectories if not t.failed)
-    axes[0].bar([str(k) for k in sorted(rewards)], [rewards[k] for k in sorted(rewards)], color=MODEL_COLOUR)
-    axes[0].set_title("reward (trajectories that did not fail)")
-    terminations = Counter(t.termination.value for t in trajectories)
-    axes[1].bar(list(terminations), list(terminations.values()), color=CONTEXT_COLOUR)
-    axes[1].set_title("terminations")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+def summary_section(record, summary: dict, data: dict) -> str:
+    """What ran and how it went, in a few figures; summary.json beside the page has every figure."""
+    ts: list[Trajectory] = record.trajectories
+    failed = sum(t.failed for t in ts)
+    infra = sum(t.infrastructure_failure for t in ts)
+    groups = data["groups"]
+    loops = ", ".join(f"{name} ({count})" for name, count in Counter(t.loop for t in ts).most_common())
+    terminations = ", ".join(f"{k}: {v}" for k, v in Counter(t.termination.value for t in ts).most_common())
+    servers = ", ".join(record.servers) or "none recorded"
+    facts = "".join([
+        _fact("trajectories", len(ts), " (interrupted: finished before Ctrl-C)" if record.interrupted else ""),
+        _fact("failed", f"{failed} ({_percent(failed / len(ts) if ts else None)})",
+              f"{infra} infrastructure" if failed else ""),
+        _fact("mean reward", summary.get("mean_reward", "n/a"), " of the trajectories that did not fail"),
+        _fact("correct rate", _percent(summary.get("correct_answers_rate")), " reward 1.0"),
+        _fact("model tokens/s", summary.get("model_tokens_per_s", "n/a"), f" {summary.get('model_tokens', 0)} tokens"),
+        _fact("wall time", f"{summary.get('wall_s', 0)} s"),
+        _fact("assistant turns", summary.get("mean_assistant_turns", "n/a"), " mean"),
+        _fact("tool calls", summary.get("tool_call_attempts", 0),
+              f" {_percent(summary.get('valid_tool_calls_rate'))} valid"),
+        _fact("groups", len(groups["groups"]), f" {_percent(groups['zero_variance_share'])} zero variance"),
+        _fact("drifted", summary.get("drifted_trajectories", 0)),
+    ])
+    return (f"<p>Loops: {_e(loops)}. Engine servers: {_e(servers)}. Terminations: {_e(terminations)}. "
+            f"Every figure is in <code>summary.json</code> beside this page; nothing is filtered.</p>"
+            f'<div class="facts">{facts}</div>')
 
 
-def _servers(record, path: Path) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [3, 1]})
-    if record.load:
-        origin = min(s.time for s in record.load)
-        for server in record.servers:
-            points = [(s.time - origin, s.in_flight) for s in record.load if s.server == server]
-            axes[0].step([p[0] for p in points], [p[1] for p in points], where="post", label=server)
-        axes[0].legend(fontsize=8)
-    axes[0].set_title("in-flight generate calls per server")
-    axes[0].set_xlabel("seconds")
-    names = ["new", "sticky", "moved"]
-    axes[1].bar(names, [record.decisions.get(n, 0) for n in names], color=[CONTEXT_COLOUR, MODEL_COLOUR, "#d62728"])
-    axes[1].set_title("routing decisions")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+def groups_section(groups: dict) -> str:
+    """Per GRPO group (samples of one prompt): size, reward mean and std of the scored members, zero variance,
+    completeness."""
+    if not groups["groups"]:
+        return "<p>No trajectory records a group id: no GRPO groups.</p>"
+    rows = "".join(
+        f'<tr data-group="{_e(g["group"])}"><td><a href="#group={_e(g["group"])}">{_e(g["group"])}</a></td>'
+        f'<td class="n">{g["n"]}</td><td class="failed">{g["failed"]}</td>'
+        f'<td class="mean">{"" if g["mean"] is None else g["mean"]}</td>'
+        f'<td class="std">{"" if g["std"] is None else g["std"]}</td>'
+        f'<td class="zero">{"yes" if g["zero_variance"] else "no"}</td>'
+        f'<td class="complete">{"yes" if g["complete"] else "no"}</td></tr>'
+        for g in groups["groups"][:MAX_GROUP_ROWS])
+    more = (f"<p class=\"note\">The table lists the first {MAX_GROUP_ROWS} of {len(groups['groups'])} groups.</p>"
+            if len(groups["groups"]) > MAX_GROUP_ROWS else "")
+    without = (f" {groups['without_group']} trajectories have no group id and are left out."
+               if groups["without_group"] else "")
+    return (f'<p><span id="zero-variance-share">{_percent(groups["zero_variance_share"])}</span> of the groups with '
+            f"a scored member have zero reward variance: every member has the same reward, so GRPO's advantage is "
+            f'zero and they teach nothing. <span id="complete-share">{_percent(groups["complete_share"])}</span> of '
+            f"the groups are complete (as large as the largest group, {groups['expected_size']}, and nothing failed)."
+            f"{without} Mean and std (population) are over the members that did not fail; a group's link filters "
+            f"the trajectory table.</p>{more}"
+            f'<div class="scroll"><table id="groups"><tr><th>group</th><th>n</th><th>failed</th><th>reward mean</th>'
+            f"<th>reward std</th><th>zero variance</th><th>complete</th></tr>{rows}</table></div>")
 
 
-def render_tokens(trajectory: Trajectory, codec: ChatCodec) -> str:
-    """The trajectory's prompt (grey) and response token by token: model tokens and context tokens coloured."""
-    parts = [f'<span class="prompt">{html.escape(codec.decode(trajectory.prompt_ids))}</span>']
-    for token, mask, logprob in zip(trajectory.response_ids, trajectory.response_mask, trajectory.response_logprobs,
-                                    strict=True):
-        text = html.escape(codec.decode([token]))
-        if mask:
-            parts.append(f'<span class="model" title="id {token}, logprob {logprob:.3f}">{text}</span>')
-        else:
-            parts.append(f'<span class="context" title="id {token}">{text}</span>')
-    return "".join(parts)
+def errors_section(data: dict) -> str:
+    """Failed trajectories by cause, infrastructure told apart; failed tool calls inside finished trajectories."""
+    if data["errors"]:
+        rows = "".join(
+            f'<tr><td class="cause">{_e(c["cause"])}</td>'
+            f'<td class="side">{"infrastructure" if c["infrastructure"] else "sample / model"}</td>'
+            f'<td class="count">{c["count"]}</td><td>'
+            + ", ".join(f'<a href="#select={_e(s)}">{_e(s)}</a>' for s in c["samples"]) + "</td></tr>"
+            for c in data["errors"])
+        failed = (f'<table id="errors"><tr><th>cause (first line)</th><th>side</th><th>trajectories</th>'
+                  f"<th>first samples</th></tr>{rows}</table>"
+                  "<p>Infrastructure failures (a dead engine or tool server, a deadline) are not the model's "
+                  "doing: drop them rather than train on them as bad answers.</p>")
+    else:
+        failed = '<p id="errors">No trajectory failed.</p>'
+    if data["tool_errors"]:
+        rows = "".join(f"<tr><td>{_e(t['tool'])}</td><td>{_e(t['error'])}</td><td>{t['count']}</td></tr>"
+                       for t in data["tool_errors"])
+        tools = (f"<p>Failed tool calls inside trajectories (the tool's error went back to the model):</p>"
+                 f'<table id="tool-errors"><tr><th>tool</th><th>error kind</th><th>calls</th></tr>{rows}</table>')
+    else:
+        tools = "<p>No tool call failed.</p>"
+    return failed + tools
+
+
+def _options(values) -> str:
+    return "".join(f'<option value="{_e(v)}">{_e(v)}</option>' for v in values)
+
+
+def trajectories_section(data: dict, max_detail_chars: int) -> str:
+    rows = data["rows"]
+    terminations = sorted({r["termination"] for r in rows})
+    missing = len(rows) - len(data["details"])
+    capped = (f'<p class="note" id="capped">Token views are embedded for the first {len(data["details"])} of '
+              f"{len(rows)} trajectories (the page keeps them under {max_detail_chars:,} characters); "
+              f"trajectories.parquet has all {len(rows)}.</p>" if missing else "")
+    return f"""<div class="filters">
+<label>reward from <input type="number" step="any" id="f-reward-min"></label>
+<label>to <input type="number" step="any" id="f-reward-max"></label>
+<label>termination <select id="f-termination"><option value="">any</option>{_options(terminations)}</select></label>
+<label>error <select id="f-error"><option value="">any</option><option value="ok">none</option>
+<option value="failed">failed</option><option value="infrastructure">infrastructure failure</option>
+<option value="model">sample / model failure</option></select></label>
+<label>group <input type="text" id="f-group" size="12"></label>
+<label>id contains <input type="text" id="f-id" size="12"></label>
+<span id="match-count"></span></div>{capped}
+<div class="scroll"><table><thead><tr><th>sample</th><th>group</th><th>reward</th><th>termination</th><th>turns</th>
+<th>tool calls</th><th>model / all response tokens</th><th>seconds</th><th>drift</th><th>error</th></tr></thead>
+<tbody id="rows"></tbody></table></div>
+<div id="selected" hidden><h3 id="sel-title"></h3><p id="sel-facts"></p><p class="error" id="sel-error"></p>
+<p>Legend: <span class="model">model token (mask 1)</span> <span class="context">tool / template token
+(mask 0)</span> <span class="prompt">prompt</span>. Hover a token for its id and logprob.
+<span id="sel-counts"></span></p>
+<div class="tokens" id="tokens"></div><h4>Messages</h4><div class="messages" id="messages"></div></div>"""
 
 
 def _token(codec: ChatCodec, token_id: int | None) -> str:
@@ -145,51 +177,39 @@ def drift_section(summary: dict, codec: ChatCodec) -> str:
             f"{''.join(rows)}</table>")
 
 
-def _example(trajectories: list[Trajectory]) -> Trajectory | None:
-    candidates = [t for t in trajectories if not t.failed] or trajectories
-    return max(candidates, key=lambda t: (t.reward, t.assistant_turns, -len(t.response_ids)), default=None)
-
-
-def write_report(record, summary: dict, codec: ChatCodec, path: Path) -> Path:
+def write_report(record, summary: dict, codec: ChatCodec, path: Path,
+                 max_detail_chars: int = MAX_DETAIL_CHARS) -> Path:
+    """report.html at ``path`` and its PNG plots beside it, from the run's record, its summary and trace.jsonl."""
     out = path.parent
     trajectories = record.trajectories
     trace_path = out / "trace.jsonl"
     trace = read_trace(trace_path) if trace_path.exists() else []
-    _timeline(trajectories, trace, out / "timeline.png")
-    _latency(trace, out / "latency.png")
-    _rewards(trajectories, out / "rewards.png")
-    _servers(record, out / "servers.png")
-    example = _example(trajectories)
-    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v))}</td></tr>"
-                   for k, v in summary.items() if k != "drift")  # drift has its own section
-    tokens = render_tokens(example, codec) if example is not None else ""
-    example_title = (f"{html.escape(example.sample_id)}: reward {example.reward}, {example.assistant_turns} assistant "
-                     f"turns, {example.termination.value}" if example is not None else "")
+    latency_plot(trace, out / "latency.png")
+    rewards_plot(trajectories, out / "rewards.png")
+    servers_plot(record, out / "servers.png")
+    data = report_data(trajectories, trace, codec, max_detail_chars)
     path.write_text(f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>agentloop rollout report</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; max-width: 1100px; }}
-table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; }}
-.tokens {{ font-family: monospace; white-space: pre-wrap; border: 1px solid #ccc; padding: 1em; line-height: 1.6; }}
-.prompt {{ color: #888; }}
-.model {{ background: #cfe2f3; border-right: 1px solid #9fc5e8; }}
-.context {{ background: #fce5cd; border-right: 1px solid #f9cb9c; }}
-pre {{ white-space: pre-wrap; margin: 4px 0; }}
-</style></head><body>
+<style>{STYLE}</style></head><body>
 <h1>Rollout report</h1>
-<p>{len(trajectories)} trajectories{" (interrupted: the ones finished before Ctrl-C)" if record.interrupted else ""},
-written to <code>{html.escape(str(out))}</code>. Rates are measured as they came out: nothing is filtered.</p>
-<table>{rows}</table>
-<h2>Token drift</h2>{drift_section(summary, codec)}
-<h2>Timeline</h2><img src="timeline.png" alt="timeline">
-<h2>Latencies</h2><img src="latency.png" alt="latency distributions">
-<h2>Rewards and terminations</h2><img src="rewards.png" alt="reward distribution">
-<h2>Servers</h2><img src="servers.png" alt="per-server load and routing decisions">
-<h2>One trajectory, token by token</h2>
-<p>{example_title}. Legend: <span class="model">model token (mask 1)</span>
-<span class="context">tool / template token (mask 0)</span> <span class="prompt">prompt</span>.
-Hover a token for its id and logprob.</p>
-<div class="tokens">{tokens}</div>
+<p>Written to <code>{_e(out)}</code>.</p>
+<h2 id="summary">Summary</h2>{summary_section(record, summary, data)}
+<h2 id="trajectories">Trajectories</h2>{trajectories_section(data, max_detail_chars)}
+<h2 id="grpo-groups">GRPO groups</h2>{groups_section(data["groups"])}
+<h2 id="errors-section">Errors</h2>{errors_section(data)}
+<h2 id="drift">Token drift</h2>{drift_section(summary, codec)}
+<h2 id="timeline-section">Timeline</h2>
+<p>One row per trajectory (the table's filters apply; click a label to select it): <span class="swatch generating">
+</span>generating <span class="swatch tools"></span>tools <span class="swatch interaction"></span>interaction (user
+turns) <span class="swatch waiting"></span>waiting. Every phase is at least 3 pixels wide, so millisecond tool calls
+stay visible; hover one for its length. <label>scale <select id="t-scale"><option value="shared">shared: seconds
+since the first start</option><option value="fitted">fitted: each row its own length</option></select></label></p>
+<p class="note" id="tl-note"></p><div id="timeline"></div><div class="tl-axis" id="tl-axis"></div>
+<h2 id="latencies">Latencies</h2><img src="latency.png" alt="latency distributions">
+<h2 id="rewards">Rewards and terminations</h2><img src="rewards.png" alt="reward distribution">
+<h2 id="servers">Servers</h2><img src="servers.png" alt="per-server load and routing decisions">
+<script type="application/json" id="report-data">{to_script_json(data)}</script>
+<script>{SCRIPT}</script>
 </body></html>
-""")
+""", encoding="utf-8")
     return path

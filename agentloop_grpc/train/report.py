@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from agentloop_grpc.rollout.report import _pyplot
+from agentloop_grpc.rollout.report_plots import pyplot as _pyplot
 
 
 def _save(plt, fig, path: Path) -> None:

@@ -1,0 +1,164 @@
+"""The data report.html embeds as JSON: one row per trajectory, token views, timeline phases, GRPO groups, errors.
+
+Everything the page's script filters and draws is computed here once, in Python, so the page needs no network and
+no server. Token views (ids, mask, logprobs, prompt, messages) are the bulk of the file: they are embedded in the
+samples' order until ``max_detail_chars`` of JSON is reached, and the page says which trajectories have none.
+Each distinct token id is decoded once, since thousands of trajectories reuse the same few thousand ids.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop_grpc.agent import Trajectory
+from agentloop_grpc.agent.chat import ChatCodec
+
+#: About 20 MB of token views: a browser opens that in a second or two.
+MAX_DETAIL_CHARS = 20_000_000
+#: Sample ids listed per error cause.
+SAMPLE_IDS_PER_CAUSE = 5
+#: Trace kinds drawn on the timeline, and the phase each one stands for.
+PHASES = {"assistant": "generating", "tool": "tools", "user": "interaction"}
+
+
+def _round(value: float, digits: int = 4) -> float:
+    return round(value, digits)
+
+
+def trajectory_row(t: Trajectory) -> dict[str, Any]:
+    """The table row of one trajectory: what the filters and the columns need."""
+    return {
+        "id": t.sample_id, "group": t.group_id, "loop": t.loop, "reward": _round(t.reward),
+        "termination": t.termination.value, "failed": t.failed, "infra": t.infrastructure_failure,
+        "error": (t.error or "").splitlines()[0] if t.failed else "", "turns": t.assistant_turns,
+        "tool_calls": t.tool_calls, "tool_errors": t.tool_errors, "malformed": t.malformed_tool_calls,
+        "model_tokens": t.model_tokens, "tokens": len(t.response_ids), "total_s": _round(t.timings.total_s, 3),
+        "drift": t.drift.kind if t.drift is not None else "",
+    }
+
+
+@dataclass
+class TokenTable:
+    """Each distinct token id decoded once (the page looks the text up by id)."""
+
+    codec: ChatCodec
+
+    def __post_init__(self) -> None:
+        self.texts: dict[int, str] = {}
+
+    def add(self, ids: tuple[int, ...]) -> None:
+        for token in set(ids).difference(self.texts):
+            self.texts[token] = self.codec.decode([token])
+
+
+def trajectory_detail(t: Trajectory, codec: ChatCodec) -> dict[str, Any]:
+    """The token view and conversation of one trajectory: the prompt as text, the response as ids with its mask."""
+    return {
+        "prompt": codec.decode(t.prompt_ids), "ids": list(t.response_ids), "mask": list(t.response_mask),
+        "logprobs": [_round(lp, 3) for lp in t.response_logprobs], "messages": list(t.messages),
+        "error": t.error or "",
+    }
+
+
+def timeline(trajectories: list[Trajectory], trace: list[dict]) -> dict[str, Any]:
+    """Per trajectory, its start and length and its traced phases as [phase, start, seconds, turn, tokens, server]
+    with start in seconds since the trajectory began (the time between phases is waiting)."""
+    phases: dict[str, list[list]] = defaultdict(list)
+    started = {t.sample_id: t.timings.started_at for t in trajectories}
+    for event in trace:
+        phase = PHASES.get(event.get("kind", ""))
+        if phase is None or event.get("sample_id") not in started:
+            continue
+        seconds = float(event["seconds"])
+        begin = event["time"] - seconds - started[event["sample_id"]]
+        phases[event["sample_id"]].append([phase, _round(max(begin, 0.0)), _round(seconds), event.get("turn", 0),
+                                           len(event.get("token_ids", ())), event.get("server", "")])
+    origin = min((t.timings.started_at for t in trajectories), default=0.0)
+    return {
+        "rows": [{"id": t.sample_id, "start": _round(t.timings.started_at - origin), "total": _round(t.timings.total_s),
+                  "phases": phases.get(t.sample_id, [])} for t in trajectories],
+        "traced": bool(trace),
+    }
+
+
+def group_stats(trajectories: list[Trajectory]) -> dict[str, Any]:
+    """Per GRPO group: size, failures, reward mean and population std of the scored (not failed) members, whether
+    the rewards vary (a group whose rewards are all equal has zero advantage: no GRPO signal) and whether it is
+    complete (as large as the largest group and nothing failed)."""
+    members: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        if t.group_id:
+            members[t.group_id].append(t)
+    expected = max((len(ts) for ts in members.values()), default=0)
+    groups = []
+    for group_id, ts in members.items():
+        rewards = [t.reward for t in ts if not t.failed]
+        groups.append({
+            "group": group_id, "n": len(ts), "failed": len(ts) - len(rewards), "scored": len(rewards),
+            "mean": _round(statistics.fmean(rewards)) if rewards else None,
+            "std": _round(statistics.pstdev(rewards)) if rewards else None,
+            "zero_variance": bool(rewards) and max(rewards) == min(rewards),
+            "complete": len(ts) == expected and len(rewards) == len(ts),
+        })
+    scored = [g for g in groups if g["scored"]]
+    return {
+        "groups": groups, "expected_size": expected,
+        "zero_variance_share": _round(sum(g["zero_variance"] for g in scored) / len(scored)) if scored else None,
+        "complete_share": _round(sum(g["complete"] for g in groups) / len(groups)) if groups else None,
+        "without_group": sum(not t.group_id for t in trajectories),
+    }
+
+
+def error_causes(trajectories: list[Trajectory]) -> list[dict[str, Any]]:
+    """Failed trajectories by cause (the error's first line) and by side (infrastructure or the sample/model),
+    most common first, each with its first sample ids."""
+    causes: dict[tuple[str, bool], list[str]] = defaultdict(list)
+    for t in trajectories:
+        if t.failed:
+            causes[((t.error or "no error recorded").splitlines()[0], t.infrastructure_failure)].append(t.sample_id)
+    return [{"cause": cause, "infrastructure": infra, "count": len(ids), "samples": ids[:SAMPLE_IDS_PER_CAUSE]}
+            for (cause, infra), ids in sorted(causes.items(), key=lambda item: -len(item[1]))]
+
+
+def tool_errors(trajectories: list[Trajectory]) -> list[dict[str, Any]]:
+    """Failed tool calls inside trajectories (which still finished), by tool and error kind."""
+    counts = Counter((m.tool, m.error) for t in trajectories for m in t.tool_call_metrics if m.error is not None)
+    return [{"tool": tool, "error": error, "count": count} for (tool, error), count in counts.most_common()]
+
+
+def report_data(trajectories: list[Trajectory], trace: list[dict], codec: ChatCodec,
+                max_detail_chars: int = MAX_DETAIL_CHARS) -> dict[str, Any]:
+    """Everything the page embeds; ``details`` (token views) is keyed by sample id and capped (see the module)."""
+    table = TokenTable(codec)
+    details: dict[str, str] = {}  # already JSON: its length is what the cap counts
+    size = 0
+    for t in trajectories:
+        detail = json.dumps(trajectory_detail(t, codec), ensure_ascii=False, separators=(",", ":"))
+        if size + len(detail) > max_detail_chars:
+            break
+        details[t.sample_id] = detail
+        table.add(t.response_ids)
+        size += len(detail)
+    return {
+        "rows": [trajectory_row(t) for t in trajectories],
+        "details": details,
+        "tokens": table.texts,
+        "timeline": timeline(trajectories, trace),
+        "groups": group_stats(trajectories),
+        "errors": error_causes(trajectories),
+        "tool_errors": tool_errors(trajectories),
+    }
+
+
+def to_script_json(data: dict[str, Any]) -> str:
+    """``data`` as JSON safe inside a <script> element (details are spliced in already serialized); ``<`` is
+    escaped so no text in a trajectory can close the element."""
+    details = data["details"]
+    rest = json.dumps({**data, "details": {}}, ensure_ascii=False, separators=(",", ":"))
+    spliced = ",".join(f"{json.dumps(k, ensure_ascii=False)}:{v}" for k, v in details.items())
+    text = rest.replace('"details":{}', '"details":{' + spliced + "}", 1)
+    return text.replace("<", "\\u003c")
