@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentloop_grpc.agent.config import AgentLoopConfig
 from agentloop_grpc.agent.loops.base import BUILTIN_LOOPS
@@ -17,6 +17,7 @@ from agentloop_grpc.engine_adapters.config_base import LocalModelConfig
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.router import RouterConfig
 from agentloop_grpc.security import ClientSecurity
+from agentloop_grpc.trackers.config import REPORT_TO_HELP, TrackerName, TrackerSettings, check_report_to
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
@@ -141,6 +142,9 @@ class RolloutConfig(BaseModel):
     output_dir: str = Field("runs/rollout", description="Where trajectories, trace, batch and report go.")
     trace: bool = Field(True, description="Write the per-turn trace (trace.jsonl).")
     report: bool = Field(True, description="Write report.html with plots.")
+    report_to: tuple[TrackerName, ...] | None = Field(None, description=REPORT_TO_HELP)
+    trackers: TrackerSettings = Field(default_factory=TrackerSettings, description="Run name, project and "
+                                      "per-tracker settings of report_to (docs/trackers.md).")
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Serve the Router's Prometheus metrics at http://127.0.0.1:PORT/metrics "
         "while the rollout runs (0: a free port, printed). With several or Ray workers, the control router's."
@@ -157,6 +161,11 @@ class RolloutConfig(BaseModel):
     def loop_names(self) -> list[str]:
         """Every loop a row may name: the built-in ones and those under loops."""
         return sorted({*BUILTIN_LOOPS, *self.loops})
+
+    @field_validator("report_to")
+    @classmethod
+    def _trackers_installed(cls, value: tuple[TrackerName, ...] | None) -> tuple[TrackerName, ...] | None:
+        return check_report_to(value)
 
     @model_validator(mode="after")
     def _default_loop_exists(self) -> RolloutConfig:

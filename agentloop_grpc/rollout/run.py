@@ -3,9 +3,10 @@
 Steps: (1) read the dataset and check that every loop it names exists and imports (before anything starts, so a
 bad file or a misspelt loop fails fast); (2) engines: launch replicas or use running servers, and check they
 answer; (3) tools: launch a server or use a running one; (4) the manager runs the samples with a live progress
-display while a sampler records each server's load; (5) outputs: trajectories.parquet, trace.jsonl, batch.pt,
-summary.json, report.html. Servers this run started are stopped on the way out, also on Ctrl-C, and the
-trajectories finished before an interruption are still written.
+display while a sampler records each server's load, and the trackers of report_to get the metrics every
+``trackers.log_every`` trajectories; (5) outputs: trajectories.parquet, trace.jsonl, batch.pt, summary.json,
+report.html, and the summary and a samples table to the trackers. Servers this run started are stopped on the
+way out, also on Ctrl-C, and the trajectories finished before an interruption are still written.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerP
 from agentloop_grpc.router import NoHealthyServerError
 from agentloop_grpc.router.discovery import discovery_addresses
 from agentloop_grpc.serving.metrics import serve_metrics
+from agentloop_grpc.trackers import flatten, open_trackers
+from agentloop_grpc.trackers.rollout import RolloutTracking
 
 from .config import Engines, RolloutConfig, Tools
 from .dataset import read_rows, to_samples
@@ -129,6 +132,12 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
     check_loops(config, samples)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
+        # opened first: a tracker that cannot start (no W&B login, a bad MLflow URI) fails before any server does
+        trackers = stack.enter_context(open_trackers(config.report_to, config.trackers, out,
+                                                     flatten(config.model_dump(mode="json"))))
+        tracking = RolloutTracking(trackers, config.trackers.log_every, config.trackers.samples)
+        if trackers.names:
+            progress.status(f"logging to {', '.join(trackers.names)}")
         # 2-3. engines and tools
         progress.status("starting engine and tool servers")
         (addresses, model_dir), tool_address = await asyncio.gather(start_engines(config.engines, stack, out),
@@ -160,6 +169,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
         def done(trajectory: Trajectory) -> None:
             record.trajectories.append(trajectory)
             progress.advance(trajectory)
+            tracking.advance(trajectory, time.monotonic() - started)
 
         try:
             batch = await manager.generate(samples, on_done=done)
@@ -178,12 +188,13 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
             if record.metrics is None:
                 record.metrics = RolloutMetrics.of(record.trajectories, record.wall_s)
             progress.stop()
-            write_outputs(config, record, manager)
+            write_outputs(config, record, tracking)
     return record
 
 
-def write_outputs(config: RolloutConfig, record: RunRecord, manager: AgentLoopManager | None = None) -> None:
-    """5. Parquet, the padded batch, summary.json and the report (whatever was finished)."""
+def write_outputs(config: RolloutConfig, record: RunRecord, tracking: RolloutTracking | None = None) -> None:
+    """5. Parquet, the padded batch, summary.json, the report and the trackers' last step (whatever was
+    finished)."""
     out = record.output_dir
     if not record.trajectories:
         return
@@ -197,6 +208,8 @@ def write_outputs(config: RolloutConfig, record: RunRecord, manager: AgentLoopMa
                  response_length=config.response_length).save(out / "batch.pt")
     summary = summarize(record)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if tracking is not None:
+        tracking.finish(record.trajectories, record.wall_s, summary, codec.decode)
     if config.report:
         from .report import write_report
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentloop_grpc.agent.config import AgentLoopConfig
 from agentloop_grpc.agent.spec import ComponentSpec
 from agentloop_grpc.rollout.config import Dataset, Engines, Tools
 from agentloop_grpc.router import RouterConfig
+from agentloop_grpc.trackers.config import REPORT_TO_HELP, TrackerName, TrackerSettings, check_report_to
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
@@ -60,6 +61,16 @@ class TrainConfig(BaseModel):
                                "with as many first steps.")
     output_dir: str = Field("runs/train", description="Metrics, TRL logs, report, last trajectories, final weights.")
     save_model: bool = Field(True, description="Write the final weights (safetensors) to output_dir/final.")
+    report_to: tuple[TrackerName, ...] | None = Field(
+        None, description=REPORT_TO_HELP + " Passed to TRL's report_to; our rollout metrics join its logs.")
+    trackers: TrackerSettings = Field(default_factory=TrackerSettings, description="Run name, project and "
+                                      "per-tracker settings of report_to (docs/trackers.md; log_every and samples "
+                                      "are the rollout's: training logs every step).")
+
+    @field_validator("report_to")
+    @classmethod
+    def _trackers_installed(cls, value: tuple[TrackerName, ...] | None) -> tuple[TrackerName, ...] | None:
+        return check_report_to(value)
 
     @model_validator(mode="after")
     def _sampling_is_trl_compatible(self) -> TrainConfig:

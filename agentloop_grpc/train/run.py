@@ -4,7 +4,8 @@ Steps: (1) read the dataset; (2) start the engine replicas and the tool server (
 background loop; (3) the rollout (``AgentLoopRollout``: one manager for the whole run, tokenizer checked against
 the engines) and TRL's GRPOTrainer on the engines' own checkpoint, with the weight push after every step; (4)
 every step: one line of progress and one JSON line of metrics (reward, correct and valid-call rates, rollout /
-train / weight-sync seconds, engine-vs-trainer logprob differences, TRL's loss and grad norm); (5) outputs:
+train / weight-sync seconds, engine-vs-trainer logprob differences, TRL's loss and grad norm), and the
+trackers of report_to (TRL's own integrations) get TRL's logs with our rollout metrics added; (5) outputs:
 metrics.jsonl and .csv, TRL's log history, the last rollout's trajectories, the final weights, summary.json and
 report.html. Servers this run started are stopped on the way out.
 """
@@ -16,12 +17,13 @@ import csv
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import TrainerCallback
+from transformers.integrations import INTEGRATION_TO_CALLBACK
 from transformers.trainer_callback import PrinterCallback
 
 from agentloop_grpc.agent import WorkerSpec, write_parquet
@@ -31,10 +33,14 @@ from agentloop_grpc.integrations.trl import (
 )
 from agentloop_grpc.rollout.dataset import read_rows
 from agentloop_grpc.rollout.run import start_engines, start_tools
+from agentloop_grpc.trackers import resolve_report_to
+from agentloop_grpc.trackers.trainer_env import scoped_environ, trainer_environ
 
 from .config import TrainConfig
 
 RATIO_NAME = "train_reward_last_over_first"
+#: Rollout metrics TRL logs itself (as reward and frac_reward_zero_std): left out of its logs, not logged twice.
+_LOGGED_BY_TRL = frozenset({"reward_mean", "frac_groups_zero_std"})
 
 
 @dataclass
@@ -45,7 +51,8 @@ class TrainRecord:
 
 
 class StepLog(TrainerCallback):
-    """One metrics record per optimizer step: the rollout's, the weight push's and TRL's own logs."""
+    """One metrics record per optimizer step: the rollout's, the weight push's and TRL's own logs. It also adds
+    the rollout's metrics to TRL's logs (as ``agentloop/NAME``), so the trackers that follow it log them."""
 
     def __init__(self, rollout: AgentLoopRollout, sync: WeightSyncCallback, record: TrainRecord,
                  echo: Callable[[str], None]) -> None:
@@ -72,6 +79,7 @@ class StepLog(TrainerCallback):
             "completion_mean_length": logs.get("completions/mean_length"),
         }
         self.record.steps.append(entry)
+        logs.update(rollout_log_metrics(entry, rollout.metrics))
         with self._path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
         self.echo(
@@ -80,6 +88,21 @@ class StepLog(TrainerCallback):
             f"  train {entry['train_s']:.1f}s  sync {entry['weight_sync_s']:.1f}s"
             f"  |dlogp| {entry.get('logprob_diff_sampler_max', float('nan')):.1e}"
         )
+
+
+def rollout_log_metrics(entry: dict, rollout_keys: Iterable[str]) -> dict[str, float]:
+    """What TRL's logs lack, as ``agentloop/NAME``: the step's rollout metrics (``rollout_keys`` of ``entry``, but
+    those TRL logs itself) and the train seconds."""
+    keys = [key for key in rollout_keys if key not in _LOGGED_BY_TRL] + ["train_s"]
+    return {f"agentloop/{key}": entry[key] for key in keys}
+
+
+def trackers_last(trainer) -> None:
+    """Move the Trainer's tracker callbacks after ours: callbacks run in order, so they see the metrics ours add
+    to the logs (the Trainer puts them first)."""
+    for callback in [c for c in trainer.callback_handler.callbacks if type(c) in INTEGRATION_TO_CALLBACK.values()]:
+        trainer.remove_callback(callback)
+        trainer.add_callback(callback)
 
 
 def _significant(value: float) -> float:
@@ -115,6 +138,7 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
     record = TrainRecord(out)
     # 1. the dataset, before anything starts
     rows = read_rows(config.dataset)
+    report_to = resolve_report_to(config.report_to)
     servers = BackgroundLoop("agentloop-servers")
     stack = AsyncExitStack()
     started = time.monotonic()
@@ -155,27 +179,32 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
                 seed=g.seed,
                 logging_steps=1,
                 save_strategy="no",
-                report_to=[],
+                report_to=list(report_to) or "none",
+                run_name=config.trackers.name_of_run(out),
                 use_cpu=True,
                 bf16=False,
                 disable_tqdm=True,
                 dataloader_num_workers=0,
                 gradient_checkpointing=False,  # a 135M model fits; recomputing activations doubled the backward
             )
-            trainer = GRPOTrainer(
-                model=model,
-                reward_funcs=[agentloop_reward],
-                args=args,
-                train_dataset=prompt_dataset(rows),
-                processing_class=tokenizer,
-                rollout_func=rollout,
-                callbacks=[sync],
-            )
-            trainer.remove_callback(PrinterCallback)  # its raw log dicts would drown the one line per step
-            trainer.add_callback(StepLog(rollout, sync, record, echo))
-            echo(f"training: {g.max_steps} steps of {g.prompts_per_step} prompts x {g.num_generations} trajectories"
-                 f" on {len(addresses)} engine replica(s)")
-            trainer.train()
+            # the Trainer's tracker callbacks read their settings from the environment, at init and at train begin
+            with scoped_environ(trainer_environ(report_to, config.trackers, out)):
+                trainer = GRPOTrainer(
+                    model=model,
+                    reward_funcs=[agentloop_reward],
+                    args=args,
+                    train_dataset=prompt_dataset(rows),
+                    processing_class=tokenizer,
+                    rollout_func=rollout,
+                    callbacks=[sync],
+                )
+                trainer.remove_callback(PrinterCallback)  # its raw log dicts would drown the one line per step
+                trainer.add_callback(StepLog(rollout, sync, record, echo))
+                trackers_last(trainer)
+                echo(f"training: {g.max_steps} steps of {g.prompts_per_step} prompts x {g.num_generations} "
+                     f"trajectories on {len(addresses)} engine replica(s)" +
+                     (f", logging to {', '.join(report_to)}" if report_to else ""))
+                trainer.train()
             versions = rollout.engine_versions()
             transfer = rollout.manager.weight_transfer
             echo(f"weights reached the engines by {transfer} (the fastest transfer that worked here)")
