@@ -55,11 +55,17 @@ README_PORT = "50051"
 MAKE_DEMO_RECIPE = "-m agentloop_grpc.cli rollout --config examples/demo.yaml"
 MAKE_TRAIN_RECIPE = "-m agentloop_grpc.cli train --config examples/train.yaml"
 COVERED: dict[str, tuple[Covered, ...]] = {
-    # `agentloop rollout --config` end to end (launched engines, built-in tools, every output), and the demo's YAML
+    # The demo's parts, each run by a test: `agentloop rollout --config` end to end (fake engines launched, the
+    # built-in tools, every output), its YAML loaded, two embedded replicas launched, and the constrained tool
+    # loop on the real model. The whole demo on the real model is minutes on 2 cores: `make demo` itself runs it.
     "make demo": (
         Covered("tests/rollout/test_rollout_cli.py", "test_rollout_writes_every_output_and_stops_its_servers",
                 ('"rollout", "--config"',)),
         Covered("tests/test_docs.py", "test_demo_config_is_valid", ('"examples" / "demo.yaml"',)),
+        Covered("tests/rollout/test_engine_launch.py", "test_launch_dp2_serves_two_replicas_a_router_uses",
+                ('"launch", "--adapter", adapter, "--dp", "2"',)),
+        Covered("tests/agent/test_embedded_rollout.py", "test_constrained_tool_trajectory_logprobs_match_a_recompute",
+                ("constrain_tool_calls=True",)),
     ),
     # `agentloop train --config` on the real model for two steps, and the training YAML `make train` uses
     "make train": (
