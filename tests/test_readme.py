@@ -74,8 +74,16 @@ COVERED: dict[str, tuple[Covered, ...]] = {
         Covered("tests/test_docs.py", "test_train_config_is_valid", ('"examples" / "train.yaml"',)),
     ),
     "make test": (Covered(".ci/run", "", ("make test",)),),
+    # the wheel built from this checkout, installed in a clean venv, then the quickstart's fake server and a client
+    "pip install .": (
+        Covered("tests/packaging/test_install.py", "install", ('"pip", "install"', "str(wheel)")),
+        Covered("tests/packaging/test_install.py", "test_a_fake_engine_server_answers_a_generated_stub_client",
+                ('"engine", "serve", "--adapter", "fake"',)),
+    ),
+    # `make setup` (every `make` job's first step) installs the dev extra, which holds these two
     "pip install '.[embedded,rollout]'": (
-        Covered("tests/packaging/test_install.py", "test_wheel_installs_with_extras", ("embedded,rollout",)),
+        Covered("Makefile", "", ("pip install --quiet -e '.[dev]'",)),
+        Covered("pyproject.toml", "", ('"agentloop-grpc[embedded,rollout,',)),
     ),
 }
 
