@@ -77,9 +77,11 @@ def timeline(trajectories: list[Trajectory], trace: list[dict]) -> dict[str, Any
         begin = event["time"] - seconds - started[event["sample_id"]]
         phases[event["sample_id"]].append([phase, _round(max(begin, 0.0)), _round(seconds), event.get("turn", 0),
                                            len(event.get("token_ids", ())), event.get("server", "")])
-    origin = min((t.timings.started_at for t in trajectories), default=0.0)
+    # a sample that failed before its loop started has no start time (0.0): it must not stretch the axis to 1970
+    origin = min((t.timings.started_at for t in trajectories if t.timings.started_at), default=0.0)
     return {
-        "rows": [{"id": t.sample_id, "start": _round(t.timings.started_at - origin), "total": _round(t.timings.total_s),
+        "rows": [{"id": t.sample_id, "start": _round(max(t.timings.started_at - origin, 0.0)),
+                  "total": _round(t.timings.total_s),
                   "phases": phases.get(t.sample_id, [])} for t in trajectories],
         "traced": bool(trace),
     }
