@@ -18,7 +18,16 @@ from agentloop_grpc.engine_adapters.vllm.config import VllmEngineConfig
 from agentloop_grpc.rollout.config import ArithmeticDataset, Dataset, Engines, LaunchEngines, RolloutConfig, Tools
 from agentloop_grpc.router import RouterConfig
 from agentloop_grpc.security import ClientSecurity
+from agentloop_grpc.trackers.config import MlflowSettings, TensorBoardSettings, TrackerSettings, WandbSettings
 from agentloop_grpc.train.config import GrpoSettings, TrainConfig
+
+#: report_to's settings: the same section in the rollout and the train config.
+TRACKER_SECTIONS: list[tuple[type[BaseModel], str]] = [
+    (TrackerSettings, "trackers."),
+    (TensorBoardSettings, "trackers.tensorboard."),
+    (WandbSettings, "trackers.wandb."),
+    (MlflowSettings, "trackers.mlflow."),
+]
 
 SECTIONS: list[tuple[type[BaseModel], str]] = [
     (RolloutConfig, ""),
@@ -32,6 +41,7 @@ SECTIONS: list[tuple[type[BaseModel], str]] = [
     (RouterConfig, "router."),
     (ClientSecurity, "router.security. / tools.security."),
     (ComponentSpec, "reward. / interactions.NAME. / loops.NAME."),
+    *TRACKER_SECTIONS,
 ]
 
 
@@ -45,6 +55,7 @@ def _default(field) -> str:
 TRAIN_SECTIONS: list[tuple[type[BaseModel], str]] = [
     (TrainConfig, ""),
     (GrpoSettings, "grpo."),
+    *TRACKER_SECTIONS,
 ]
 
 ENGINE_SECTIONS: list[tuple[type[BaseModel], str]] = [

@@ -60,7 +60,7 @@ class TensorBoardSettings(BaseModel):
 
 
 class WandbSettings(BaseModel):
-    """Weights & Biases: a run in the project ``trackers.project``."""
+    """Weights & Biases: a run in the project `trackers.project`."""
 
     model_config = _STRICT
 
@@ -71,7 +71,7 @@ class WandbSettings(BaseModel):
 
 
 class MlflowSettings(BaseModel):
-    """MLflow: a run in the experiment ``trackers.project``."""
+    """MLflow: a run in the experiment `trackers.project`."""
 
     model_config = _STRICT
 
@@ -81,15 +81,15 @@ class MlflowSettings(BaseModel):
 
 
 class TrackerSettings(BaseModel):
-    """How the trackers of ``report_to`` name and fill the run (docs/trackers.md)."""
+    """How the trackers of `report_to` name and fill the run (docs/trackers.md)."""
 
     model_config = _STRICT
 
     run_name: str | None = Field(None, description="Run name (default: the output_dir folder's name and the UTC "
                                  "start time).")
     project: str = Field("agentloop", min_length=1, description="W&B project and MLflow experiment.")
-    log_every: int = Field(8, ge=1, le=100_000, description="Rollout: log the metrics so far every this many "
-                           "finished trajectories (the step is the count of finished trajectories).")
+    log_every: int = Field(8, ge=1, le=100_000, description="Rollout: every this many finished trajectories, log "
+                           "their metrics (the step is the count of finished trajectories).")
     samples: int = Field(16, ge=0, le=10_000, description="Rollout: trajectories in the samples table (prompt, "
                          "response, reward, termination, error); 0: no table.")
     tensorboard: TensorBoardSettings = Field(default_factory=TensorBoardSettings, description="TensorBoard.")
