@@ -76,7 +76,7 @@ COVERED: dict[str, tuple[Covered, ...]] = {
     "make test": (Covered(".ci/run", "", ("make test",)),),
     # the wheel built from this checkout, installed in a clean venv, then the quickstart's fake server and a client
     "pip install .": (
-        Covered("tests/packaging/test_install.py", "install", ('"pip", "install"', "str(wheel)")),
+        Covered("tests/packaging/test_install.py", "install", ('"-m", "pip"', '"install"', "str(wheel)")),
         Covered("tests/packaging/test_install.py", "test_a_fake_engine_server_answers_a_generated_stub_client",
                 ('"engine", "serve", "--adapter", "fake"',)),
     ),
