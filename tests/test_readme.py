@@ -209,3 +209,10 @@ def broken_links(path: Path) -> list[str]:
 
 def test_links_stay_in_the_repository_and_exist():
     assert broken_links(README) == []
+
+
+def test_the_readme_stays_an_on_ramp():
+    """Reference material belongs in docs/: the README had grown to 26 KB in 16 sections before it moved there."""
+    text = README.read_text()
+    sections = [line for line in text.splitlines() if line.startswith("## ")]
+    assert len(text) < 7000 and len(sections) <= 8, (len(text), sections)
