@@ -194,15 +194,24 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 QUOTED_PATH = re.compile(r"`(\.\./[^`\s]+)`")
 
 
+def anchors(path: Path) -> set[str]:
+    """The heading anchors GitHub makes: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", FENCE.sub("", path.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
 def broken_links(path: Path) -> list[str]:
-    """Relative links of a Markdown file that leave the repository or name a missing file."""
+    """Relative links of a Markdown file that leave the repository, name a missing file or a missing heading."""
     broken = []
     text = path.read_text()
     for target in LINK.findall(text) + QUOTED_PATH.findall(text):
-        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+        if re.match(r"[a-z]+:", target):
             continue
-        resolved = (path.parent / target.split("#", 1)[0]).resolve()
+        file, _, anchor = target.partition("#")
+        resolved = (path.parent / file).resolve() if file else path
         if not resolved.is_relative_to(ROOT) or not resolved.exists():
+            broken.append(target)
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(target)
     return broken
 
