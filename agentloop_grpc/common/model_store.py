@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentloop_grpc.extras import needs_extra
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -68,7 +70,8 @@ def prepare(root: Path | None = None) -> Path:
         return target
     gguf = default_gguf_path()
     log.info("preparing %s from %s (once)", target, gguf)
-    import torch
+    with needs_extra("preparing the default model", "embedded"):
+        import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -121,7 +124,8 @@ def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
 
 def load(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load an fp32 model in eval mode and its tokenizer from a local folder (never from a hub)."""
-    import torch
+    with needs_extra("loading a model's weights", "embedded"):
+        import torch
     from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(folder)

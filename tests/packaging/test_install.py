@@ -154,12 +154,15 @@ def test_a_fake_engine_server_answers_a_generated_stub_client(install, tmp_path)
     assert all(0 <= token < answered["vocab_size"] for token in answered["tokens"])
 
 
-def test_an_engine_whose_extra_is_missing_names_the_extra(install, tmp_path):
+@pytest.mark.parametrize(("code", "what"), [
+    ("from agentloop_grpc.engine_adapters.factory import make_adapter; make_adapter('embedded')",
+     "the embedded engine"),
+    ("from pathlib import Path; from agentloop_grpc.common import model_store; model_store.load(Path('.'))",
+     "loading a model's weights"),
+], ids=["engine", "model-load"])
+def test_a_part_whose_extra_is_missing_names_the_extra(install, tmp_path, code, what):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    failed = subprocess.run(
-        [install.bin("python"), "-c",
-         "from agentloop_grpc.engine_adapters.factory import make_adapter; make_adapter('embedded')"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    failed = subprocess.run([install.bin("python"), "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=60)
     assert failed.returncode != 0
-    assert "the embedded engine needs `pip install 'agentloop-grpc[embedded]'`" in failed.stderr
-    assert "module 'torch' is not installed" in failed.stderr
+    assert f"{what} needs `pip install 'agentloop-grpc[embedded]'` (module 'torch' is not installed)" in failed.stderr
