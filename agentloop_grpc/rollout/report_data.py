@@ -55,12 +55,28 @@ class TokenTable:
             self.texts[token] = self.codec.decode([token])
 
 
-def trajectory_detail(t: Trajectory, codec: ChatCodec) -> dict[str, Any]:
-    """The token view and conversation of one trajectory: the prompt as text, the response as ids with its mask."""
+def mask_runs(mask: tuple[int, ...]) -> list[int]:
+    """The mask as [first value, run length, run length, ...]: a few numbers where the mask has thousands."""
+    if not mask:
+        return []
+    runs, count = [mask[0]], 1
+    for previous, current in zip(mask, mask[1:]):
+        if current == previous:
+            count += 1
+        else:
+            runs.append(count)
+            count = 1
+    runs.append(count)
+    return runs
+
+
+def trajectory_detail(t: Trajectory, prompt: int) -> dict[str, Any]:
+    """The token view and conversation of one trajectory: the index of its prompt's text (GRPO groups share one),
+    the response ids, the mask as runs, and the logprobs of the model tokens only (the others have none)."""
     return {
-        "prompt": codec.decode(t.prompt_ids), "ids": list(t.response_ids), "mask": list(t.response_mask),
-        "logprobs": [_round(lp, 3) for lp in t.response_logprobs], "messages": list(t.messages),
-        "error": t.error or "",
+        "prompt": prompt, "ids": list(t.response_ids), "mask": mask_runs(t.response_mask),
+        "logprobs": [round(lp, 3) for lp, m in zip(t.response_logprobs, t.response_mask, strict=True) if m],
+        "messages": list(t.messages), "error": t.error or "",
     }
 
 
@@ -136,10 +152,16 @@ def report_data(trajectories: list[Trajectory], trace: list[dict], codec: ChatCo
                 max_detail_chars: int = MAX_DETAIL_CHARS) -> dict[str, Any]:
     """Everything the page embeds; ``details`` (token views) is keyed by sample id and capped (see the module)."""
     table = TokenTable(codec)
+    prompts: dict[tuple[int, ...], int] = {}
+    prompt_texts: list[str] = []
     details: dict[str, str] = {}  # already JSON: its length is what the cap counts
     size = 0
     for t in trajectories:
-        detail = json.dumps(trajectory_detail(t, codec), ensure_ascii=False, separators=(",", ":"))
+        if t.prompt_ids not in prompts:
+            prompts[t.prompt_ids] = len(prompt_texts)
+            prompt_texts.append(codec.decode(t.prompt_ids))
+            size += len(prompt_texts[-1])
+        detail = json.dumps(trajectory_detail(t, prompts[t.prompt_ids]), ensure_ascii=False, separators=(",", ":"))
         if size + len(detail) > max_detail_chars:
             break
         details[t.sample_id] = detail
@@ -148,6 +170,7 @@ def report_data(trajectories: list[Trajectory], trace: list[dict], codec: ChatCo
     return {
         "rows": [trajectory_row(t) for t in trajectories],
         "details": details,
+        "prompts": prompt_texts,
         "tokens": table.texts,
         "timeline": timeline(trajectories, trace),
         "groups": group_stats(trajectories),

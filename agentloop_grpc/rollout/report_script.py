@@ -133,17 +133,23 @@ function renderSelected(id) {
       "trajectories.parquet has it.";
     return;
   }
-  let model = 0;
+  let model = 0, i = 0;
   const frag = document.createDocumentFragment();
-  if (detail.prompt) frag.appendChild(span("prompt", detail.prompt));
-  detail.ids.forEach((token, i) => {
-    const text = DATA.tokens[token];
-    if (detail.mask[i]) {
-      model += 1;
-      frag.appendChild(span("model", text, "id " + token + ", logprob " + detail.logprobs[i].toFixed(3)));
-    } else {
-      frag.appendChild(span("context", text, "id " + token));
+  const prompt = DATA.prompts[detail.prompt];
+  if (prompt) frag.appendChild(span("prompt", prompt));
+  // the mask comes as runs: [first value, length, length, ...], the values alternating
+  detail.mask.slice(1).forEach((length, run) => {
+    const masked = (detail.mask[0] + run) % 2 === 1;
+    for (const token of detail.ids.slice(i, i + length)) {
+      const text = DATA.tokens[token];
+      if (masked) {
+        frag.appendChild(span("model", text, "id " + token + ", logprob " + detail.logprobs[model].toFixed(3)));
+        model += 1;
+      } else {
+        frag.appendChild(span("context", text, "id " + token));
+      }
     }
+    i += length;
   });
   tokens.appendChild(frag);
   const counted = (id, n) => { const el = span("", String(n)); el.id = id; return el; };

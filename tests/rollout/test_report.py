@@ -27,6 +27,7 @@ from agentloop_grpc.rollout.run import RunRecord, summarize
 from ..agent.conftest import call, loop_context
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SYSTEM = {"role": "system", "content": "Be brief. </script><b>"}  # text that must not end the page's data
 TOO_LONG = "Explain, at length, " * 30  # past max_prompt_tokens: these samples fail (the sample's fault)
 
 
@@ -52,7 +53,7 @@ def _model():
 def _samples() -> list[Sample]:
     questions = {"a": ("What is 2 + 3?", "5"), "b": ("What is 4 + 4?", "8"), "c": ("What is 1 + 1?", "2"),
                  "d": (TOO_LONG + "What is 1 + 1?", "2"), "e": ("What is 7 + 7?", "14")}
-    return [Sample(sample_id=f"{group}-{i}", group_id=group, messages=({"role": "user", "content": question},),
+    return [Sample(sample_id=f"{group}-{i}", group_id=group, messages=(SYSTEM, {"role": "user", "content": question}),
                    tools_kwargs={"check_answer": {"ground_truth": truth}}, ground_truth=truth)
             for group, (question, truth) in questions.items() for i in range(4)]
 
@@ -131,6 +132,7 @@ def test_selected_trajectory_shows_its_tokens_with_the_mask(report):
     assert dom.text["count-model"] == str(model) and dom.text["count-context"] == str(len(chosen.response_ids) - model)
     assert dom.text["sel-title"] == "c-1 (group c)"
     assert "calculator" in dom.text["messages"] and "tool (calculator)" in dom.text["messages"]
+    assert SYSTEM["content"] in dom.text["messages"]
     assert dom.row_ids == [t.sample_id for t in trajectories]  # no filter: every trajectory is a row
 
 
@@ -140,16 +142,19 @@ def test_filters_reduce_the_rows(report):
     assert failed.row_ids == [t.sample_id for t in trajectories if t.failed] == [f"{g}-{i}" for g in "de" for i in range(4)]
     assert "more than max_prompt_tokens=450" in failed.text["sel-error"]
     assert failed.classes == {}  # a prompt that never ran has no tokens
-    right = _render(page, "rmin=1&termination=stop&group=c")
+    right = _render(page, "rmin=1&termination=stop&group=c&scale=fitted")
     assert right.row_ids == [t.sample_id for t in trajectories
                              if t.reward >= 1 and t.termination.value == "stop" and t.group_id == "c"]
     assert right.text["match-count"].startswith(f"{len(right.row_ids)} of 20 ")
     assert 0 < len(right.row_ids) < 4
+    # the timeline follows the filters; the fitted scale gives each row its own trajectory's length
+    assert len(re.findall(r'class="tl-row"', right.raw)) == len(right.row_ids)
+    assert "each row: its own trajectory's length" in right.text["tl-axis"]
 
 
 def test_group_statistics_errors_and_timeline(report):
     page, trajectories = report
-    dom = _render(page, "scale=fitted")
+    dom = _render(page, "")
     for group in "abcde":
         members = [t for t in trajectories if t.group_id == group]
         rewards = [t.reward for t in members if not t.failed]
@@ -173,10 +178,9 @@ def test_group_statistics_errors_and_timeline(report):
     assert dom.raw.count('class="tl-phase tools"') == traced.count("tool") > 0
     assert dom.raw.count('class="tl-phase generating"') == traced.count("assistant") > 0
     # the shared scale spans the run, not the time since 1970 (samples that failed before starting have no start)
-    shared = _render(page, "")
     runs = [t for t in trajectories if t.timings.started_at]
     span = max(t.timings.started_at + t.timings.total_s for t in runs) - min(t.timings.started_at for t in runs)
-    assert float(shared.text["tl-axis"].split("(first start)")[1].removesuffix(" s")) == pytest.approx(span, abs=0.01)
+    assert float(dom.text["tl-axis"].split("(first start)")[1].removesuffix(" s")) == pytest.approx(span, abs=0.01)
 
 
 def test_a_capped_page_says_which_trajectories_have_no_token_view(report, tmp_path):
