@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
 import shlex
 import subprocess
 import sys
@@ -120,16 +121,26 @@ def test_agentloop_command_lines_name_real_commands_and_options(name):
                     assert word.split("=", 1)[0] in options, f"{path.name} line {block.line}: no option {word}"
 
 
-# Pages whose Python blocks are whole programs: run against fake engine servers on these ports' stand-ins.
-RUNNABLE = {"contract": ("50051",), "router": ("50051", "50052")}
+# Pages whose Python blocks are whole programs, run against stand-ins for the servers they name: fake engines with
+# the default model's vocabulary (the loops tokenize with it) and the built-in tool server; each documented port
+# becomes a stand-in's port, and the program must print what says it got answers.
+RUNNABLE = {
+    "contract": (("50051",), "FINISH_REASON_LENGTH"),
+    "router": (("50051", "50052"), "FinishReason.LENGTH"),
+    "agent-loops": (("50051", "50052", "50061"), "'input_ids': (4, "),
+}
+SERVER_COMMANDS = (
+    ("engine", "serve", "--adapter", "fake", "--set", "vocab_size=49152", "--port", "0"),
+    ("engine", "serve", "--adapter", "fake", "--set", "vocab_size=49152", "--port", "0"),
+    ("tools", "serve", "--config", "builtin", "--port", "0"),
+)
 
 
 @pytest.fixture(scope="module")
-def fake_servers():
-    """Two `agentloop engine serve --adapter fake` processes on port 0; their bound ports."""
-    processes = [subprocess.Popen([sys.executable, "-m", "agentloop_grpc.cli", "engine", "serve", "--adapter", "fake",
-                                   "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(2)]
+def stand_in_servers():
+    """Two fake engine servers and a tool server, as processes on port 0; their bound ports."""
+    processes = [subprocess.Popen([sys.executable, "-m", "agentloop_grpc.cli", *command], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for command in SERVER_COMMANDS]
     try:
         ports = []
         for process in processes:
@@ -144,14 +155,16 @@ def fake_servers():
 
 
 @pytest.mark.parametrize("name", sorted(RUNNABLE))
-def test_page_python_programs_run(fake_servers, name):
+def test_page_python_programs_run(stand_in_servers, name):
+    documented_ports, answered = RUNNABLE[name]
     blocks = [b for b in fenced_blocks(_page(name)) if b.lang == "python"]
     assert blocks, f"docs/{name}.md has no Python block to run"
     for block in blocks:
         body = block.body
-        for documented, port in zip(RUNNABLE[name], fake_servers):
+        for documented, port in zip(documented_ports, stand_in_servers):
             assert documented in body, f"docs/{name}.md line {block.line} does not call {documented}"
             body = body.replace(documented, port)
-        result = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        result = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert result.returncode == 0, f"docs/{name}.md line {block.line}:\n{result.stderr}"
-        assert "FINISH_REASON_LENGTH" in result.stdout or "length" in result.stdout.lower(), result.stdout
+        assert answered in result.stdout, result.stdout
