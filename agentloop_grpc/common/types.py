@@ -142,6 +142,7 @@ class ServerFacts:
     sleep_releases_memory: bool = False
     supports_structured_output: bool = False
     weight_group_ranks: int = 0  # workers that join a weight-transfer group; 0: the engine cannot join one
+    default_max_new_tokens: int = 0  # the budget of a request that sets none; 0: up to max_model_len
 
 
 @dataclass(frozen=True, slots=True)

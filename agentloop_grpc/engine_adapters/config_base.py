@@ -8,13 +8,25 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+#: Tokens a request that sets no max_new_tokens may generate: a bound like SGLang's server's (128), so a first
+#: request without sampling params answers in a moment instead of streaming until the context is full.
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
 class EnginePlacement(BaseModel):
-    """Where one engine server stands among the data-parallel groups."""
+    """Where one engine server stands among the data-parallel groups, and what it does with a request that leaves
+    its length to the server."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")  # a misspelt knob must fail, not fall back to a default
 
     dp_rank: int = Field(0, ge=0, description="This server's data-parallel rank.")
     dp_size: int = Field(1, ge=1, description="Number of data-parallel groups.")
+    default_max_new_tokens: int = Field(
+        DEFAULT_MAX_NEW_TOKENS, ge=0, le=2**31 - 1,
+        description="Tokens a Generate without sampling_params.max_new_tokens may generate (capped by the room "
+        "left under max_model_len; reported by GetServerInfo); 0: up to max_model_len, as vLLM's OpenAI server "
+        "does.",
+    )
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> EnginePlacement:

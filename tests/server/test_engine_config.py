@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 from pydantic import ValidationError
 
@@ -52,7 +53,7 @@ def test_every_config_shares_the_placement_check_and_forbids_unknown_fields() ->
     EmbeddedEngineConfig(model="/models/x", threads=1, max_running=8, prefix_cache_tokens=0),
     VllmEngineConfig(enforce_eager=False, cpu_cores="0", kv_cache_bytes=1 << 31, dtype="bfloat16"),
     SglangEngineConfig(naming=ActorNaming(prefix="policy", namespace="rl"), tp_size=2, dp_rank=1, dp_size=2),
-    FakeEngineConfig(token_latency_s=0.001, vocab_size=49_152, dp_rank=0, dp_size=3),
+    FakeEngineConfig(token_latency_s=0.001, vocab_size=49_152, dp_rank=0, dp_size=3, default_max_new_tokens=0),
 ], ids=lambda config: config.kind)
 def test_a_config_survives_the_command_line(config) -> None:
     fields: dict = {}
@@ -90,6 +91,8 @@ def test_the_example_engine_config_is_valid() -> None:
     (["--adapter", "fake", "--set", "max_running=zero"], "max_running: Input should be a valid integer"),
     (["--adapter", "fake", "--set", "dp_rank=2", "--set", "dp_size=2"], "dp_rank must be in [0, dp_size)"),
     (["--adapter", "fake", "--set", "max_running"], "'max_running' is not KEY=VALUE"),
+    (["--adapter", "fake", "--set", "default_max_new_tokens=-1"],
+     "default_max_new_tokens: Input should be greater than or equal to 0"),
 ])
 def test_a_bad_field_exits_2_naming_it(args: list[str], expected: str) -> None:
     result = subprocess.run([*AGENTLOOP, "engine", "serve", "--port", "0", *args], capture_output=True, text=True,
@@ -117,3 +120,24 @@ def test_serve_reads_the_config_file_and_overrides(tmp_path) -> None:
     finally:
         process.terminate()
         process.wait(30)
+
+
+@pytest.mark.parametrize(("default", "expected"), [(0, 64 - 3), (10, 10), (100, 64 - 3)])
+async def test_the_default_length_applies_when_a_request_sets_none(default, expected) -> None:
+    """0: up to max_model_len; otherwise the default, capped by the room left (prompt of 3 in 64)."""
+    from agentloop_grpc.engine_adapters.server import create_server, start_adapter
+    from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
+
+    config = FakeEngineConfig(max_model_len=64, default_max_new_tokens=default)
+    server = await create_server(make_adapter("fake", config), "127.0.0.1:0")
+    await start_adapter(server)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            request = generation_pb2.GenerateRequest(request_id="r", prompt_ids=[5, 6, 7],
+                                                     sampling_params=generation_pb2.SamplingParams(ignore_eos=True))
+            messages = [m async for m in generation_pb2_grpc.TokenGenerateStub(channel).Generate(request, timeout=30)]
+            info = await engine_pb2_grpc.EngineControlStub(channel).GetServerInfo(engine_pb2.GetServerInfoRequest())
+    finally:
+        await server.stop(grace_s=1)
+    assert messages[-1].complete.completion_tokens == expected
+    assert info.default_max_new_tokens == default

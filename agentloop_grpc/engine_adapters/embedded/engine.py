@@ -124,6 +124,7 @@ class EmbeddedEngine:
             sleep_releases_memory=True,
             supports_structured_output=True,
             weight_group_ranks=1,
+            default_max_new_tokens=cfg.default_max_new_tokens,
         )
         return _Loaded(model, runner, scheduler, grammars, offload, facts)
 

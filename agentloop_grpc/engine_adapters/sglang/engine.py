@@ -125,6 +125,7 @@ class SglangEngine:
             sleep_releases_memory=facts.memory_saver,
             supports_structured_output=True,
             weight_group_ranks=1,  # the rank-0 actor receives for every TP rank (module docstring)
+            default_max_new_tokens=self.config.default_max_new_tokens,
         )
 
     async def shutdown(self) -> None:

@@ -162,6 +162,7 @@ class VllmEngine:
             sleep_releases_memory=self._sleep_frees_memory,
             supports_structured_output=True,
             weight_group_ranks=llm.vllm_config.parallel_config.world_size,
+            default_max_new_tokens=cfg.default_max_new_tokens,
         )
         self._loaded = _Loaded(llm, facts, weights.CheckpointWeights(folder, cfg.dtype, tied))
         log.info("vLLM %s engine: %s from %s (max_model_len %d)", vllm.__version__, model_id, folder, cfg.max_model_len)

@@ -99,6 +99,19 @@ test('GetServerInfo describes the engine', async () => {
   assert.equal(info.state, 'ENGINE_STATE_RUNNING');
 });
 
+test('a Generate without max_new_tokens gets the default GetServerInfo reports', async () => {
+  const info = await unary(clients.control, 'GetServerInfo', {}, 10);
+  assert.ok(info.default_max_new_tokens > 0);
+  const result = await generate(clients.generate, {
+    request_id: 'node-default-length',
+    session_id: 'node',
+    prompt_ids: [5, 6, 7],
+    sampling_params: { ignore_eos: true },
+  });
+  assert.equal(result.complete.finish_reason, 'FINISH_REASON_LENGTH');
+  assert.equal(result.complete.completion_tokens, info.default_max_new_tokens);
+});
+
 test('Generate streams chunks then exactly one complete message', async () => {
   const result = await generate(clients.generate, {
     request_id: 'node-stream-1',
