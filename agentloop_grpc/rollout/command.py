@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from agentloop_grpc.agent.tokenizer_check import TokenizerMismatchError
 from agentloop_grpc.config_errors import describe, returned_model
 from agentloop_grpc.launch.launcher import LaunchError
+from agentloop_grpc.trackers import TrackerError
 
 from .config import load_config
 from .dataset import DatasetError
@@ -69,9 +70,11 @@ def rollout(
         kept = len(record.trajectories)
         typer.echo(f"interrupted: servers stopped; {kept} finished trajectories kept in {record.output_dir}", err=True)
         raise typer.Exit(130) from None
-    except (DatasetError, RolloutError, LaunchError, TokenizerMismatchError) as error:
+    except (DatasetError, RolloutError, LaunchError, TokenizerMismatchError, TrackerError) as error:
         _fail(str(error).splitlines()[0] if isinstance(error, DatasetError) else str(error), 1)
     progress.summary(summarize(record), str(record.output_dir))
+    for line in record.trackers:
+        typer.echo(line)
     report_failures(record, settings.max_failed_share)
 
 

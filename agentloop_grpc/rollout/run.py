@@ -59,6 +59,8 @@ class RunRecord:
     servers: list[str] = field(default_factory=list)
     interrupted: bool = False
     wall_s: float = 0.0
+    #: Where each tracker of report_to has the run, one line each.
+    trackers: list[str] = field(default_factory=list)
 
 
 def check_loops(config: RolloutConfig, samples: list[Sample]) -> None:
@@ -136,6 +138,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
         trackers = stack.enter_context(open_trackers(config.report_to, config.trackers, out,
                                                      flatten(config.model_dump(mode="json"))))
         tracking = RolloutTracking(trackers, config.trackers.log_every, config.trackers.samples)
+        record.trackers = trackers.locations()
         if trackers.names:
             progress.status(f"logging to {', '.join(trackers.names)}")
         # 2-3. engines and tools
@@ -161,7 +164,8 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
         if config.metrics_port is not None:
             http = serve_metrics(manager.control.metrics.registry, "127.0.0.1", config.metrics_port)
             stack.callback(http.shutdown)
-            progress.status(f"router metrics at http://127.0.0.1:{http.server_port}/metrics")
+            # printed whole (no status dots after it), so it can be copied or clicked
+            progress.console.print(f"router metrics at http://127.0.0.1:{http.server_port}/metrics")
         # 4. the rollout
         progress.start(len(samples))
         sampler = asyncio.create_task(_sample_load(manager, record))

@@ -8,7 +8,7 @@ to its logs.
 
 from .base import SampleRow, Tracker
 from .config import TrackerName, TrackerSettings, check_report_to, resolve_report_to
-from .open_trackers import Trackers, flatten, open_trackers
+from .open_trackers import TrackerError, Trackers, flatten, open_trackers
 
-__all__ = ["SampleRow", "Tracker", "TrackerName", "TrackerSettings", "Trackers", "check_report_to", "flatten",
-           "open_trackers", "resolve_report_to"]
+__all__ = ["SampleRow", "Tracker", "TrackerError", "TrackerName", "TrackerSettings", "Trackers", "check_report_to",
+           "flatten", "open_trackers", "resolve_report_to"]

@@ -34,6 +34,9 @@ class SampleRow:
 class Tracker(Protocol):
     """What a run logs to; metric names are slash-separated (``rollout/mean_reward``)."""
 
+    #: Where to look at the run, one line for the user (a command or an address).
+    where: str
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
 
     def log_samples(self, rows: Sequence[SampleRow], step: int) -> None: ...

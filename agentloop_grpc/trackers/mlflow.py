@@ -26,6 +26,8 @@ class MlflowTracker:
             found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
         self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+        self.where = f"MLflow run {self.run_id} in {tracking_uri}"
+        # the client splits a long list into the batches its store takes
         self.client.log_batch(self.run_id, params=[Param(k, str(v)[:_PARAM_CHARS]) for k, v in params.items()])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:

@@ -10,6 +10,10 @@ from .base import SampleRow, Tracker
 from .config import TrackerSettings, resolve_report_to
 
 
+class TrackerError(RuntimeError):
+    """A tracker of report_to could not start (no W&B login, an unwritable folder, ...); one sentence."""
+
+
 class Trackers:
     """Every open tracker of a run (none: every call does nothing); closes them all, also after an error."""
 
@@ -19,6 +23,10 @@ class Trackers:
     @property
     def names(self) -> list[str]:
         return list(self.trackers)
+
+    def locations(self) -> list[str]:
+        """Where to look at the run, one line per tracker."""
+        return [f"{name}: {tracker.where}" for name, tracker in self.trackers.items()]
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         for tracker in self.trackers.values():
@@ -44,7 +52,7 @@ def open_trackers(names: Sequence[str] | None, settings: TrackerSettings, output
                   config: Mapping[str, object], environ: Mapping[str, str] = os.environ) -> Trackers:
     """Open the trackers ``names`` (a config's report_to; None: the default) for a run writing to ``output_dir``;
     ``config`` is the run's config as flat key/values (W&B config, MLflow params). Each tracker module is imported
-    only when named, so an uninstalled one costs nothing."""
+    only when named, so an uninstalled one costs nothing. TrackerError when one cannot start."""
     out = Path(output_dir)
     run_name = settings.name_of_run(out)
 
@@ -68,7 +76,12 @@ def open_trackers(names: Sequence[str] | None, settings: TrackerSettings, output
     opened = Trackers({})
     try:
         for name in resolve_report_to(names):
-            opened.trackers[name] = openers[name]()
+            try:
+                opened.trackers[name] = openers[name]()
+            # each tool raises its own classes (wandb's UsageError, MlflowException, OSError): one sentence for all
+            except Exception as error:
+                cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                raise TrackerError(f"report_to {name} could not start: {cause}") from error
     except BaseException:
         opened.close()  # the ones already open
         raise

@@ -21,6 +21,7 @@ class TensorBoardTracker:
         logdir.mkdir(parents=True, exist_ok=True)
         self.logdir = logdir
         self._writer = EventFileWriter(str(logdir))
+        self.where = f"tensorboard --logdir {logdir}"
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         values = [summary_pb2.Summary.Value(tag=key, simple_value=float(value)) for key, value in metrics.items()]

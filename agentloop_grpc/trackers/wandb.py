@@ -17,6 +17,8 @@ class WandbTracker:
         directory.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=project, name=run_name, mode=mode, dir=str(directory), entity=entity,
                               config=dict(config), reinit="create_new")
+        # an offline run has no page yet: it is synced from its folder
+        self.where = self.run.url if mode == "online" else f"wandb sync {Path(self.run.dir).parent}"
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)

@@ -67,7 +67,7 @@ def _scrape_during(process: subprocess.Popen) -> tuple[str, str]:
 
 
 @pytest.mark.slow
-def test_a_rollout_logs_to_every_tracker_and_serves_router_metrics(tmp_path):
+def test_a_rollout_logs_to_every_tracker_and_serves_router_metrics(tmp_path, monkeypatch):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
     env.pop("WANDB_MODE", None)
     process = subprocess.Popen([*AGENTLOOP, "rollout", "--config", str(_config(tmp_path))], stdout=subprocess.PIPE,
@@ -79,8 +79,10 @@ def test_a_rollout_logs_to_every_tracker_and_serves_router_metrics(tmp_path):
         process.kill()
     assert process.returncode == 0, stderr[-3000:]
     assert "logging to tensorboard, wandb, mlflow" in printed and "rollout summary" in stdout
-    assert 'agentloop_router_in_flight{server="127.0.0.1:' in scraped
     out = tmp_path / "out"
+    assert f"tensorboard: tensorboard --logdir {out / 'tensorboard'}" in stdout
+    assert f"wandb: wandb sync {out / 'wandb'}/offline-run-" in stdout and "mlflow: MLflow run " in stdout
+    assert 'agentloop_router_in_flight{server="127.0.0.1:' in scraped
     summary = json.loads((out / "summary.json").read_text())
     trajectories = {t.sample_id: t for t in read_parquet(out / "trajectories.parquet")}
     steps = [*range(LOG_EVERY, TRAJECTORIES + 1, LOG_EVERY), TRAJECTORIES]  # 3, 6 and the last window at 8
@@ -111,7 +113,7 @@ def test_a_rollout_logs_to_every_tracker_and_serves_router_metrics(tmp_path):
     assert reward == trajectories["arith-1-0/0"].reward
 
     # MLflow: the folder store, read with MlflowClient
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 opens a folder store only with it
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=(out / "mlruns").resolve().as_uri())

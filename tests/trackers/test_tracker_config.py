@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from agentloop_grpc.rollout.config import RolloutConfig
-from agentloop_grpc.trackers import TrackerSettings, resolve_report_to
+from agentloop_grpc.trackers import TrackerError, TrackerSettings, open_trackers, resolve_report_to
 from agentloop_grpc.train.config import TrainConfig
 
 BASE = {"engines": {"addresses": ["127.0.0.1:1"]}, "dataset": {"arithmetic": {"count": 1}}}
@@ -28,7 +28,8 @@ def test_the_default_is_tensorboard_when_installed(monkeypatch):
     assert resolve_report_to(config.report_to) == ()
 
 
-@pytest.mark.parametrize(("report_to", "opened"), [(["none"], ()), ([], ()), (["mlflow", "wandb"], ("mlflow", "wandb"))])
+@pytest.mark.parametrize(("report_to", "opened"),
+                         [(["none"], ()), ([], ()), (["mlflow", "wandb"], ("mlflow", "wandb"))])
 def test_report_to_names_what_opens(report_to, opened):
     assert resolve_report_to(_rollout(report_to=report_to).report_to) == opened
 
@@ -73,3 +74,28 @@ def test_settings_defaults_live_under_the_output_dir(tmp_path: Path):
     assert settings.name_of_run(tmp_path / "demo").startswith("demo-")
     with pytest.raises(ValidationError, match="run_name"):
         TrackerSettings(run_name=" ")
+
+
+def test_a_tracker_that_cannot_start_ends_the_rollout_before_any_server(tmp_path: Path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path = tmp_path / "rollout.yaml"
+    path.write_text(yaml.safe_dump({
+        "engines": {"launch": {"replicas": 1, "engine": {"kind": "fake"}}}, "dataset": {"arithmetic": {"count": 1}},
+        "report_to": ["tensorboard"], "trackers": {"tensorboard": {"logdir": str(blocker / "tb")}},
+        "output_dir": str(tmp_path / "out")}))
+    result = subprocess.run([sys.executable, "-m", "agentloop_grpc.cli", "rollout", "--config", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "error: report_to tensorboard could not start: [Errno 20] Not a directory" in result.stderr
+    assert not (tmp_path / "out" / "discovery.json").exists()  # no engine was launched
+
+
+def test_wandb_online_without_a_login_is_one_sentence(tmp_path: Path, monkeypatch):
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with pytest.raises(TrackerError, match=r"report_to wandb could not start: .*wandb login"):
+        open_trackers(["wandb"], TrackerSettings(), tmp_path / "out", {})

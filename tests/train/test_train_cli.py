@@ -27,6 +27,8 @@ def _config(tmp_path: Path, **overrides) -> Path:
                  "sampling": {"temperature": 1.0, "seed": 0}},
         "grpo": {"max_steps": 2, "prompts_per_step": 1, "num_generations": 2, "trainable_layers": 1},
         "check_logprobs": 1,
+        "report_to": ["tensorboard", "mlflow"],
+        "trackers": {"run_name": "trained", "project": "train-test"},
         "output_dir": str(tmp_path / "out"),
     }
     config.update(overrides)
@@ -58,6 +60,25 @@ def test_train_writes_metrics_report_weights_and_the_ratio(tmp_path):
     assert "reward_curve.png" in (out / "report.html").read_text()
     assert len(read_parquet(out / "trajectories.parquet")) == 2
     assert (out / "final" / "model.safetensors").is_file() and (out / "final" / "tokenizer.json").is_file()
+    _check_trackers(out, steps)
+
+
+def _check_trackers(out: Path, steps: list[dict]) -> None:
+    """report_to reached TRL's trackers, and they logged our rollout metrics beside TRL's own, once per step."""
+    from mlflow import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2]
+    assert [e.value for e in events.Scalars("train/agentloop/correct_rate")] == [s["correct_rate"] for s in steps]
+    assert "train/agentloop/reward_mean" not in events.Tags()["scalars"]  # TRL's train/reward has it
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 opens a folder store only with it
+        client = MlflowClient(tracking_uri=(out / "mlruns").resolve().as_uri())
+        (run,) = client.search_runs([client.get_experiment_by_name("train-test").experiment_id])
+    assert run.info.run_name == "trained"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "agentloop/valid_call_rate")] == [1, 2]
 
 
 def test_sampling_the_trainer_cannot_describe_is_refused(tmp_path):
