@@ -62,11 +62,16 @@ class Install:
         return str(self.venv / "bin" / name)
 
 
-def run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    """Run outside the checkout (so nothing imports it by accident); fail with the output on a non-zero exit."""
+def clean_env() -> dict[str, str]:
+    """This environment without PYTHONPATH, so the installed copy is the only agentloop_grpc found."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return env
+
+
+def run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """Run outside the checkout (so nothing imports it by accident); fail with the output on a non-zero exit."""
+    done = subprocess.run(args, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{args} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -132,11 +137,10 @@ def test_the_installed_package_finds_its_contracts_and_examples(install, tmp_pat
 
 
 def test_a_fake_engine_server_answers_a_generated_stub_client(install, tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     log = tmp_path / "server.log"
     with log.open("w") as stderr:  # a file, not a pipe nobody reads: the server never blocks on its log
         server = subprocess.Popen([install.bin("agentloop"), "engine", "serve", "--adapter", "fake", "--port", "0"],
-                                  cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+                                  cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
         with selectors.DefaultSelector() as selector:
             selector.register(server.stdout, selectors.EVENT_READ)
@@ -161,8 +165,7 @@ def test_a_fake_engine_server_answers_a_generated_stub_client(install, tmp_path)
      "loading a model's weights"),
 ], ids=["engine", "model-load"])
 def test_a_part_whose_extra_is_missing_names_the_extra(install, tmp_path, code, what):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    failed = subprocess.run([install.bin("python"), "-c", code], cwd=tmp_path, env=env, capture_output=True,
+    failed = subprocess.run([install.bin("python"), "-c", code], cwd=tmp_path, env=clean_env(), capture_output=True,
                             text=True, timeout=60)
     assert failed.returncode != 0
     assert f"{what} needs `pip install 'agentloop-grpc[embedded]'` (module 'torch' is not installed)" in failed.stderr
