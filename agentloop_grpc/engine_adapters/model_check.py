@@ -43,7 +43,8 @@ def check_model(config: EngineConfig) -> None:
             raise ModelNotFoundError(
                 f"model {config.model!r} is not a local folder; it looks like a Hugging Face Hub id, and engines "
                 f"load local folders only (nothing is downloaded at run time). Download it once, e.g. "
-                f"`hf download {config.model} --local-dir models/{name}`, then give --model models/{name}"
+                f"`hf download {config.model} --local-dir models/{name}`, and give that folder as the model (--model "
+                f"models/{name})"
             )
         raise ModelNotFoundError(f"model {config.model!r}: no such folder")
     if not folder.is_dir():

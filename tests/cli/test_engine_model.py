@@ -31,8 +31,8 @@ def folders(tmp_path):
 @pytest.mark.parametrize(("model", "expected"), [
     ("Qwen/Qwen3-0.6B", "error: model 'Qwen/Qwen3-0.6B' is not a local folder; it looks like a Hugging Face Hub "
                         "id, and engines load local folders only (nothing is downloaded at run time). Download it "
-                        "once, e.g. `hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B`, then give --model "
-                        "models/Qwen3-0.6B"),
+                        "once, e.g. `hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B`, and give that folder as "
+                        "the model (--model models/Qwen3-0.6B)"),
     ("{tmp}/missing", "error: model '{tmp}/missing': no such folder"),
     ("{tmp}/file", "error: model '{tmp}/file' is a file; give the checkpoint's folder"),
     ("{tmp}/empty", "error: model '{tmp}/empty' has no config.json and no *.safetensors weights: not a Hugging "
