@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 from collections import Counter
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 from agentloop_grpc.agent import Trajectory
 from agentloop_grpc.agent.chat import ChatCodec
@@ -98,15 +99,17 @@ def errors_section(data: dict) -> str:
     """Failed trajectories by cause, infrastructure told apart; failed tool calls inside finished trajectories."""
     if data["errors"]:
         rows = "".join(
-            f'<tr><td class="cause">{_e(c["cause"])}</td>'
+            f'<tr><td class="cause"><a href="#{_e(urlencode({"cause": c["cause"]}, quote_via=quote))}">'
+            f'{_e(c["cause"])}</a></td>'
             f'<td class="side">{"infrastructure" if c["infrastructure"] else "sample / model"}</td>'
             f'<td class="count">{c["count"]}</td><td>'
             + ", ".join(f'<a href="#select={_e(s)}">{_e(s)}</a>' for s in c["samples"]) + "</td></tr>"
             for c in data["errors"])
         failed = (f'<table id="errors"><tr><th>cause (first line)</th><th>side</th><th>trajectories</th>'
                   f"<th>first samples</th></tr>{rows}</table>"
-                  "<p>Infrastructure failures (a dead engine or tool server, a deadline) are not the model's "
-                  "doing: drop them rather than train on them as bad answers.</p>")
+                  "<p>A cause's link filters the trajectory table to it. Infrastructure failures (a dead engine or "
+                  "tool server, a deadline) are not the model's doing: drop them rather than train on them as bad "
+                  "answers.</p>")
     else:
         failed = '<p id="errors">No trajectory failed.</p>'
     if data["tool_errors"]:

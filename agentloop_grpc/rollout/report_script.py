@@ -1,5 +1,5 @@
 """The style and the vanilla-JS script of report.html (no library, no network): the page reads its data from the
-embedded JSON, and its state (filters, the selected trajectory, the timeline scale) from the URL hash, so a
+embedded JSON, and its state (filters, an error cause, the selected trajectory, the timeline scale) from the URL hash, so a
 link, a reload or a test driving a headless browser lands on the same view."""
 
 STYLE = """
@@ -64,7 +64,9 @@ function writeHash(state) {
 function stateFromControls() {
   const state = {};
   for (const [key, id] of Object.entries(CONTROLS)) state[key] = $(id).value;
-  state.select = readHash().select || "";
+  const hash = readHash();  // the keys no control shows: the selected trajectory, an error cause
+  state.select = hash.select || "";
+  state.cause = hash.cause || "";
   return state;
 }
 
@@ -76,6 +78,7 @@ function matches(row, s) {
   if (s.error === "failed" && !row.failed) return false;
   if (s.error === "infrastructure" && !row.infra) return false;
   if (s.error === "model" && !(row.failed && !row.infra)) return false;
+  if (s.cause && row.error !== s.cause) return false;
   if (s.group && row.group !== s.group) return false;
   if (s.q && !row.id.includes(s.q)) return false;
   return true;
@@ -104,6 +107,7 @@ function renderTable(shown, s) {
     body.appendChild(tr);
   }
   $("match-count").textContent = shown.length + " of " + ROWS.length + " trajectories match" +
+    (s.cause ? " the error cause \u201c" + s.cause + "\u201d" : "") +
     (shown.length > MAX_TABLE_ROWS ? "; the table lists the first " + MAX_TABLE_ROWS : "");
 }
 

@@ -13,6 +13,7 @@ import subprocess
 import time
 from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import pytest
 
@@ -142,6 +143,9 @@ def test_filters_reduce_the_rows(report):
     assert failed.row_ids == [t.sample_id for t in trajectories if t.failed] == [f"{g}-{i}" for g in "de" for i in range(4)]
     assert "more than max_prompt_tokens=450" in failed.text["sel-error"]
     assert failed.classes == {}  # a prompt that never ran has no tokens
+    cause = next(t.error for t in trajectories if t.sample_id == "e-0")
+    by_cause = _render(page, urlencode({"cause": cause}, quote_via=quote))
+    assert by_cause.row_ids == [f"e-{i}" for i in range(4)]
     right = _render(page, "rmin=1&termination=stop&group=c&scale=fitted")
     assert right.row_ids == [t.sample_id for t in trajectories
                              if t.reward >= 1 and t.termination.value == "stop" and t.group_id == "c"]
@@ -167,8 +171,8 @@ def test_group_statistics_errors_and_timeline(report):
     assert sorted(t.reward for t in trajectories if t.group_id == "c") == [0.0, 0.0, 1.0, 1.0]
     assert dom.text["zero-variance-share"] == "66.7%"  # a and b of a, b, c (d and e have no scored member)
     assert dom.text["complete-share"] == "60.0%"  # d's and e's members failed
-    causes = re.findall(r'<td class="cause">([^<]*)</td><td class="side">([^<]*)</td><td class="count">(\d+)</td>',
-                        dom.raw)
+    causes = re.findall(r'<td class="cause"><a [^>]*>([^<]*)</a></td><td class="side">([^<]*)</td>'
+                        r'<td class="count">(\d+)</td>', dom.raw)
     assert [(side, count) for _, side, count in causes] == [("sample / model", "4")] * 2
     assert "more than max_prompt_tokens=450" in causes[0][0] + causes[1][0]
     assert "RuntimeError: the engine broke" in causes[0][0] + causes[1][0]
