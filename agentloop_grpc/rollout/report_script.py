@@ -109,6 +109,16 @@ function renderTable(shown, s) {
   $("match-count").textContent = shown.length + " of " + ROWS.length + " trajectories match" +
     (s.cause ? " the error cause \u201c" + s.cause + "\u201d" : "") +
     (shown.length > MAX_TABLE_ROWS ? "; the table lists the first " + MAX_TABLE_ROWS : "");
+  if (s.cause) {
+    const clear = document.createElement("a");
+    clear.href = "#"; clear.textContent = " (any cause)";
+    clear.addEventListener("click", (event) => {
+      event.preventDefault();
+      writeHash({...stateFromControls(), cause: ""});
+      render();
+    });
+    $("match-count").appendChild(clear);
+  }
 }
 
 function span(cls, text, title) {
