@@ -28,7 +28,6 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import typer
 import yaml
-from typer.core import TyperCommand
 
 from agentloop_grpc.config_errors import describe
 from agentloop_grpc.engine_adapters.config import ENGINE_KINDS, EngineConfig, engine_config
@@ -39,7 +38,7 @@ from agentloop_grpc.engine_adapters.server import serve, stop_signal
 from agentloop_grpc.serving.security import PortInUseError, ServerSecurity
 from agentloop_grpc.rollout.command import rollout as rollout_command
 from agentloop_grpc.train.command import train as train_command
-from agentloop_grpc.usage_errors import CommandGroup, click_errors
+from agentloop_grpc.usage_errors import Command, CommandGroup, click_errors
 
 app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_args_is_help=True, cls=CommandGroup)
 engine_app = typer.Typer(help="Engine servers (one per data-parallel group).", no_args_is_help=True)
@@ -160,7 +159,7 @@ _ENGINE_FIELDS = frozenset(name for model in typing.get_args(typing.get_args(Eng
                            for name in model.model_fields)
 
 
-class EngineCommand(TyperCommand):
+class EngineCommand(Command):
     """An engine command: an unknown option named like a config field (``--max-running``, as vLLM spells its
     flags) is a usage error that names the ``--set`` form."""
 
@@ -247,7 +246,7 @@ def engine_serve(
         sys.exit(2)
 
 
-@model_app.command("prepare")
+@model_app.command("prepare", cls=Command)
 def model_prepare(
     cache_dir: Path = typer.Option(None, help="Cache folder (default: $AGENTLOOP_CACHE or ~/.cache/agentloop)."),
 ) -> None:
@@ -257,7 +256,7 @@ def model_prepare(
     typer.echo(str(model_store.prepare(cache_dir)))
 
 
-@tools_app.command("serve")
+@tools_app.command("serve", cls=Command)
 @with_server_security
 def tools_serve(
     config: str = typer.Option(
@@ -403,8 +402,8 @@ def engine_launch(
             ray.shutdown()
 
 
-app.command("rollout")(rollout_command)
-app.command("train")(train_command)
+app.command("rollout", cls=Command)(rollout_command)
+app.command("train", cls=Command)(train_command)
 
 
 def main() -> None:

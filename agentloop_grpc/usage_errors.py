@@ -3,7 +3,8 @@
 Our commands end a bad config or option with one ``error: <message>`` line on standard error; click and typer
 would print a usage line and a rich box instead. ``CommandGroup`` is the ``agentloop`` group's class: it catches
 click's errors at the top, prints ``error: <message>`` and ``Try '<command> --help' for help.``, and exits with
-click's code (2 for usage errors), for every subcommand below it.
+click's code (2 for usage errors), for every subcommand below it; ``Command``, every command's class, makes sure
+the hint names the command.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 #: The exceptions of the click typer runs on: its own copy (``typer._click``) since typer 0.29, click before.
 click_errors = importlib.import_module(typer.BadParameter.__module__)
@@ -31,6 +32,18 @@ class CommandGroup(TyperGroup):
     def invoke(self, ctx: typer.Context) -> Any:
         with _plain_errors():
             return super().invoke(ctx)
+
+
+class Command(TyperCommand):
+    """A typer command whose usage errors know their command (typer raises some without it), so the help hint
+    names it."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click_errors.UsageError as error:
+            error.ctx = error.ctx or ctx
+            raise
 
 
 def message(error: Exception) -> str:

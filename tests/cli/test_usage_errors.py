@@ -25,6 +25,8 @@ runner = CliRunner()
     (["engine", "launch", "--dp", "0"], "error: invalid value for '--dp': Input should be greater than or equal to 1"),
     (["engine", "serve", "--adapter", "vlm"], "error: invalid value for '--adapter': 'vlm' is not one of"),
     (["tools", "serve"], "error: missing option '--config'"),
+    (["engine", "serve", "--model"], "error: option '--model' requires an argument"),
+    (["rollout", "--config"], "error: option '--config' requires an argument"),
     (["rollout", "--bogus"], "error: no such option --bogus"),
     (["train", "--bogus"], "error: no such option --bogus"),
     (["model", "prepare", "--bogus"], "error: no such option --bogus"),
