@@ -11,6 +11,8 @@ from agentloop_grpc.trackers import TrackerSettings
 from agentloop_grpc.trackers.trainer_env import scoped_environ, trainer_environ
 from agentloop_grpc.train.run import rollout_log_metrics, trackers_last
 
+from .wandb_records import history
+
 
 def test_the_trackers_section_becomes_the_callbacks_environment(tmp_path: Path):
     settings = TrackerSettings(project="p", tensorboard={"logdir": str(tmp_path / "tb")}, wandb={"entity": "team"})
@@ -40,31 +42,37 @@ def test_rollout_metrics_join_the_logs_but_not_those_trl_logs():
         "agentloop/correct_rate": 0.25, "agentloop/stale_tokens": 0.0, "agentloop/train_s": 1.5}
 
 
-def test_the_tracker_callbacks_see_what_our_callbacks_add(tmp_path: Path):
+def test_the_tracker_callbacks_see_what_our_callbacks_add(tmp_path: Path, monkeypatch):
     import torch
+    import wandb
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
-    from transformers.integrations import TensorBoardCallback
+    from transformers.integrations import TensorBoardCallback, WandbCallback
 
     class AddsRolloutMetrics(TrainerCallback):  # what StepLog does to the logs, without a rollout behind it
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs["agentloop/correct_rate"] = 0.75
 
+    monkeypatch.setenv("WANDB_SILENT", "true")
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                          num_attention_heads=1, num_key_value_heads=1))
-    settings = TrackerSettings()
-    with scoped_environ(trainer_environ(["tensorboard"], settings, tmp_path)):
-        args = TrainingArguments(output_dir=str(tmp_path / "trl"), report_to=["tensorboard"], use_cpu=True,
-                                 disable_tqdm=True)
+    settings = TrackerSettings(project="train-trackers", wandb={"mode": "offline"})
+    with scoped_environ(trainer_environ(["tensorboard", "wandb"], settings, tmp_path)):
+        args = TrainingArguments(output_dir=str(tmp_path / "trl"), report_to=["tensorboard", "wandb"],
+                                 run_name="tiny", use_cpu=True, disable_tqdm=True)
         trainer = Trainer(model=model, args=args)
         trainer.add_callback(AddsRolloutMetrics())
         trackers_last(trainer)
         trainer.log({"loss": 0.5})
-        (board,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, TensorBoardCallback)]
+        callbacks = trainer.callback_handler.callbacks
+        (board,) = [c for c in callbacks if isinstance(c, TensorBoardCallback)]
         board.tb_writer.close()
-    assert isinstance(trainer.callback_handler.callbacks[-1], TensorBoardCallback)
+        wandb.finish()
+    assert {type(c) for c in callbacks[-2:]} == {TensorBoardCallback, WandbCallback}
     events = EventAccumulator(str(settings.tensorboard_dir(tmp_path)))
     events.Reload()
     assert {"train/loss", "train/agentloop/correct_rate"} <= set(events.Tags()["scalars"])
     assert events.Scalars("train/agentloop/correct_rate")[0].value == 0.75
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")  # WANDB_DIR and WANDB_MODE reached wandb.init
+    assert any(row.get("train/agentloop/correct_rate") == 0.75 for row in history(run_dir))
