@@ -41,8 +41,8 @@ def check_model(config: EngineConfig) -> None:
         if _HUB_ID.fullmatch(config.model):
             name = config.model.rsplit("/", 1)[1]
             raise ModelNotFoundError(
-                f"model {config.model!r} is not a local folder; it looks like a Hugging Face Hub id, and engines "
-                f"load local folders only (nothing is downloaded at run time). Download it once, e.g. "
+                f"model {config.model!r}: no such folder. If it is a Hugging Face Hub id: engines load local "
+                f"folders only (nothing is downloaded at run time); download it once, e.g. "
                 f"`hf download {config.model} --local-dir models/{name}`, and give that folder as the model (--model "
                 f"models/{name})"
             )

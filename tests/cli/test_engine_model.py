@@ -29,10 +29,10 @@ def folders(tmp_path):
 
 
 @pytest.mark.parametrize(("model", "expected"), [
-    ("Qwen/Qwen3-0.6B", "error: model 'Qwen/Qwen3-0.6B' is not a local folder; it looks like a Hugging Face Hub "
-                        "id, and engines load local folders only (nothing is downloaded at run time). Download it "
-                        "once, e.g. `hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B`, and give that folder as "
-                        "the model (--model models/Qwen3-0.6B)"),
+    ("Qwen/Qwen3-0.6B", "error: model 'Qwen/Qwen3-0.6B': no such folder. If it is a Hugging Face Hub id: engines "
+                        "load local folders only (nothing is downloaded at run time); download it once, e.g. `hf "
+                        "download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B`, and give that folder as the model "
+                        "(--model models/Qwen3-0.6B)"),
     ("{tmp}/missing", "error: model '{tmp}/missing': no such folder"),
     ("{tmp}/file", "error: model '{tmp}/file' is a file; give the checkpoint's folder"),
     ("{tmp}/empty", "error: model '{tmp}/empty' has no config.json and no *.safetensors weights: not a Hugging "
@@ -52,7 +52,7 @@ def test_serve_refuses_a_model_before_listening(folders, model, expected, option
 def test_launch_refuses_a_model_before_any_server_starts(folders):
     result = runner.invoke(app, ["engine", "launch", "--model", "Qwen/Qwen3-0.6B", "--discovery-file",
                                  str(folders / "d.json"), "--log-dir", str(folders / "logs")])
-    assert result.exit_code == 2 and result.output.startswith("error: model 'Qwen/Qwen3-0.6B' is not a local")
+    assert result.exit_code == 2 and result.output.startswith("error: model 'Qwen/Qwen3-0.6B': no such folder. If it is")
     assert not (folders / "logs").exists()
 
 
