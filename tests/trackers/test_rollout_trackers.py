@@ -93,6 +93,8 @@ def test_a_rollout_logs_to_every_tracker_and_serves_router_metrics(tmp_path, mon
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0})
     events.Reload()
     assert [e.step for e in events.Scalars("rollout/mean_reward")] == steps
+    # the windows partition the run: their tokens add up to the whole run's
+    assert sum(e.value for e in events.Scalars("rollout/model_tokens")) == summary["model_tokens"]
     assert events.Scalars("summary/mean_reward")[0].value == pytest.approx(summary["mean_reward"])
     (table,) = events.Tensors("samples")
     text = table.tensor_proto.string_val[0].decode()

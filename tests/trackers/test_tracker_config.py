@@ -97,5 +97,10 @@ def test_wandb_online_without_a_login_is_one_sentence(tmp_path: Path, monkeypatc
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    with pytest.raises(TrackerError, match=r"report_to wandb could not start: .*wandb login"):
-        open_trackers(["wandb"], TrackerSettings(), tmp_path / "out", {})
+    import wandb
+
+    try:
+        with pytest.raises(TrackerError, match=r"report_to wandb could not start: .*wandb login"):
+            open_trackers(["wandb"], TrackerSettings(), tmp_path / "out", {})
+    finally:
+        wandb.teardown()  # wandb keeps the settings of its first setup for the process: later tests get fresh ones
