@@ -16,8 +16,9 @@ _STRICT = ConfigDict(frozen=True, extra="forbid")
 
 TrackerName = Literal["tensorboard", "wandb", "mlflow", "none"]
 
-#: The module each tracker imports; the extra of the same name installs it (`pip install 'agentloop-grpc[NAME]'`).
-TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+#: The modules each tracker imports; the extra of the same name installs them (`pip install 'agentloop-grpc[NAME]'`).
+#: MLflow's log_table builds a pandas DataFrame, and mlflow-skinny does not depend on pandas.
+TRACKER_MODULES = {"tensorboard": ("tensorboard",), "wandb": ("wandb",), "mlflow": ("mlflow", "pandas")}
 
 REPORT_TO_HELP = (
     "Trackers the run logs to, among tensorboard, wandb and mlflow ([none] or []: none). Default (null): "
@@ -25,9 +26,13 @@ REPORT_TO_HELP = (
 )
 
 
+def missing(name: str) -> list[str]:
+    """The modules of the tracker ``name`` that cannot be imported (find_spec: nothing heavy is imported)."""
+    return [module for module in TRACKER_MODULES[name] if importlib.util.find_spec(module) is None]
+
+
 def installed(name: str) -> bool:
-    """Whether the tracker ``name`` can be imported (find_spec: nothing heavy is imported to know)."""
-    return importlib.util.find_spec(TRACKER_MODULES[name]) is not None
+    return not missing(name)
 
 
 def check_report_to(names: tuple[TrackerName, ...] | None) -> tuple[TrackerName, ...] | None:
@@ -39,8 +44,8 @@ def check_report_to(names: tuple[TrackerName, ...] | None) -> tuple[TrackerName,
     if len(set(names)) != len(names):
         raise ValueError(f"{list(names)} names a tracker twice")
     for name in names:
-        if name != "none" and not installed(name):
-            raise ValueError(f"{name} is not installed: pip install 'agentloop-grpc[{name}]'")
+        if name != "none" and (absent := missing(name)):
+            raise ValueError(f"{name} is not installed (no {', '.join(absent)}): pip install 'agentloop-grpc[{name}]'")
     return names
 
 
@@ -90,8 +95,8 @@ class TrackerSettings(BaseModel):
     project: str = Field("agentloop", min_length=1, description="W&B project and MLflow experiment.")
     log_every: int = Field(8, ge=1, le=100_000, description="Rollout: every this many finished trajectories, log "
                            "their metrics (the step is the count of finished trajectories).")
-    samples: int = Field(16, ge=0, le=10_000, description="Rollout: trajectories in the samples table (prompt, "
-                         "response, reward, termination, error); 0: no table.")
+    samples: int = Field(16, ge=0, le=10_000, description="Trajectories in the samples table (prompt, response, "
+                         "reward, termination, error): a rollout's at its end, a training run's every step; 0: none.")
     tensorboard: TensorBoardSettings = Field(default_factory=TensorBoardSettings, description="TensorBoard.")
     wandb: WandbSettings = Field(default_factory=WandbSettings, description="Weights & Biases.")
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings, description="MLflow.")

@@ -35,11 +35,19 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
     def log_samples(self, rows: Sequence[SampleRow], step: int) -> None:
-        columns = {name: [row.values()[i] for row in rows] for i, name in enumerate(SAMPLE_COLUMNS)}
-        self.client.log_table(self.run_id, data=columns, artifact_file=f"samples_step_{step}.json")
+        self.client.log_table(self.run_id, data=samples_columns(rows), artifact_file=samples_file(step))
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+
+def samples_columns(rows: Sequence[SampleRow]) -> dict[str, list]:
+    """The rows as log_table's column mapping."""
+    return {name: [row.values()[i] for row in rows] for i, name in enumerate(SAMPLE_COLUMNS)}
+
+
+def samples_file(step: int) -> str:
+    return f"samples_step_{step}.json"
 
 
 @contextmanager

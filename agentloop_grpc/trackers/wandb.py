@@ -24,8 +24,11 @@ class WandbTracker:
         self.run.log(dict(metrics), step=step)
 
     def log_samples(self, rows: Sequence[SampleRow], step: int) -> None:
-        table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=[list(row.values()) for row in rows])
-        self.run.log({"samples": table}, step=step)
+        self.run.log({"samples": samples_table(rows)}, step=step)
 
     def close(self) -> None:
         self.run.finish()
+
+
+def samples_table(rows: Sequence[SampleRow]) -> wandb.Table:
+    return wandb.Table(columns=list(SAMPLE_COLUMNS), data=[list(row.values()) for row in rows])

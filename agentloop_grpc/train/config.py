@@ -63,9 +63,9 @@ class TrainConfig(BaseModel):
     save_model: bool = Field(True, description="Write the final weights (safetensors) to output_dir/final.")
     report_to: tuple[TrackerName, ...] | None = Field(
         None, description=REPORT_TO_HELP + " Passed to TRL's report_to; our rollout metrics join its logs.")
-    trackers: TrackerSettings = Field(default_factory=TrackerSettings, description="Run name, project and "
-                                      "per-tracker settings of report_to (docs/trackers.md; log_every and samples "
-                                      "are the rollout's: training logs every step).")
+    trackers: TrackerSettings = Field(
+        default_factory=TrackerSettings, description="Run name, project and per-tracker settings of report_to "
+        "(docs/trackers.md; log_every is the rollout's: training logs every step).")
 
     @field_validator("report_to")
     @classmethod

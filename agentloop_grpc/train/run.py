@@ -34,7 +34,9 @@ from agentloop_grpc.integrations.trl import (
 from agentloop_grpc.rollout.dataset import read_rows
 from agentloop_grpc.rollout.run import start_engines, start_tools
 from agentloop_grpc.trackers import resolve_report_to
+from agentloop_grpc.trackers.rollout import sample_rows
 from agentloop_grpc.trackers.trainer_env import scoped_environ, trainer_environ
+from agentloop_grpc.trackers.trainer_samples import TrainerSampleTables
 
 from .config import TrainConfig
 
@@ -200,6 +202,11 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
                 )
                 trainer.remove_callback(PrinterCallback)  # its raw log dicts would drown the one line per step
                 trainer.add_callback(StepLog(rollout, sync, record, echo))
+                if report_to and config.trackers.samples:
+                    trainer.add_callback(TrainerSampleTables(
+                        report_to, config.trackers.tensorboard_dir(out),
+                        lambda: sample_rows(rollout.history[-1].trajectories if rollout.history else [],
+                                            lambda ids: tokenizer.decode(list(ids)), config.trackers.samples)))
                 trackers_last(trainer)
                 echo(f"training: {g.max_steps} steps of {g.prompts_per_step} prompts x {g.num_generations} "
                      f"trajectories on {len(addresses)} engine replica(s)" +

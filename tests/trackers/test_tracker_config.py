@@ -46,12 +46,13 @@ def test_bad_report_to_is_refused(report_to, message):
         assert message in str(error.value)
 
 
-@pytest.mark.parametrize("name", ["wandb", "mlflow", "tensorboard"])
-def test_a_tracker_not_installed_names_its_extra(monkeypatch, name):
-    monkeypatch.setitem(sys.modules, name, None)
+@pytest.mark.parametrize(("name", "module"), [("wandb", "wandb"), ("mlflow", "mlflow"), ("mlflow", "pandas"),
+                                              ("tensorboard", "tensorboard")])
+def test_a_tracker_not_installed_names_its_extra(monkeypatch, name, module):
+    monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(ValidationError) as error:
         _rollout(report_to=[name])
-    assert f"{name} is not installed: pip install 'agentloop-grpc[{name}]'" in str(error.value)
+    assert f"{name} is not installed (no {module}): pip install 'agentloop-grpc[{name}]'" in str(error.value)
 
 
 def test_the_cli_refuses_an_unknown_tracker_in_one_sentence(tmp_path: Path):
