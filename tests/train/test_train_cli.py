@@ -68,17 +68,20 @@ def _check_trackers(out: Path, steps: list[dict]) -> None:
     from mlflow import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(out / "tensorboard"))
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2]
+    assert [e.step for e in events.Tensors("samples")] == [1, 2]  # each step's samples table
     assert [e.value for e in events.Scalars("train/agentloop/correct_rate")] == [s["correct_rate"] for s in steps]
     assert "train/agentloop/reward_mean" not in events.Tags()["scalars"]  # TRL's train/reward has it
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 opens a folder store only with it
         client = MlflowClient(tracking_uri=(out / "mlruns").resolve().as_uri())
         (run,) = client.search_runs([client.get_experiment_by_name("train-test").experiment_id])
-    assert run.info.run_name == "trained"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "agentloop/valid_call_rate")] == [1, 2]
+        assert run.info.run_name == "trained"
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "agentloop/valid_call_rate")] == [1, 2]
+        tables = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"samples_step_1.json", "samples_step_2.json"} <= tables
 
 
 def test_sampling_the_trainer_cannot_describe_is_refused(tmp_path):
