@@ -3,6 +3,7 @@ package's own event-file writer, so the tensorboard extra alone is enough (no to
 
 from __future__ import annotations
 
+import html
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -46,9 +47,11 @@ class TensorBoardTracker:
 
 
 def markdown_table(rows: Sequence[SampleRow]) -> str:
-    """The rows as a Markdown table (TensorBoard renders Markdown); pipes and newlines escaped to stay in a cell."""
+    """The rows as a Markdown table (TensorBoard renders Markdown): pipes and newlines escaped to stay in a cell,
+    and HTML escaped, so chat-template tokens such as <|im_start|> (tag-shaped) show as written."""
     def cell(value: object) -> str:
-        return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+        text = html.escape(str(value), quote=False).replace("\\", "\\\\").replace("|", "\\|")
+        return text.replace("\n", "<br>")
 
     lines = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|" + "---|" * len(SAMPLE_COLUMNS)]
     lines += ["| " + " | ".join(cell(v) for v in row.values()) + " |" for row in rows]
