@@ -28,7 +28,9 @@ def _revise(**kwargs) -> dict[str, ComponentSpec]:
 @pytest.mark.parametrize(("use_ray", "workers"), [(False, 2), (True, 1)], ids=["in-process", "ray"])
 async def test_a_custom_loop_runs_with_its_own_config_beside_the_built_in_ones(codec, use_ray, workers):
     if use_ray:
-        init_ray(include_dashboard=False, log_to_driver=False)  # as the manager would, with a second try
+        # as the manager would, with a second try; 4 CPUs, what the verl replica tests need, so later suites
+        # reuse this Ray instead of restarting it
+        init_ray(num_cpus=4, include_dashboard=False, log_to_driver=False)
     script = TextScript(codec, ["It is 5.", "Yes, 5.", "Still 5."])
     async with AsyncExitStack() as stack:
         engine = await stack.enter_async_context(scripted_engine(script))

@@ -101,7 +101,9 @@ def test_split_is_contiguous_and_balanced():
 @pytest.mark.parametrize("use_ray", [False, True], ids=["in-process", "ray"])
 async def test_manager_runs_a_batch_with_tools_and_hybrid_mode(codec, use_ray):
     if use_ray:
-        init_ray(include_dashboard=False, log_to_driver=False)  # as the manager would, with a second try
+        # as the manager would, with a second try; 4 CPUs, what the verl replica tests need, so later suites
+        # reuse this Ray instead of restarting it
+        init_ray(num_cpus=4, include_dashboard=False, log_to_driver=False)
     script = TextScript(codec, [call("calculator", expression="6*7"), call("check_answer", answer="42")])
     async with AsyncExitStack() as stack:
         engine = await stack.enter_async_context(scripted_engine(script))

@@ -9,6 +9,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from importlib import resources  # noqa: E402
 
 import pytest  # noqa: E402
@@ -16,9 +18,9 @@ import pytest  # noqa: E402
 from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def servers():
-    """(engine address, tool server address, background loop) for the module's tests."""
+@contextmanager
+def _served() -> Iterator[tuple]:
+    """(engine address, tool server address, background loop, tool server), stopped on exit."""
     from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
     from agentloop_grpc.engine_adapters.server import create_server, start_adapter
     from agentloop_grpc.tools.config import load_config
@@ -34,7 +36,25 @@ def servers():
         return engine, tools
 
     engine, tools = loop.run(start())
-    yield f"127.0.0.1:{engine.port}", f"127.0.0.1:{tools.port}", loop, tools
-    loop.run(engine.stop(grace_s=1))
-    loop.run(tools.stop(grace_s=1))
-    loop.close()
+    try:
+        yield f"127.0.0.1:{engine.port}", f"127.0.0.1:{tools.port}", loop, tools
+    finally:
+        loop.run(engine.stop(grace_s=1))
+        loop.run(tools.stop(grace_s=1))
+        loop.close()
+
+
+@pytest.fixture(scope="package")
+def servers():
+    """One engine and tool server for every module that leaves the engine's weights as loaded (a model load each
+    would cost seconds per module on two cores)."""
+    with _served() as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def own_servers():
+    """An engine and tool server of the module's own, for a module that pushes new weights to its engine: the
+    other modules must keep seeing the bundled model."""
+    with _served() as started:
+        yield started

@@ -50,10 +50,10 @@ def model():
     return loaded, tokenizer
 
 
-def test_two_grpo_steps_move_the_trainer_and_the_engines_together(servers, model, tmp_path):
+def test_two_grpo_steps_move_the_trainer_and_the_engines_together(own_servers, model, tmp_path):
     from trl import GRPOTrainer
 
-    engine, tools, _, _ = servers
+    engine, tools, _, _ = own_servers
     model, tokenizer = model
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     spec = WorkerSpec(engines=(engine,), tool_server=tools, loop=LOOP)
@@ -129,13 +129,13 @@ def test_an_infrastructure_failure_never_reaches_the_loss(model, tmp_path):
     assert scored["tool_mask"][0].tolist() == [1, 1, 1, 0, 0]
 
 
-def test_a_dead_tool_server_mid_run_fails_trajectories_as_infrastructure(servers, model, tmp_path):
+def test_a_dead_tool_server_mid_run_fails_trajectories_as_infrastructure(own_servers, model, tmp_path):
     from trl import GRPOTrainer
 
     from agentloop_grpc.tools.config import load_config
     from agentloop_grpc.tools.server import create_tool_server
 
-    engine, _, loop, _ = servers
+    engine, _, loop, _ = own_servers
     from importlib import resources
 
     doomed = loop.run(create_tool_server(load_config(resources.files("agentloop_grpc.tools") / "builtin.yaml")))

@@ -45,10 +45,8 @@ def _loop(client: AgentloopLLMClient) -> SingleTurnAgentLoop:
     )
 
 
-async def test_verls_single_turn_loop_records_the_engines_ids_and_logprobs() -> None:
-    server = await create_server(make_adapter("embedded", {"max_running": 4, "max_model_len": 1024}), "127.0.0.1:0")
-    await start_adapter(server)
-    address = f"127.0.0.1:{server.port}"
+async def test_verls_single_turn_loop_records_the_engines_ids_and_logprobs(servers) -> None:
+    address = servers[0]  # the embedded engine
     client = AgentloopLLMClient(CONFIG, servers=[address])
     try:
         output = await _loop(client).run(dict(GREEDY), raw_prompt=MESSAGES)
@@ -58,7 +56,6 @@ async def test_verls_single_turn_loop_records_the_engines_ids_and_logprobs() -> 
             ))
     finally:
         await client.close()
-        await server.stop(grace_s=1)
     assert output.response_ids == list(direct.token_ids) and output.response_ids
     assert output.response_mask == [1] * len(output.response_ids)  # every response token is the model's
     assert output.response_logprobs == pytest.approx(list(direct.logprobs), abs=1e-5)

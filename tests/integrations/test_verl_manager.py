@@ -200,8 +200,17 @@ async def replay(engine: str, tools: str, output: DataProto) -> int:
     client = GrpcToolClient(tools)
     specs = {spec.name: spec.openai() for spec in await client.list_tools()}
     await client.close()
-    inner_context = 0
+    inner_context, checks = 0, []
     async with Router([engine]) as router:
+
+        async def check(i: int, prompt: list[int], response: list[int], logprobs: list[float], start: int, end: int,
+                        grammar: StructuredOutput | None) -> None:
+            again = await router.generate(GenerateCall(
+                f"replay-{i}-{start}", prompt + response[:start],
+                SamplingParams(max_new_tokens=end - start, temperature=0.0, logprobs=True), grammar))
+            assert list(again.token_ids) == response[start:end], f"row {i}: span {start}:{end} is not the model's"
+            assert list(again.logprobs) == pytest.approx(logprobs[start:end], abs=1e-3)
+
         for i in range(len(output)):
             attention = output.batch["attention_mask"][i]
             prompt = output.batch["prompts"][i][attention[:PROMPT_LENGTH] == 1].tolist()
@@ -218,13 +227,9 @@ async def replay(engine: str, tools: str, output: DataProto) -> int:
             model_spans = runs(mask[:n], 1)
             assert model_spans, f"row {i} has no model token"
             inner_context += sum(1 for start, _ in model_spans if start > 0)
-            for start, end in model_spans:
-                again = await router.generate(GenerateCall(
-                    f"replay-{i}-{start}", prompt + response[:start],
-                    SamplingParams(max_new_tokens=end - start, temperature=0.0, logprobs=True), grammar))
-                assert list(again.token_ids) == response[start:end], f"row {i}: span {start}:{end} is not the model's"
-                assert list(again.logprobs) == pytest.approx(logprobs[start:end], abs=1e-3)
+            checks += [check(i, prompt, response, logprobs, start, end, grammar) for start, end in model_spans]
             assert all(logprobs[j] == 0.0 for j in range(RESPONSE_LENGTH) if not mask[j])
+        await asyncio.gather(*checks)  # together: the engine batches the replays as it batched the rollout
     return inner_context
 
 

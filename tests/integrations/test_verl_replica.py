@@ -122,22 +122,22 @@ async def test_abort_with_reject_answers_new_calls_aborted_at_once(manager) -> N
 
 async def test_sleep_wake_and_kv_release_reach_the_engine_in_hybrid_mode(manager) -> None:
     """Standalone servers keep their memory (as verl's own); a hybrid replica's server sleeps while the trainer
-    trains: an actor in hybrid mode on the same server shows what verl's calls do to the engine."""
+    trains: the actor's class in hybrid mode on the same server shows what verl's calls do to the engine (here in
+    this process: the manager's own replica already runs it as a Ray actor, and a second one costs a process)."""
     (address,) = manager.get_addresses()
-    actor = ray.remote(EngineServerActor).remote(_config(), "hybrid", address=address)
-    await actor.start.remote()
+    actor = EngineServerActor(_config(), "hybrid", address=address)
+    await actor.start()
     try:
-        await actor.sleep.remote()
+        await actor.sleep()
         assert await _state(address) == engine_pb2.ENGINE_STATE_SLEEPING
-        await actor.wake_up.remote()
+        await actor.wake_up()
         assert await _state(address) == engine_pb2.ENGINE_STATE_RUNNING
-        await actor.release_kv_cache.remote()
+        await actor.release_kv_cache()
         assert await _state(address) == engine_pb2.ENGINE_STATE_SLEEPING
-        await actor.resume_kv_cache.remote()
+        await actor.resume_kv_cache()
         assert await _state(address) == engine_pb2.ENGINE_STATE_RUNNING
     finally:
-        await actor.stop.remote()
-        ray.kill(actor)
+        await actor.stop()
 
 
 def _model():

@@ -206,6 +206,8 @@ def test_verls_trainer_loads_our_manager_by_name_and_its_ray_workers_use_our_rou
         balancer = get_router_handle(servers={f"127.0.0.1:{server.port}": None})
         manager = manager_class.create(config=config, llm_client=LLMServerClient(config, balancer))
         data = manager.generate_sequences(prompts(2, 1, "single_turn_agent"))
+        for worker in manager.agent_loop_workers:  # a Ray shared with later suites keeps no idle process of ours
+            ray.kill(worker)
     finally:
         if started:
             ray.shutdown()
