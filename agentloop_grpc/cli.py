@@ -35,6 +35,7 @@ from agentloop_grpc.engine_adapters.config_flags import apply_setting
 from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model
 from agentloop_grpc.engine_adapters.server import serve, stop_signal
+from agentloop_grpc.extras import MissingExtraError
 from agentloop_grpc.serving.security import PortInUseError, ServerSecurity
 from agentloop_grpc.rollout.command import rollout as rollout_command
 from agentloop_grpc.train.command import train as train_command
@@ -233,7 +234,10 @@ def engine_serve(
         check_model(settings)
     except ModelNotFoundError as exc:
         _config_error(str(exc))
-    engine = make_adapter(settings.kind, settings)
+    try:
+        engine = make_adapter(settings.kind, settings)
+    except MissingExtraError as exc:  # the adapter's extra is not installed: say which one, not a traceback
+        _config_error(str(exc))
 
     def announce(bound_port: int) -> None:
         print(f"agentloop engine listening on {host}:{bound_port} (adapter {settings.kind})", flush=True)

@@ -8,6 +8,7 @@ share of failed trajectories reached ``max_failed_share`` (outputs written, the 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,9 @@ def rollout(
     settings = load_settings(config, load_config, "rollout")
     if output_dir is not None:
         settings = settings.model_copy(update={"output_dir": output_dir})
+    if settings.report and importlib.util.find_spec("matplotlib") is None:  # before servers start, not at the end
+        _fail("the report's plots need `pip install 'agentloop-grpc[rollout]'` (module 'matplotlib' is not "
+              "installed); or set report: false")
     progress = Progress()
     record = RunRecord(output_dir=Path(settings.output_dir))
     try:
@@ -72,7 +76,7 @@ def rollout(
         raise typer.Exit(130) from None
     except (DatasetError, RolloutError, LaunchError, TokenizerMismatchError, TrackerError) as error:
         _fail(str(error).splitlines()[0] if isinstance(error, DatasetError) else str(error), 1)
-    progress.summary(summarize(record), str(record.output_dir))
+    progress.summary(summarize(record), str(record.output_dir), report=settings.report)
     for line in record.trackers:
         typer.echo(line)
     report_failures(record, settings.max_failed_share)

@@ -87,7 +87,7 @@ class Progress:
             self._live.stop()
             self._live = None
 
-    def summary(self, summary: dict, output_dir: str) -> None:
+    def summary(self, summary: dict, output_dir: str, report: bool = True) -> None:
         table = Table(title="rollout summary", show_header=False)
         for key in ("trajectories", "wall_s", "mean_reward", "correct_answers_rate", "valid_tool_calls_rate",
                     "tool_call_attempts", "mean_assistant_turns", "model_tokens", "model_tokens_per_s", "failures",
@@ -96,4 +96,5 @@ class Progress:
         table.add_row("terminations", ", ".join(f"{k} {v}" for k, v in sorted(summary["terminations"].items())))
         table.add_row("drifted trajectories", drift_line(summary))
         self.console.print(table)
-        self.console.print(f"report: {output_dir}/report.html")
+        if report:
+            self.console.print(f"report: {output_dir}/report.html")

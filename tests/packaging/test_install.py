@@ -169,3 +169,26 @@ def test_a_part_whose_extra_is_missing_names_the_extra(install, tmp_path, code, 
                             text=True, timeout=60)
     assert failed.returncode != 0
     assert f"{what} needs `pip install 'agentloop-grpc[embedded]'` (module 'torch' is not installed)" in failed.stderr
+
+
+def test_serving_an_engine_whose_extra_is_missing_prints_one_error_line(install, tmp_path):
+    model = tmp_path / "model"  # passes the file check before listening; loading it would need torch
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+    failed = subprocess.run([install.bin("agentloop"), "engine", "serve", "--adapter", "embedded", "--model",
+                             str(model), "--port", "0"], cwd=tmp_path, env=clean_env(), capture_output=True,
+                            text=True, timeout=60)
+    assert failed.returncode == 2 and "listening" not in failed.stdout
+    assert failed.stderr.strip() == ("error: the embedded engine needs `pip install 'agentloop-grpc[embedded]'` "
+                                     "(module 'torch' is not installed)"), failed.stderr
+
+
+def test_a_rollout_that_would_write_a_report_without_its_extra_stops_before_starting(install, tmp_path):
+    demo = Path(agentloop_grpc.__file__).parents[1] / "examples" / "demo.yaml"
+    failed = subprocess.run([install.bin("agentloop"), "rollout", "--config", str(demo), "--output-dir",
+                             str(tmp_path / "out")], cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert failed.returncode == 2, failed.stderr
+    assert "the report's plots need `pip install 'agentloop-grpc[rollout]'`" in failed.stderr
+    assert not (tmp_path / "out" / "logs").exists()  # no server was launched
