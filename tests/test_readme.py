@@ -81,6 +81,10 @@ COVERED: dict[str, tuple[Covered, ...]] = {
                 ('"engine", "serve", "--adapter", "fake"',)),
     ),
     # `make setup` (every `make` job's first step) installs the dev extra, which holds these two
+    # make setup pins the same torch; this machine's pip resolves the pin to the CPU build without the index URL
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu": (
+        Covered("Makefile", "", ("pip install --quiet torch==2.13.0",)),
+    ),
     "pip install '.[embedded,rollout]'": (
         Covered("Makefile", "", ("pip install --quiet -e '.[dev]'",)),
         Covered("pyproject.toml", "", ('"agentloop-grpc[embedded,rollout,',)),
