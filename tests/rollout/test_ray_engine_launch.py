@@ -125,6 +125,7 @@ def test_cli_launch_with_ray_joins_the_cluster_and_stops_on_sigterm(local_ray, t
 def test_cli_sigterm_while_servers_load_removes_the_placement_groups(local_ray, tmp_path) -> None:
     """Stopped before its server serves, the launcher exits 0 and removes its group (Ray's own SIGTERM handler,
     installed by ray.init, would have exited 15 and left them to Ray's job cleanup)."""
+    earlier = _live_groups()  # the session's Ray is shared: groups of earlier suites are not this launcher's
     code, out, err, _ = sigterm_while_loading(
         [sys.executable, "-m", "agentloop_grpc.cli", "engine", "launch", "--adapter", "embedded", "--dp", "1",
          "--ray", "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-server", "0.5",
@@ -133,4 +134,8 @@ def test_cli_sigterm_while_servers_load_removes_the_placement_groups(local_ray, 
     )
     assert code == 0, err
     assert "serving" not in out
-    assert [g for g in placement_group_table().values() if g["state"] != "REMOVED"] == []
+    assert _live_groups() - earlier == set()
+
+
+def _live_groups() -> set[str]:
+    return {group_id for group_id, group in placement_group_table().items() if group["state"] != "REMOVED"}
