@@ -64,7 +64,11 @@ class Episode:
         self.rendered += new_messages
         self.builder.messages += new_messages
         self.open_for_assistant = True
-        self.trace(kind, ids, "\n".join(m.get("content", "") for m in new_messages), seconds)
+        self.trace(kind, ids, _text(new_messages), seconds)
+
+    def trace_unappended(self, kind: str, messages: list[dict[str, Any]], seconds: float) -> None:
+        """Trace a phase whose messages end the episode instead of entering the context (no token ids)."""
+        self.trace(kind, [], _text(messages), seconds, appended=False)
 
     def trace(self, kind: str, token_ids: list[int], text: str, seconds: float, **extra: Any) -> None:
         if self.context.tracer is None:
@@ -124,3 +128,7 @@ class Episode:
             drift=drift,
             metrics=metrics,
         )
+
+
+def _text(messages: list[dict[str, Any]]) -> str:
+    return "\n".join(m.get("content", "") for m in messages)

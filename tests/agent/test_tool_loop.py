@@ -251,3 +251,22 @@ async def test_resume_can_be_turned_off(codec):
     async with loop_context(codec, [reply], config, engine={"token_latency_s": 0.01}) as (ctx, loops, _s):
         t, _ = await _pause_abort_midway(ctx, Sample(sample_id="s", messages=QUESTION, loop="single_turn"), 5)
     assert t.failed and "resume_on_abort is off" in t.error and not t.infrastructure_failure
+
+
+async def test_the_tool_round_that_ends_the_episode_is_traced_without_tokens(codec, tmp_path):
+    from agentloop_grpc.agent import JsonlTracer
+    from agentloop_grpc.agent.tracing import read_trace
+
+    tracer = JsonlTracer(tmp_path / "trace.jsonl")
+    replies = [call("calculator", expression="2+3"), call("check_answer", answer="5")]
+    async with loop_context(codec, replies, tracer=tracer) as (_, loops, _s):
+        t = await loops.get("tool").run(Sample(
+            sample_id="s", messages=QUESTION, tools_kwargs={"check_answer": {"ground_truth": "5"}}, ground_truth="5"
+        ))
+    tracer.close()
+    records = read_trace(tmp_path / "trace.jsonl")
+    assert [r["kind"] for r in records] == ["assistant", "tool", "assistant", "tool", "end"]
+    final = records[3]
+    assert final["token_ids"] == [] and final["appended"] is False and final["seconds"] > 0
+    assert final["text"]  # the check_answer tool's own answer
+    assert sum(len(r["token_ids"]) for r in records) == len(t.response_ids)  # nothing counted twice

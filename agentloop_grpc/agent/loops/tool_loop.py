@@ -113,6 +113,20 @@ class _Run:
                 log.warning("releasing %s instance %s failed: %s", name, instance, error)
 
 
+def _append_unless_ended(run: _Run, messages: list[dict[str, Any]], kind: str, seconds: float,
+                         ended: Termination | None) -> Termination | None:
+    """Append a tool or user phase's messages unless the episode already ``ended``; the termination if it ends
+    here. A phase that ends the episode is still traced (its time belongs on the timeline), without token ids."""
+    if ended is None:
+        try:
+            run.episode.continue_with(messages, run.turn.stopped_on, kind, seconds)
+            return None
+        except BudgetExceeded:
+            ended = Termination.LENGTH
+    run.episode.trace_unappended(kind, messages, seconds)
+    return ended
+
+
 def _reached(count: int, limit: int | None) -> bool:
     return limit is not None and count >= limit
 
@@ -202,16 +216,15 @@ class ToolLoop:
                 started = time.monotonic()
                 messages = await self._process_tools(run)
                 seconds = time.monotonic() - started
+                ended = None
                 if run.final_tool_called:
-                    return Termination.STOP
-                if run.episode.builder.assistant_turns >= config.max_assistant_turns:
-                    return Termination.TURN_LIMIT
-                if config.count_tool_rounds_as_user_turns and _reached(run.counted_user_turns, config.max_user_turns):
-                    return Termination.TURN_LIMIT
-                try:
-                    run.episode.continue_with(messages, run.turn.stopped_on, "tool", seconds)
-                except BudgetExceeded:
-                    return Termination.LENGTH
+                    ended = Termination.STOP
+                elif run.episode.builder.assistant_turns >= config.max_assistant_turns or (
+                        config.count_tool_rounds_as_user_turns
+                        and _reached(run.counted_user_turns, config.max_user_turns)):
+                    ended = Termination.TURN_LIMIT
+                if (ended := _append_unless_ended(run, messages, "tool", seconds, ended)) is not None:
+                    return ended
                 if config.count_tool_rounds_as_user_turns:
                     run.counted_user_turns += 1
                 state = LoopState.GENERATING
@@ -222,17 +235,15 @@ class ToolLoop:
                 seconds = time.monotonic() - started
                 run.episode.builder.interaction_s += seconds
                 run.episode.builder.turn_scores.append(reply.score)
+                said = [{"role": "user", "content": reply.content}]
+                ended = None
                 if reply.done:
-                    return Termination.STOP
-                if (_reached(run.counted_user_turns, config.max_user_turns)
+                    ended = Termination.STOP
+                elif (_reached(run.counted_user_turns, config.max_user_turns)
                         or run.episode.builder.assistant_turns >= config.max_assistant_turns):
-                    return Termination.TURN_LIMIT
-                try:
-                    run.episode.continue_with(
-                        [{"role": "user", "content": reply.content}], run.turn.stopped_on, "user", seconds
-                    )
-                except BudgetExceeded:
-                    return Termination.LENGTH
+                    ended = Termination.TURN_LIMIT
+                if (ended := _append_unless_ended(run, said, "user", seconds, ended)) is not None:
+                    return ended
                 run.episode.builder.user_turns += 1
                 run.counted_user_turns += 1
                 state = LoopState.GENERATING
