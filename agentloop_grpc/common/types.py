@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .media import MediaInput
 from .prompt import PromptIds
 
 
@@ -93,6 +94,8 @@ class GenerateRequest:
     session_id: str = ""
     structured_output: StructuredOutput | None = None
     priority: int = 0
+    #: The prompt's images, in the order of their spans (checked against the prompt by the servicer).
+    media: tuple[MediaInput, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_ids, PromptIds):
@@ -119,6 +122,8 @@ class GenerateComplete:
     weight_version: int
     cached_prompt_tokens: int = 0
     matched_stop_token_id: int | None = None
+    #: Images the engine read for the prompt.
+    prompt_images: int = 0
 
 
 GenerateEvent = TokenChunk | GenerateComplete
@@ -143,6 +148,8 @@ class ServerFacts:
     supports_structured_output: bool = False
     weight_group_ranks: int = 0  # workers that join a weight-transfer group; 0: the engine cannot join one
     default_max_new_tokens: int = 0  # the budget of a request that sets none; 0: up to max_model_len
+    supports_images: bool = False
+    max_images_per_request: int = 0
 
 
 @dataclass(frozen=True, slots=True)

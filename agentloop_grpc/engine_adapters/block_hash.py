@@ -6,6 +6,10 @@ complete, so a prompt is hashed once, at arrival, and its output once more when 
 Python's own over the block's int32 bytes: fast, and enough for a cache inside one process (it is seeded per
 process, so keys never leave it); a cache that must never serve a colliding prefix compares the block's ids too,
 as the embedded engine's does.
+
+Images: a block that overlaps an image's span (``MediaInput``) also hashes the image's digest, so the same ids with
+another picture make other keys from that block on, and ``block`` returns the digests after the ids, so a
+comparing cache compares the pictures as well.
 """
 
 from __future__ import annotations
@@ -14,18 +18,26 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from agentloop_grpc.common.media import MediaInput
 from agentloop_grpc.common.prompt import PromptIds
 
 
 class BlockChain:
     """One sequence's token ids and the keys of its full blocks (see the module docstring)."""
 
-    __slots__ = ("block_size", "ids", "keys")
+    __slots__ = ("block_size", "ids", "keys", "_images")
 
-    def __init__(self, block_size: int, ids: PromptIds | Sequence[int] = ()) -> None:
+    def __init__(self, block_size: int, ids: PromptIds | Sequence[int] = (),
+                 media: Sequence[MediaInput] = ()) -> None:
         self.block_size = block_size
         self.ids = b""  # every id appended so far, little-endian int32 (as PromptIds.raw)
         self.keys: list[int] = []
+        #: block index -> the digests of the images its span overlaps, in order
+        self._images: dict[int, bytes] = {}
+        for item in media:
+            digest = item.digest()
+            for index in range(item.offset // block_size, (item.end - 1) // block_size + 1):
+                self._images[index] = self._images.get(index, b"") + digest
         self.extend(ids)
 
     def __len__(self) -> int:
@@ -38,10 +50,12 @@ class BlockChain:
         step = 4 * self.block_size
         parent = self.keys[-1] if self.keys else None
         for start in range(len(self.keys) * step, len(self.ids) - step + 1, step):
-            parent = hash((parent, self.ids[start : start + step]))
+            images = self._images.get(start // step)
+            block = self.ids[start : start + step]
+            parent = hash((parent, block) if images is None else (parent, block, images))
             self.keys.append(parent)
 
     def block(self, index: int) -> bytes:
-        """The int32 bytes of block ``index``."""
+        """The int32 bytes of block ``index``, then the digests of the images it overlaps."""
         step = 4 * self.block_size
-        return self.ids[index * step : (index + 1) * step]
+        return self.ids[index * step : (index + 1) * step] + self._images.get(index, b"")

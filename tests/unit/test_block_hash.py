@@ -40,3 +40,18 @@ def test_extending_equals_hashing_the_whole_sequence_at_once() -> None:
 def test_zero_tokens_and_lengths_are_told_apart() -> None:
     assert len(set(_keys([0] * 64))) == 4  # a prefix of zeros has another key at every length
     assert BlockChain(16).keys == [] and len(BlockChain(16)) == 0
+
+
+def test_a_block_overlapping_an_image_is_keyed_by_the_picture_too():
+    from agentloop_grpc.common.media import MediaInput
+
+    def chain(picture: bytes) -> BlockChain:
+        return BlockChain(16, TOKENS[:70], [MediaInput("image/png", picture, offset=20, length=19)])
+
+    red, blue, plain = chain(b"red"), chain(b"red"), BlockChain(16, TOKENS[:70])
+    other = chain(b"blue")
+    assert red.keys == blue.keys  # the same picture: the same keys
+    assert other.keys[0] == red.keys[0] == plain.keys[0]  # the block before the image is shared
+    assert all(a != b for a, b in zip(other.keys[1:], red.keys[1:], strict=True))  # blocks 1-2 overlap it, 3 follows
+    assert plain.keys[1] != red.keys[1] and other.block(1) != red.block(1)
+    assert red.block(0) == plain.block(0)
