@@ -9,27 +9,19 @@ import pytest
 
 from agentloop_grpc.common import model_store
 
-from .tiny_vlm import IMAGE_SEQ_LEN, build_tiny_vlm
+from .pictures import png
+from .tiny_vlm import IMAGE_SEQ_LEN
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def vlm(tmp_path_factory):
+def vlm(tiny_vlm):
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    folder = build_tiny_vlm(model_store.prepare(), tmp_path_factory.mktemp("tiny-vlm"))
-    return (AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval(),
-            AutoProcessor.from_pretrained(folder))
-
-
-def _png(colour: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("RGB", size, colour).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return (AutoModelForImageTextToText.from_pretrained(tiny_vlm, dtype=torch.float32).eval(),
+            AutoProcessor.from_pretrained(tiny_vlm))
 
 
 def _image(data: bytes):
@@ -59,7 +51,7 @@ def test_one_image_expands_to_a_fixed_span_and_its_pixels_reach_the_model(vlm):
     image_id = tokenizer.convert_tokens_to_ids("<image>")
     outputs = []
     for colour in ((255, 0, 0), (0, 0, 255)):
-        inputs = processor(text="User:<image>What is this?", images=[_image(_png(colour))], return_tensors="pt")
+        inputs = processor(text="User:<image>What is this?", images=[_image(png(colour))], return_tensors="pt")
         ids = inputs.input_ids[0].tolist()
         assert ids.count(image_id) == IMAGE_SEQ_LEN
         start = ids.index(image_id) - 2  # <fake_token_around_image><global-img> open the span
