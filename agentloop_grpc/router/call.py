@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agentloop_grpc.common.media import MediaInput
 from agentloop_grpc.common.types import SamplingParams, StructuredOutput
 
 
@@ -26,3 +27,5 @@ class GenerateCall:
     timeout_s: float | None = None
     #: None: the Router makes a unique one. A resumed attempt sends ``<request_id>.<attempt>``.
     request_id: str | None = None
+    #: The prompt's images, in the order of their spans in ``prompt_ids`` (GenerateRequest.media).
+    media: Sequence[MediaInput] = ()
