@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from agentloop_grpc.extras import needs_extra
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -123,18 +123,27 @@ def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
 
 
 def load(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load an fp32 model in eval mode and its tokenizer from a local folder (never from a hub)."""
+    """Load an fp32 model in eval mode and its tokenizer from a local folder (never from a hub). A checkpoint with
+    a vision part (e.g. Idefics3) loads as an image-text-to-text model: its text model and head are what a causal
+    LM's are, and its vision encoder turns images into features."""
     with needs_extra("loading a model's weights", "embedded"):
         import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     tokenizer = load_tokenizer(folder)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, local_files_only=True, attn_implementation="sdpa"
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    auto = AutoModelForImageTextToText if has_vision(config) else AutoModelForCausalLM
+    model = auto.from_pretrained(
+        folder, config=config, dtype=torch.float32, local_files_only=True, attn_implementation="sdpa"
     )
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer
+
+
+def has_vision(config: PretrainedConfig) -> bool:
+    """Whether a model config has a vision part (a vision-language model: images in, text out)."""
+    return getattr(config, "vision_config", None) is not None
 
 
 def eos_token_ids(tokenizer_eos: int | None, generation_eos: int | list[int] | None) -> frozenset[int]:

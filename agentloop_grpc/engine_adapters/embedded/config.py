@@ -27,6 +27,10 @@ class EmbeddedEngineConfig(LocalModelConfig):
     threads: int = Field(
         2, ge=1, description="torch intra-op threads (several servers on one node share its cores)."
     )
+    max_images_per_request: int = Field(
+        4, ge=1, le=64, description="Images one request may show when the model takes images (a vision-language "
+        "checkpoint); more are refused (INVALID_ARGUMENT)."
+    )
     grammar_cache_bytes: int = Field(
         64 * MIB, ge=1, description="Memory bound of the cache of compiled grammars (reused across requests with "
         "the same spec)."

@@ -29,7 +29,8 @@ import torch
 from agentloop_grpc import __version__
 from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 
-from agentloop_grpc.common.errors import EngineError, EngineOverloadedError
+from agentloop_grpc.common.errors import EngineError, EngineOverloadedError, InvalidRequestError, UnsupportedError
+from agentloop_grpc.common.media import ImageExpander
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 from agentloop_grpc.common.types import (
     FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
@@ -43,6 +44,7 @@ from agentloop_grpc.common.model_store import eos_token_ids
 
 from . import memory, weight_update
 from .config import EmbeddedEngineConfig
+from .images import ImageReader, PromptImages
 from .prefix_cache import PrefixCache
 from .runner import ModelRunner
 from .scheduler import Emission, Scheduler
@@ -66,6 +68,7 @@ class _Loaded:
     grammars: GrammarCompiler
     offload: weight_update.WeightOffload
     facts: ServerFacts
+    images: ImageReader | None  # None: the model takes no images
 
 
 class EmbeddedEngine:
@@ -101,11 +104,16 @@ class EmbeddedEngine:
         torch.set_num_threads(cfg.threads)
         folder = model_store.resolve(cfg.model, cfg.cache_dir)
         model, tokenizer = model_store.load(folder)
-        max_len = min(cfg.max_model_len, getattr(model.config, "max_position_embeddings", cfg.max_model_len))
+        text_config = model.config.get_text_config()
+        max_len = min(cfg.max_model_len, getattr(text_config, "max_position_embeddings", cfg.max_model_len))
         runner = ModelRunner(model, cfg.max_running, max_len)
         runner.kv.allocate()
         eos = eos_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)
-        vocab = model.config.vocab_size
+        vocab = text_config.vocab_size
+        expander = ImageExpander.load(str(folder)) if model_store.has_vision(model.config) else None
+        if model_store.has_vision(model.config) and expander is None:
+            raise ValueError(f"{folder} holds a vision-language model but no processor that takes images")
+        images = ImageReader(expander) if expander is not None else None
         scheduler = Scheduler(runner, self._prefix_cache, eos, cfg.max_running, max_len, cfg.prefill_chunk, vocab)
         grammars = GrammarCompiler(tokenizer, vocab, cfg)
         offload = weight_update.WeightOffload(model, (cfg.cache_dir or model_store.cache_root()) / "offload")
@@ -125,8 +133,10 @@ class EmbeddedEngine:
             supports_structured_output=True,
             weight_group_ranks=1,
             default_max_new_tokens=cfg.default_max_new_tokens,
+            supports_images=images is not None,
+            max_images_per_request=cfg.max_images_per_request if images is not None else 0,
         )
-        return _Loaded(model, runner, scheduler, grammars, offload, facts)
+        return _Loaded(model, runner, scheduler, grammars, offload, facts, images)
 
     async def shutdown(self) -> None:
         await self.abort(list(self._live) + list(self._compiling))
@@ -163,6 +173,7 @@ class EmbeddedEngine:
         facts = self._loaded.facts
         check_prompt(request.prompt_ids, facts)
         check_sampling(request.sampling, facts)
+        images = await self._read_images(request)
         grammar = None
         if request.structured_output is not None:
             grammar = await self._compile(request)
@@ -171,7 +182,7 @@ class EmbeddedEngine:
                 return
         if len(self._live) - self._running_count() >= self.config.max_waiting:
             raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
-        sequence = Sequence(request, grammar, next(self._arrivals), list(request.prompt_ids))
+        sequence = Sequence(request, grammar, next(self._arrivals), list(request.prompt_ids), images)
         self._live[request.request_id] = sequence
         self._loaded.scheduler.submit(sequence)
         self._work.set()
@@ -181,6 +192,24 @@ class EmbeddedEngine:
         finally:
             if not sequence.closed:
                 self._close(sequence, FinishReason.ABORT)
+
+    async def _read_images(self, request: GenerateRequest) -> PromptImages | None:
+        """The request's images checked against the model's expansion (InvalidRequestError before admission);
+        None without images."""
+        reader = self._loaded.images
+        if reader is None:
+            if request.media:
+                raise UnsupportedError("media: this engine's model takes no images")
+            return None
+        if len(request.media) > self._loaded.facts.max_images_per_request:
+            raise InvalidRequestError(
+                f"media has {len(request.media)} images; at most {self._loaded.facts.max_images_per_request} are "
+                f"allowed per request (max_images_per_request)"
+            )
+        if not request.media:
+            reader.read(request)  # only checks that no image token stands outside a span: no decoding
+            return None
+        return await asyncio.to_thread(reader.read, request)  # decoding and resizing: PIL and numpy, no torch
 
     async def _compile(self, request: GenerateRequest) -> xgr.CompiledGrammar | None:
         """The request's compiled constraint; None if Abort came first. Whichever way the request ends first
@@ -201,6 +230,7 @@ class EmbeddedEngine:
             completion_tokens=0,
             weight_version=self._weight_version(),
             cached_prompt_tokens=0,
+            prompt_images=len(request.media),
         )
 
     def _close(self, sequence: Sequence, reason: FinishReason, matched: int | None = None) -> None:
@@ -220,6 +250,7 @@ class EmbeddedEngine:
                 weight_version=self._weight_version(),
                 cached_prompt_tokens=sequence.cached,
                 matched_stop_token_id=matched,
+                prompt_images=len(sequence.request.media),
             )
         )
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from agentloop_grpc.common.media import MediaInput
 from ..block_hash import BlockChain
 
 
@@ -48,9 +49,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def chain(self, prompt: Sequence[int]) -> BlockChain:
-        """The block keys of ``prompt``, to extend with its output (none when the cache is disabled)."""
-        return BlockChain(self.block_size, prompt if self.enabled else ())
+    def chain(self, prompt: Sequence[int], media: Sequence[MediaInput] = ()) -> BlockChain:
+        """The block keys of ``prompt``, to extend with its output (none when the cache is disabled); blocks that
+        overlap an image of ``media`` are keyed and compared by the image too."""
+        return BlockChain(self.block_size, prompt, media) if self.enabled else BlockChain(self.block_size)
 
     def prompt_keys(self, blocks: BlockChain, prompt_len: int) -> list[int]:
         """Keys of the blocks a lookup of a prompt of ``prompt_len`` tokens tries: those within ``prompt[:-1]``."""

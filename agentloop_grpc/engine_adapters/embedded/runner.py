@@ -1,5 +1,8 @@
 """ModelRunner: the forward pass of a Llama-family decoder over the slot KV cache.
 
+A vision-language checkpoint (e.g. Idefics3) runs the same way: its text model is the decoder (sizes and type
+from ``config.get_text_config()``) and prefill may write image features over the embeddings of image tokens.
+
 transformers' modules are reused for everything that has no state (embedding, RMSNorms, projections, rotary
 embedding, MLP, LM head), so numerics match the reference implementation; only attention is ours, because it
 reads and writes our slot cache with per-row positions. One method serves both phases:
@@ -30,7 +33,7 @@ class ModelRunner:
     """Runs the model's layers on token chunks, reading and writing a SlotKVCache."""
 
     def __init__(self, model: PreTrainedModel, slots: int, max_len: int) -> None:
-        config = model.config
+        config = model.config.get_text_config()
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"the embedded engine runs {sorted(SUPPORTED_MODEL_TYPES)} models, not {config.model_type!r}"
@@ -42,7 +45,7 @@ class ModelRunner:
         ):
             raise ValueError(f"sliding-window attention ({config.sliding_window}) is not supported")
         self.model = model
-        self.decoder = model.model
+        self.decoder = model.get_decoder()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
@@ -50,15 +53,26 @@ class ModelRunner:
         self.kv = SlotKVCache(KVShape(config.num_hidden_layers, slots, self.kv_heads, max_len, self.head_dim))
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, first_row: int, kv_len: int) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        first_row: int,
+        kv_len: int,
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Logits at the last position of each row.
 
         ``input_ids`` and ``positions`` are ``[B, T]``; row ``b`` lives in slot ``first_row + b``; every row attends
         to its slot's positions ``[0, kv_len)`` up to its own position (the new tokens are written first).
+        ``images`` (a prefill chunk, ``B == 1``): indexes within the chunk and the image features that replace
+        those tokens' embeddings.
         """
         batch, steps = input_ids.shape
         rows = torch.arange(first_row, first_row + batch)
         hidden = self.decoder.embed_tokens(input_ids)
+        if images is not None:
+            hidden[0, images[0]] = images[1].to(hidden.dtype)
         cos, sin = self.decoder.rotary_emb(hidden, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         mask = (torch.arange(kv_len)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, T, kv_len]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from agentloop_grpc.common.types import FinishReason
+from .images import features
 from .prefix_cache import PrefixCache
 from .runner import ModelRunner
 from .sampling import RequestSampler, SampledToken
@@ -96,7 +97,8 @@ class Scheduler:
     def _take_submissions(self) -> None:
         while not self._inbox.empty():
             sequence = self._inbox.get_nowait()
-            sequence.blocks = self.prefix_cache.chain(sequence.request.prompt_ids)  # hashed once, here
+            request = sequence.request
+            sequence.blocks = self.prefix_cache.chain(request.prompt_ids, request.media)  # hashed once, here
             heapq.heappush(self._waiting, (-sequence.request.priority, sequence.arrival, sequence))
 
     def _admit(self) -> None:
@@ -145,6 +147,8 @@ class Scheduler:
             start += block.shape[3]
         sequence.computed = sequence.cached = start
         self.prefix_cache.record(sequence.prompt_len, start)
+        if sequence.images is not None:
+            sequence.image_features = features(self.runner.model, sequence.images, start)
 
     def _decode(self) -> list[Emission]:
         rows = self._slots[: self._decoding]
@@ -168,11 +172,13 @@ class Scheduler:
             start = sequence.computed
             end = min(sequence.prompt_len, start + budget)
             budget -= end - start
+            images = sequence.image_features.within(start, end) if sequence.image_features is not None else None
             logits = self.runner.forward(
-                torch.tensor([sequence.tokens[start:end]]), torch.arange(start, end)[None], sequence.slot, end
+                torch.tensor([sequence.tokens[start:end]]), torch.arange(start, end)[None], sequence.slot, end, images
             )
             sequence.computed = end
             if end == sequence.prompt_len:
+                sequence.image_features = None  # the prompt is in the KV now
                 if sequence.slot != self._decoding:
                     raise RuntimeError(f"prefill finished in slot {sequence.slot}, expected {self._decoding}")
                 self._decoding += 1

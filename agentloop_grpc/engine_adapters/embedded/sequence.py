@@ -16,6 +16,7 @@ import xgrammar as xgr
 
 from agentloop_grpc.common.types import GenerateEvent, GenerateRequest
 from ..block_hash import BlockChain
+from .images import ImageFeatures, PromptImages
 from .sampling import RequestSampler
 from .structured import StructuredState
 
@@ -26,6 +27,8 @@ class Sequence:
     grammar: xgr.CompiledGrammar | None
     arrival: int
     tokens: list[int]
+    #: The prompt's images as the processor prepared them (read before submission); None without images.
+    images: PromptImages | None = None
     events: asyncio.Queue[GenerateEvent | Exception] = field(default_factory=asyncio.Queue)
     #: KV slot while scheduled, -1 otherwise.
     slot: int = -1
@@ -41,6 +44,8 @@ class Sequence:
     #: Prefix-cache keys of its full blocks (the prompt's, then its output's as stored), made by the core when it
     #: takes the request.
     blocks: BlockChain | None = None
+    #: Vision features of the image tokens its prefill still computes, made by the core at admission.
+    image_features: ImageFeatures | None = None
     generated: int = 0
     #: Tokens queued on ``events`` (event loop).
     emitted: int = 0
