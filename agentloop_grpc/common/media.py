@@ -57,7 +57,8 @@ class MediaInput:
 def decode_image(data: bytes, mime_type: str) -> Image:
     """The image in ``data`` as RGB; ImageError naming the bound it breaks or why it does not decode."""
     if mime_type not in IMAGE_MIME_TYPES:
-        raise ImageError(f"mime_type {mime_type!r} is not one of {', '.join(IMAGE_MIME_TYPES)}")
+        shown = repr(mime_type[:64]) + ("..." if len(mime_type) > 64 else "")  # a status message has 1 KiB
+        raise ImageError(f"mime_type {shown} is not one of {', '.join(IMAGE_MIME_TYPES)}")
     if not data:
         raise ImageError("data is empty")
     if len(data) > MAX_IMAGE_BYTES:
@@ -65,18 +66,21 @@ def decode_image(data: bytes, mime_type: str) -> Image:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as opened:  # reads the header only: the size is known before decoding
-            width, height = opened.size
+        # only the named format's decoder runs: bytes of another format are refused, not decoded by guess
+        with Image.open(io.BytesIO(data), formats=(IMAGE_MIME_TYPES[mime_type],)) as opened:
+            width, height = opened.size  # from the header: the size is known before decoding
             if width * height > MAX_IMAGE_PIXELS:
                 raise ImageError(f"the image is {width} x {height} pixels, more than {MAX_IMAGE_PIXELS} in all")
-            if opened.format not in IMAGE_MIME_TYPES.values():
-                raise ImageError(f"the data is a {opened.format} image, not one of {', '.join(IMAGE_MIME_TYPES)}")
             opened.seek(0)  # a GIF's first frame
             return opened.convert("RGB")
     except ImageError:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
-        raise ImageError(f"the data does not decode as an image ({type(error).__name__}: {error})") from None
+    except Image.DecompressionBombError:  # PIL's own bound, far above ours, checked before we see the size
+        raise ImageError(f"the image has more than {MAX_IMAGE_PIXELS} pixels (width x height)") from None
+    except UnidentifiedImageError:
+        raise ImageError(f"the data is not a {mime_type} image") from None
+    except (OSError, ValueError, SyntaxError) as error:
+        raise ImageError(f"the data does not decode as {mime_type} ({type(error).__name__}: {error})") from None
 
 
 def encode_png(image: Image) -> bytes:

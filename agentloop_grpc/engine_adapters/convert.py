@@ -21,6 +21,7 @@ from .grouping import TokenGrouper
 from agentloop_grpc.common.weight_layout import (
     DEFAULT_TIMEOUT_S, MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, BucketLayout, TensorSpec, WeightGroupSpec,
 )
+from agentloop_grpc.common.media import MediaInput
 from agentloop_grpc.common.prompt import PromptIds
 from agentloop_grpc.common.types import (
     EngineState,
@@ -99,10 +100,21 @@ def prompt_from_proto(request: generation_pb2.GenerateRequest, facts: ServerFact
     return PromptIds.from_raw(raw)
 
 
+def media_from_proto(
+    request: generation_pb2.GenerateRequest, prompt_len: int, facts: ServerFacts
+) -> tuple[MediaInput, ...]:
+    """The request's images, checked (``validation.check_media``: this decodes each one)."""
+    media = tuple(MediaInput(item.mime_type, item.data, item.offset, item.length) for item in request.media)
+    validation.check_media(media, prompt_len, facts)
+    return media
+
+
 def request_from_proto(request: generation_pb2.GenerateRequest, facts: ServerFacts) -> GenerateRequest:
-    """Validate a GenerateRequest against the engine's limits and convert it."""
+    """Validate a GenerateRequest against the engine's limits and convert it (a request with images takes the
+    time to decode them: see ``validation.check_media``)."""
     validation.check_request_id(request.request_id)
     prompt_ids = prompt_from_proto(request, facts)
+    media = media_from_proto(request, len(prompt_ids), facts) if request.media else ()
     return GenerateRequest(
         request_id=request.request_id,
         session_id=request.session_id,
@@ -110,6 +122,7 @@ def request_from_proto(request: generation_pb2.GenerateRequest, facts: ServerFac
         sampling=sampling_from_proto(request.sampling_params, len(prompt_ids), facts),
         structured_output=structured_from_proto(request),
         priority=request.priority,
+        media=media,
     )
 
 
@@ -147,6 +160,7 @@ def fill_complete(
     message.cached_prompt_tokens = complete.cached_prompt_tokens
     message.completion_tokens = complete.completion_tokens
     message.weight_version = complete.weight_version
+    message.prompt_images = complete.prompt_images
     if tail is not None:
         fill_token_chunk(message.tokens, tail)
     if complete.matched_stop_token_id is not None:

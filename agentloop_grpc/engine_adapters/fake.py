@@ -8,6 +8,11 @@ per-token latency, a block-hashed prefix cache whose hits shorten prefill (least
 first, a sequence's tail before its head, as in vLLM), abort and freezing for Pause(KEEP). As in vLLM and SGLang, a prompt's blocks are reusable from the step after its prefill (not only
 once the request finishes), so requests that share a system prompt and arrive while the first one still decodes
 hit it; requests prefilled in the same step do not share.
+
+Images (``GenerateRequest.media``, checked by the servicer against the prompt): the fake has no processor, so it
+takes any span; it counts the images (``prompt_images``), keys the blocks their spans overlap by their bytes, and
+mixes their bytes into its token stream, so tests see that a picture reached it. A prompt without images gets the
+stream it always got.
 """
 
 from __future__ import annotations
@@ -128,6 +133,8 @@ class FakeEngine:
             dp_size=self.config.dp_size,
             weight_group_ranks=1,
             default_max_new_tokens=self.config.default_max_new_tokens,
+            supports_images=self.config.max_images_per_request > 0,
+            max_images_per_request=self.config.max_images_per_request,
         )
 
     async def shutdown(self) -> None:
@@ -161,8 +168,11 @@ class FakeEngine:
         seed = 0 if sampling.greedy else (sampling.seed if sampling.seed is not None else random.getrandbits(63))
         prompt = request.prompt_ids
         whole = zlib.crc32(prompt.raw)  # the whole prompt's hash, the same in every process (unlike hash())
+        for item in request.media:  # another picture, another stream (none: the stream of the ids alone)
+            whole = zlib.crc32(item.digest(), whole)
         base = _mix(whole ^ _mix((seed & _MASK64) ^ len(prompt)))
-        entry = _Request(request=request, base=base, blocks=BlockChain(self.config.block_size, prompt))
+        blocks = BlockChain(self.config.block_size, prompt, request.media)
+        entry = _Request(request=request, base=base, blocks=blocks)
         if self.config.script is not None:
             entry.scripted = tuple(self.config.script(request))
         heapq.heappush(self._waiting, (-request.priority, next(self._arrivals), entry))
@@ -300,6 +310,7 @@ class FakeEngine:
                 weight_version=self._weight_version(),
                 cached_prompt_tokens=entry.cached_tokens,
                 matched_stop_token_id=matched,
+                prompt_images=len(entry.request.media),
             )
         )
 

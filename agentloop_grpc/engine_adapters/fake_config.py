@@ -27,6 +27,9 @@ class FakeEngineConfig(EngineLimits):
     )
     block_size: int = Field(16, ge=1, description="Prefix-cache granularity in tokens.")
     cache_blocks: int = Field(65_536, description="Prefix-cache capacity in blocks (LRU).")
+    max_images_per_request: int = Field(
+        4, ge=0, description="Images one request may carry (GenerateRequest.media); 0: the fake takes no images."
+    )
     # a function cannot come from a file or a command line, so it is left out of dumps (the launcher's flags)
     script: Callable[[GenerateRequest], Sequence[int]] | None = Field(
         None, exclude=True, repr=False,

@@ -8,6 +8,7 @@ step with the engine's state. Errors are EngineError subclasses, mapped to statu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -56,10 +57,12 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
 
     # -- TokenGenerate ---------------------------------------------------------------------------------------
 
-    def _request(self, request: generation_pb2.GenerateRequest) -> GenerateRequest:
+    async def _request(self, request: generation_pb2.GenerateRequest) -> GenerateRequest:
         """The validated domain request (UNAVAILABLE first when the engine does not serve)."""
         facts = self.lifecycle.serving_facts()
         validation.check_id("session_id", request.session_id)
+        if request.media:  # decoding images takes milliseconds to seconds: other calls go on meanwhile
+            return await asyncio.to_thread(convert.request_from_proto, request, facts)
         return convert.request_from_proto(request, facts)
 
     async def _run(
@@ -102,7 +105,7 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         async def send_complete(complete: GenerateComplete, tail: TokenChunk | None) -> None:
             await context.write(convert.complete_to_proto(complete, tail))
 
-        await self._run(self._request(request), grouper, send_chunk, send_complete)
+        await self._run(await self._request(request), grouper, send_chunk, send_complete)
 
     @map_errors
     async def GenerateUnary(self, request, context):
@@ -121,7 +124,8 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
             convert.fill_complete(response.complete, complete, tail)
 
         # final_only holds every token; a chunk is cut only where the weight version changes
-        await self._run(self._request(request.request), TokenGrouper(0, final_only=True), add_chunk, set_complete)
+        domain = await self._request(request.request)
+        await self._run(domain, TokenGrouper(0, final_only=True), add_chunk, set_complete)
         return response
 
     @map_errors

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agentloop_grpc.common.errors import InvalidRequestError
+from agentloop_grpc.common.errors import InvalidRequestError, UnsupportedError
+from agentloop_grpc.common.media import ImageError, MediaInput, check_spans, decode_image
 from agentloop_grpc.common.types import SamplingParams, ServerFacts, StructuredOutput
 
 MAX_TOP_LOGPROBS = 20
@@ -66,6 +67,9 @@ GRAMMAR_NO_ROOT = "structured_output.ebnf_grammar has no `root ::= ...` rule"
 MIN_CHUNK_TOKENS_INVALID = "stream_options.min_chunk_tokens = {value} must be >= 0"
 CONSTRAINT_TOO_LONG = "structured_output.{kind} has {length} bytes; at most {bound} bytes are allowed"
 STRUCTURED_EMPTY = "structured_output is set but names no constraint (json_schema, regex or ebnf_grammar)"
+MEDIA_UNSUPPORTED = "media: this server's model takes no images"
+MEDIA_TOO_MANY = "media has {count} images; at most {bound} are allowed per request (max_images_per_request)"
+MEDIA_IMAGE_INVALID = "media[{index}]: {reason}"
 
 _ROOT_RULE = re.compile(r"^\s*root\s*::=", re.MULTILINE)
 # What in a regex holds parentheses that open no group: escapes, then character classes (a leading ] is literal).
@@ -122,6 +126,26 @@ def check_raw_prompt(prompt_ids_raw: bytes, has_repeated: bool) -> None:
         raise _fail(PROMPT_BOTH_FORMS)
     if len(prompt_ids_raw) % 4:
         raise _fail(PROMPT_RAW_LENGTH, length=len(prompt_ids_raw))
+
+
+def check_media(media: Sequence[MediaInput], prompt_len: int, facts: ServerFacts) -> None:
+    """A prompt's images: a model that takes them (UnsupportedError), within the count, each one decoding within
+    the bounds of ``decode_image``, their spans inside the prompt, in order. Decodes every image: CPU time the
+    caller keeps off the event loop."""
+    if not media:
+        return
+    if not facts.supports_images:
+        raise UnsupportedError(MEDIA_UNSUPPORTED)
+    if len(media) > facts.max_images_per_request:
+        raise _fail(MEDIA_TOO_MANY, count=len(media), bound=facts.max_images_per_request)
+    for index, item in enumerate(media):
+        try:
+            decode_image(item.data, item.mime_type)
+        except ImageError as error:
+            raise _fail(MEDIA_IMAGE_INVALID, index=index, reason=error) from None
+    problem = check_spans(media, prompt_len)
+    if problem is not None:
+        raise InvalidRequestError(problem)
 
 
 def resolve_max_new_tokens(requested: int | None, prompt_len: int, facts: ServerFacts) -> int:

@@ -46,6 +46,7 @@ async def _fake_target() -> AsyncIterator[ContractTarget]:
             sample_tensor=engine_pb2.TensorChunk(
                 name="fake.weight", dtype=engine_pb2.TENSOR_DTYPE_FLOAT32, shape=[2, 2], data=bytes(16)
             ),
+            image_tokens=(5, 6) + (7,) * 16 + (5,),  # the fake takes any span: one shaped like Idefics3's
         )
     await server.stop(grace_s=1)
 

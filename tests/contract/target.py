@@ -29,6 +29,8 @@ class ContractTarget:
     long_tokens: int
     #: A tensor UpdateWeights accepts (a real parameter for real engines).
     sample_tensor: engine_pb2.TensorChunk
+    #: The ids of one image's span in a prompt: the model's expansion of any picture (empty: it takes none).
+    image_tokens: tuple[int, ...] = ()
     generate: generation_pb2_grpc.TokenGenerateStub = field(init=False)
     control: engine_pb2_grpc.EngineControlStub = field(init=False)
     health: health_pb2_grpc.HealthStub = field(init=False)
