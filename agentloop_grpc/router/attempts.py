@@ -39,7 +39,8 @@ def attempt_request(
     into: generation_pb2.GenerateRequest,
 ) -> None:
     """Fill ``into`` (an empty request, or a GenerateUnaryRequest's, which spares copying a whole request into its
-    wrapper) with one attempt: the prompt (int32 bytes) extended by the tokens received, and the budget left."""
+    wrapper) with one attempt: the prompt (int32 bytes) extended by the tokens received, its images, and the budget
+    left."""
     into.request_id = request_id
     into.session_id = call.session_id
     into.prompt_ids_raw = prompt + wire.prompt_to_raw(received) if received else prompt
@@ -50,6 +51,8 @@ def attempt_request(
     if call.structured_output is not None:
         wire.fill_structured_output(into.structured_output, call.structured_output)
     into.priority = call.priority
+    for item in call.media:  # every attempt: the received tokens follow the prompt, so the spans stay put
+        into.media.add(mime_type=item.mime_type, data=item.data, offset=item.offset, length=item.length)
     if stream_options is not None:
         into.stream_options.CopyFrom(stream_options)
 

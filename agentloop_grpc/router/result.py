@@ -32,3 +32,5 @@ class GenerateResult:
     servers: tuple[str, ...]
     failovers: int
     seconds: float
+    #: Images the engine read for the prompt (GenerateCall.media), as the last attempt's server reported.
+    prompt_images: int = 0

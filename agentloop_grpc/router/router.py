@@ -199,6 +199,7 @@ class Router:
             if ended is not None:  # only its final message was missing
                 finish_reason, matched = ended
                 cached = 0
+                images = len(call.media)  # a server that produced tokens read every image (or refused the call)
                 break
             # 2. the request: the prompt extended by the tokens received, with the budget left
             attempt_id = base_id if attempt == 1 else f"{base_id}.{attempt}"
@@ -251,6 +252,7 @@ class Router:
                 finish_reason = wire.FINISH_REASONS_FROM_PROTO[complete.finish_reason]
                 matched = complete.matched_stop_token_id if complete.HasField("matched_stop_token_id") else None
                 cached = complete.cached_prompt_tokens
+                images = complete.prompt_images
                 self.fleet.produced_with(endpoint.address, complete.weight_version)
                 break
             await self._backoff(attempt)
@@ -272,6 +274,7 @@ class Router:
             servers=tuple(servers),
             failovers=failovers,
             seconds=elapsed,
+            prompt_images=images,
         )
 
     def _new_request_id(self) -> str:
