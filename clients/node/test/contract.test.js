@@ -156,6 +156,29 @@ test('a bad input is INVALID_ARGUMENT naming the field', async () => {
   );
 });
 
+test('an image in the prompt is counted; a bad one is INVALID_ARGUMENT naming media[0]', async () => {
+  // a 1 x 1 red PNG; the fake engine takes any span (it has no processor), so 19 ids stand for its expansion
+  const red = Buffer.from(
+    'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==', 'base64');
+  const request = (id, data) => ({
+    request_id: id,
+    session_id: 'node',
+    prompt_ids: [1, 2, ...Array(19).fill(7), 3],
+    media: [{ mime_type: 'image/png', data, offset: 2, length: 19 }],
+    sampling_params: { max_new_tokens: 3, ignore_eos: true },
+  });
+  const info = await unary(clients.control, 'GetServerInfo', {}, 10);
+  assert.equal(info.supports_images, true);
+  assert.ok(info.max_images_per_request >= 1);
+  const result = await generate(clients.generate, request('node-image-1', red));
+  assert.equal(result.complete.prompt_images, 1);
+  assert.equal(result.tokens.length, 3);
+  await assert.rejects(
+    generate(clients.generate, request('node-image-2', red.subarray(0, 20))),
+    (error) => error.code === grpc.status.INVALID_ARGUMENT && error.details.startsWith('media[0]: '),
+  );
+});
+
 test('GetLoad answers after the streams ended', async () => {
   const load = await unary(clients.generate, 'GetLoad', {}, 10);
   assert.equal(load.running_requests, 0);
