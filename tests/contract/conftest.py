@@ -5,7 +5,8 @@ state: resumed, awake, nothing in flight. Session-scoped parametrized fixtures h
 so the vLLM server (one per session, ~45 s to start, ~4 GB) never runs next to the embedded one; tests that need
 only vLLM's server select it with ``@pytest.mark.parametrize("engine_target", ["vllm"], indirect=True)``, which
 reuses the same server. Where a contract test cannot hold for an adapter for a real reason, that test skips the
-adapter and says why (none does today: the whole suite holds on fake, embedded and vllm).
+adapter and says why: only the image tests do, on servers whose model takes no images (there one test checks
+that a request with images is UNIMPLEMENTED).
 """
 
 from __future__ import annotations
