@@ -4,7 +4,8 @@ Layout (verl's): ``input_ids = [prompt left-padded to P | response right-padded 
 real tokens; ``position_ids`` count real tokens only; ``response_mask`` 1 on model tokens; ``rollout_log_probs``
 aligned with the response; ``token_level_rewards`` holds the reward on the last model token. The pad id is
 passed in: no shared tokenizer's ``padding_side`` is touched. Failed trajectories are left out by default (they
-must not be trained on); their ids are listed.
+must not be trained on); their ids are listed. ``media`` holds each row's pictures with their spans moved to the
+row's place in ``input_ids``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from agentloop_grpc.common.media import MediaInput
 
 from .trajectory import Trajectory
 
@@ -23,15 +26,24 @@ class TrainerBatch:
     group_ids: tuple[str, ...]
     #: Samples left out because their trajectory failed.
     excluded: tuple[str, ...] = ()
+    #: Per row, its pictures with spans as offsets in the row of ``input_ids``.
+    media: tuple[tuple[MediaInput, ...], ...] = ()
 
     def save(self, path: str | Path) -> None:
         import torch
 
+        media = [[{"mime_type": m.mime_type, "data": m.data, "offset": m.offset, "length": m.length} for m in row]
+                 for row in self.media]
         torch.save(
             {"tensors": self.tensors, "sample_ids": list(self.sample_ids), "group_ids": list(self.group_ids),
-             "excluded": list(self.excluded)},
+             "excluded": list(self.excluded), "media": media},
             Path(path),
         )
+
+
+def _in_row(t: Trajectory, prompt_length: int) -> tuple[MediaInput, ...]:
+    """``t``'s pictures moved from prompt + response offsets to the padded row's (the left padding before both)."""
+    return tuple(m.moved(prompt_length - len(t.prompt_ids) + m.offset) for m in t.media)
 
 
 def to_batch(
@@ -88,4 +100,5 @@ def to_batch(
         "token_level_rewards": token_rewards,
         "rewards": torch.tensor([t.reward for t in kept], dtype=torch.float32),
     }
-    return TrainerBatch(tensors, tuple(t.sample_id for t in kept), tuple(t.group_id for t in kept), excluded)
+    return TrainerBatch(tensors, tuple(t.sample_id for t in kept), tuple(t.group_id for t in kept), excluded,
+                        tuple(_in_row(t, p) for t in kept))

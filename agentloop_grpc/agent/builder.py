@@ -5,7 +5,8 @@ Two kinds of appends and nothing else: ``model`` (the engine's tokens, logprobs 
 is what makes the mask right by construction.
 
 Both also extend an append-only int32 array of the whole context (prompt and response so far), which is each
-turn's prompt as it goes on the wire: its bytes, copied, never packed again id by id.
+turn's prompt as it goes on the wire: its bytes, copied, never packed again id by id. ``media`` holds the
+pictures of that context with their spans in it (each turn's GenerateCall carries them all).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop_grpc.common import wire
+from agentloop_grpc.common.media import MediaInput
 from agentloop_grpc.common.prompt import PromptIds
 
 from .trajectory import Drift, Termination, Timings, ToolCallMetrics, Trajectory
@@ -28,6 +30,8 @@ class TrajectoryBuilder:
     loop: str
     prompt_ids: list[int]
     group_id: str = ""
+    #: The pictures of prompt + response so far, their spans as offsets in it.
+    media: list[MediaInput] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)
@@ -72,8 +76,10 @@ class TrajectoryBuilder:
         self.response_logprobs += logprobs if logprobs else [0.0] * len(token_ids)
         self.weight_versions += versions
 
-    def context(self, token_ids: Sequence[int]) -> None:
-        """Append tokens the loop encoded (tool/user turns, template separators): not trained on."""
+    def context(self, token_ids: Sequence[int], media: Sequence[MediaInput] = ()) -> None:
+        """Append tokens the loop encoded (tool/user turns, template separators): not trained on. ``media``: the
+        pictures among them, spans relative to ``token_ids``."""
+        self.media += [m.moved(len(self._context) + m.offset) for m in media]
         self.response_ids += token_ids
         self._context.extend(token_ids)
         self.response_mask += [0] * len(token_ids)
@@ -100,6 +106,7 @@ class TrajectoryBuilder:
             loop=self.loop,
             group_id=self.group_id,
             prompt_ids=tuple(self.prompt_ids),
+            media=tuple(self.media),
             response_ids=tuple(self.response_ids),
             response_mask=tuple(self.response_mask),
             response_logprobs=tuple(self.response_logprobs),

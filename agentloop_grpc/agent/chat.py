@@ -18,6 +18,12 @@ a non-canonical tokenization of its own text: harmless, the ids are the truth), 
 something else (a template that re-renders past turns differently, or a wrong delta: a trainer that re-templates
 the conversation would train on other tokens). Modes: strict (the trajectory fails), report (recorded in it), off.
 
+Images: a template renders an image part as the processor's image token, and ``expand`` replaces each such id
+of the encoding by the processor's expansion of the next picture (the ids the model runs), recording the span of
+each (``Encoded.media``). A count of placeholders other than the count of pictures (a message's text that types the
+image token itself) is an ImageError: the ids would not say which picture is where. A codec without an
+``ImageExpander`` (a text-only model) refuses pictures and encodes text exactly as before.
+
 The template is the loop's alone (engines take token ids): the tokenizer's own, or ``AgentLoopConfig.chat_template``
 with ``chat_template_kwargs`` passed to every render. The tokenizer is only read (``apply_chat_template``,
 ``encode``, ``decode``); nothing here mutates it.
@@ -26,13 +32,17 @@ with ``chat_template_kwargs`` passed to every render. The tokenizer is only read
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 
+from agentloop_grpc.common.media import ImageError, ImageExpander, MediaInput
+
 if TYPE_CHECKING:  # importing transformers takes a second: `agentloop --help` and servers never need it
     from transformers import PreTrainedTokenizerBase
 
+from .images import Picture
 from .trajectory import Drift
 
 _SENTINEL = "\u2063agentloop-sentinel\u2063"
@@ -40,12 +50,22 @@ _SENTINEL = "\u2063agentloop-sentinel\u2063"
 _DRIFT_CONTEXT_CHARS = 60
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """Token ids and the spans of the pictures in them (offsets into ``ids``)."""
+
+    ids: list[int]
+    media: tuple[MediaInput, ...] = ()
+
+
 class ChatCodec:
-    """Renders and encodes conversations for one tokenizer and chat template."""
+    """Renders and encodes conversations for one tokenizer and chat template (and the model's image processor,
+    when it takes images)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None,
-                 template_kwargs: Mapping[str, Any] | None = None) -> None:
+                 template_kwargs: Mapping[str, Any] | None = None, images: ImageExpander | None = None) -> None:
         self.tokenizer = tokenizer
+        self.images = images
         self._template = chat_template  # None: the tokenizer's own
         self._template_kwargs = dict(template_kwargs or {})
         self.eos_token_ids = tuple(
@@ -77,6 +97,38 @@ class ChatCodec:
     def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict] | None = None) -> list[int]:
         """The first prompt: the conversation so far, opened for the assistant."""
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
+
+    def expand(self, ids: Sequence[int], pictures: Sequence[Picture]) -> Encoded:
+        """``ids`` with each image placeholder replaced by the processor's expansion of the next picture."""
+        self._sees(pictures)
+        if self.images is None:
+            return Encoded(list(ids))
+        token = self.images.image_token_id
+        places = [i for i, t in enumerate(ids) if t == token]
+        if len(places) != len(pictures):
+            raise ImageError(f"the text renders {len(places)} image placeholders for {len(pictures)} images: "
+                             f"a message's text may not contain {self.images.image_token!r} itself")
+        out: list[int] = []
+        media = []
+        start = 0
+        for place, picture in zip(places, pictures, strict=True):
+            out += ids[start:place]
+            expansion = self.images.expand(picture.image).ids
+            media.append(MediaInput(picture.mime_type, picture.data, len(out), len(expansion)))
+            out += expansion
+            start = place + 1
+        return Encoded(out + list(ids[start:]), tuple(media))
+
+    def _sees(self, pictures: Sequence[Picture]) -> None:
+        # checked before rendering: a text-only template may not render image parts at all
+        if pictures and self.images is None:
+            raise ImageError(f"{len(pictures)} images, and the model has no image processor (a text-only model)")
+
+    def prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict] | None,
+               pictures: Sequence[Picture] = ()) -> Encoded:
+        """``prompt_ids`` with the pictures of ``messages`` (their template view) expanded in place."""
+        self._sees(pictures)
+        return self.expand(self.prompt_ids(messages, tools), pictures)
 
     def assistant_text(self, token_ids: Sequence[int], stopped_on: int | None) -> str:
         """The text of one model turn for the conversation: its tokens decoded, without the stop token."""
@@ -119,16 +171,22 @@ class ChatCodec:
         after = self._after_sentinel(self.render(probe, tools, add_generation_prompt=True))
         return self.encode(self._not_produced(after, stopped_on))
 
+    def delta(self, history: Sequence[dict[str, Any]], new_messages: Sequence[dict[str, Any]],
+              tools: Sequence[dict] | None, stopped_on: int | None, pictures: Sequence[Picture] = ()) -> Encoded:
+        """``delta_ids`` with the pictures of ``new_messages`` expanded in place."""
+        self._sees(pictures)
+        return self.expand(self.delta_ids(history, new_messages, tools, stopped_on), pictures)
+
     def first_drift(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict] | None, recorded: Sequence[int],
-        open_for_assistant: bool,
+        open_for_assistant: bool, pictures: Sequence[Picture] = (),
     ) -> Drift | None:
-        """Compare ``recorded`` (prompt + response ids) with a fresh render of ``messages``; None when it is a
-        prefix of the render (the render may go on with the last turn's separator), else the first difference,
-        classified (see the module docstring)."""
+        """Compare ``recorded`` (prompt + response ids) with a fresh render of ``messages`` (their pictures
+        expanded); None when it is a prefix of the render (the render may go on with the last turn's separator),
+        else the first difference, classified (see the module docstring)."""
         recorded = list(recorded)
         rendered_text = self.render(messages, tools, add_generation_prompt=open_for_assistant)
-        rendered = self.encode(rendered_text)
+        rendered = self.expand(self.encode(rendered_text), pictures).ids
         if recorded == rendered[: len(recorded)]:
             return None
         recorded_text = self.decode(recorded)

@@ -3,7 +3,7 @@
 It keeps two views of the conversation: ``rendered`` (what the chat template renders: assistant turns as the
 model's raw text, so a fresh render reproduces its text where the template keeps it) and the builder's
 ``messages`` (for humans: assistant turns with parsed tool calls). It encodes every non-model turn as a template
-delta, enforces the response budget, traces turns, and at the end runs the drift check (a departure from a fresh
+delta (pictures expanded, their spans recorded), enforces the response budget, traces turns, and at the end runs the drift check (a departure from a fresh
 render is recorded, classified, in the trajectory; only the strict mode fails it) and the reward.
 """
 
@@ -12,10 +12,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from agentloop_grpc.common.media import ImageError
+
 from .builder import TrajectoryBuilder
 from .context import LoopContext
 from .errors import LoopError
 from .generation import Turn
+from .images import for_humans, read_images
 from .reward import Outcome, score
 from .sample import Sample
 from .trajectory import Termination, Trajectory
@@ -30,12 +33,16 @@ class Episode:
         self.context = context
         self.sample = sample
         self.tools = tools  # OpenAI specs offered to the model
-        self.rendered: list[dict[str, Any]] = [dict(m) for m in sample.messages]
-        prompt = context.codec.prompt_ids(self.rendered, tools)
-        if len(prompt) > context.config.max_prompt_tokens:
-            raise LoopError(f"the prompt has {len(prompt)} tokens, more than max_prompt_tokens={context.config.max_prompt_tokens}")
-        self.builder = TrajectoryBuilder(sample.sample_id, loop, prompt, group_id=sample.group_id)
-        self.builder.messages = [dict(m) for m in sample.messages]
+        try:
+            self.rendered, self.pictures = read_images(sample.messages)
+            prompt = context.codec.prompt(self.rendered, tools, self.pictures)
+        except ImageError as error:  # this sample fails; the others go on
+            raise LoopError(f"sample {sample.sample_id}: {error}") from None
+        if len(prompt.ids) > context.config.max_prompt_tokens:
+            raise LoopError(f"the prompt has {len(prompt.ids)} tokens, more than max_prompt_tokens={context.config.max_prompt_tokens}")
+        self.builder = TrajectoryBuilder(sample.sample_id, loop, prompt.ids, group_id=sample.group_id,
+                                         media=list(prompt.media))
+        self.builder.messages = for_humans(sample.messages, 0)
         self.open_for_assistant = True
 
     @property
@@ -55,16 +62,22 @@ class Episode:
     def continue_with(
         self, new_messages: list[dict[str, Any]], stopped_on: int | None, kind: str, seconds: float = 0.0
     ) -> None:
-        """Append non-model messages as the template's delta (mask 0); BudgetExceeded if they do not fit.
-        ``seconds``: how long producing them took (tools, interaction), for the trace."""
-        ids = self.context.codec.delta_ids(self.rendered, new_messages, self.tools, stopped_on)
-        if len(ids) >= self.budget_left:  # at least one model token must fit after it
-            raise BudgetExceeded(f"a {kind} turn of {len(ids)} tokens does not fit in {self.budget_left} left")
-        self.builder.context(ids)
-        self.rendered += new_messages
-        self.builder.messages += new_messages
+        """Append non-model messages as the template's delta (mask 0, pictures expanded and kept);
+        BudgetExceeded if they do not fit. ``seconds``: how long producing them took (tools, interaction), for the
+        trace."""
+        try:
+            rendered, pictures = read_images(new_messages, f"the {kind} turn's messages")
+            delta = self.context.codec.delta(self.rendered, rendered, self.tools, stopped_on, pictures)
+        except ImageError as error:
+            raise LoopError(str(error)) from None
+        if len(delta.ids) >= self.budget_left:  # at least one model token must fit after it
+            raise BudgetExceeded(f"a {kind} turn of {len(delta.ids)} tokens does not fit in {self.budget_left} left")
+        self.builder.context(delta.ids, delta.media)
+        self.rendered += rendered
+        self.builder.messages += for_humans(new_messages, len(self.pictures))
+        self.pictures += pictures
         self.open_for_assistant = True
-        self.trace(kind, ids, _text(new_messages), seconds)
+        self.trace(kind, delta.ids, _text(new_messages), seconds)
 
     def trace_unappended(self, kind: str, messages: list[dict[str, Any]], seconds: float) -> None:
         """Trace a phase whose messages end the episode instead of entering the context (no token ids)."""
@@ -95,9 +108,12 @@ class Episode:
         """Drift check, reward (not for failed trajectories), then the frozen Trajectory."""
         drift = None
         if self.context.config.drift_check != "off" and termination is not Termination.ERROR:
-            drift = self.context.codec.first_drift(
-                self.rendered, self.tools, self.builder.context_ids, self.open_for_assistant
-            )
+            try:
+                drift = self.context.codec.first_drift(
+                    self.rendered, self.tools, self.builder.context_ids, self.open_for_assistant, self.pictures
+                )
+            except ImageError as image_error:  # the model wrote an image placeholder: no render matches the ids
+                termination, error = Termination.ERROR, f"drift check: {image_error}"
             if drift is not None and self.context.config.drift_check == "strict":
                 termination, error = (Termination.ERROR,
                                       f"{drift.kind} drift at token {drift.position} (strict check): recorded "
@@ -131,4 +147,10 @@ class Episode:
 
 
 def _text(messages: list[dict[str, Any]]) -> str:
-    return "\n".join(m.get("content", "") for m in messages)
+    return "\n".join(_content_text(m.get("content", "")) for m in messages)
+
+
+def _content_text(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text") or "" if p.get("type") == "text" else "[image]" for p in content)

@@ -60,6 +60,7 @@ async def generate_turn(
                 sampling=sampling.params(max_new_tokens - len(produced), seed_offset(builder.sample_id, turn, attempt)),
                 structured_output=structured_output if not produced else None,
                 timeout_s=config.generate_timeout_s,
+                media=tuple(builder.media),  # every picture so far: all their spans lie in this prompt
             )
         )
         builder.model(result.token_ids, result.logprobs, result.weight_versions)

@@ -1,5 +1,7 @@
 """Trajectories to and from Parquet (pyarrow): one row per trajectory, token lists as list columns, the
-conversation and metrics as JSON text so any reader (pandas, DuckDB, Spark) can open the file."""
+conversation and metrics as JSON text so any reader (pandas, DuckDB, Spark) can open the file. ``media`` is a list of
+structs (mime_type, data as binary, offset, length): the pictures themselves, so the file alone rebuilds the
+model's inputs."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
+
+from agentloop_grpc.common.media import MediaInput
 
 from .trajectory import Drift, Termination, Timings, ToolCallMetrics, Trajectory
 
@@ -19,6 +23,8 @@ def _row(t: Trajectory) -> dict:
     row["timings"] = dataclasses.asdict(t.timings)
     row["drift"] = dataclasses.asdict(t.drift) if t.drift is not None else None
     row["tool_call_metrics"] = [dataclasses.asdict(c) for c in t.tool_call_metrics]
+    row["media"] = [{"mime_type": m.mime_type, "data": m.data, "offset": m.offset, "length": m.length}
+                    for m in t.media]
     for name in _JSON_FIELDS:
         row[name] = json.dumps(row[name], default=str)
     for name, value in row.items():
@@ -51,6 +57,7 @@ def read_parquet(path: str | Path) -> list[Trajectory]:
             row[name] = json.loads(row[name])
         row["messages"] = tuple(row["messages"])
         row["tool_call_metrics"] = [ToolCallMetrics(**c) for c in row["tool_call_metrics"]]
+        row["media"] = [MediaInput(**m) for m in row.get("media") or ()]  # files written before images: none
         for f in dataclasses.fields(Trajectory):
             if isinstance(row[f.name], list):
                 row[f.name] = tuple(row[f.name])

@@ -15,7 +15,10 @@ class Sample(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     sample_id: str = Field(min_length=1, description="Unique in the batch; the router's session id.")
-    messages: tuple[dict[str, Any], ...] = Field(min_length=1, description="Chat messages (role, content).")
+    messages: tuple[dict[str, Any], ...] = Field(
+        min_length=1, description="Chat messages (role, content); content is a string or a list of text and image "
+        "parts (agent/images.py)."
+    )
     loop: str = Field("tool", description="Name of the loop in the LoopRegistry that runs this sample.")
     tools: tuple[str, ...] | None = Field(None, description="The tools this sample may use (None: every tool).")
     tools_kwargs: dict[str, dict[str, Any]] = Field(
@@ -36,6 +39,22 @@ class Sample(BaseModel):
         for i, message in enumerate(messages):
             if message.get("role") not in ("system", "user", "assistant", "tool"):
                 raise ValueError(f"messages[{i}].role must be system, user, assistant or tool")
-            if not isinstance(message.get("content", ""), str):
-                raise ValueError(f"messages[{i}].content must be a string")
+            content = message.get("content", "")
+            if isinstance(content, list):
+                for j, part in enumerate(content):
+                    _check_part(part, f"messages[{i}].content[{j}]")
+            elif not isinstance(content, str):
+                raise ValueError(f"messages[{i}].content must be a string or a list of text and image parts")
         return messages
+
+
+def _check_part(part: Any, where: str) -> None:
+    """A content part's shape (the picture itself is read and checked by the loop, so a bad one fails only its
+    sample); Parquet rows give every part every key, None where unused."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and not isinstance(part.get("text"), str):
+        raise ValueError(f"{where}.text must be a string")
+    if kind == "image" and part.get("image") is None:
+        raise ValueError(f"{where}.image must name the picture (a file path, a data URL or bytes)")
+    if kind not in ("text", "image"):
+        raise ValueError(f"{where} must be a {{'type': 'text', 'text': ...}} or {{'type': 'image', 'image': ...}} part")

@@ -132,12 +132,17 @@ def build_loops(loops: Mapping[str, ComponentSpec], context: LoopContext) -> dic
 
 
 def load_codec(model_dir: str | None, loop: AgentLoopConfig | None = None) -> ChatCodec:
-    """The tokenizer of ``model_dir`` with the loop's chat template (None: the tokenizer's own template)."""
+    """The tokenizer of ``model_dir`` with the loop's chat template (None: the tokenizer's own template), and its
+    image processor when the checkpoint has one that takes images."""
     from agentloop_grpc.common import model_store
+    from agentloop_grpc.common.media import ImageExpander
 
     folder = Path(model_dir) if model_dir else model_store.prepare()
     loop = loop or AgentLoopConfig()
-    return ChatCodec(model_store.load_tokenizer(folder), loop.chat_template, loop.chat_template_kwargs)
+    # only a checkpoint that saved a processor can take images: text-only folders skip loading one
+    has_processor = any((folder / name).is_file() for name in ("processor_config.json", "preprocessor_config.json"))
+    return ChatCodec(model_store.load_tokenizer(folder), loop.chat_template, loop.chat_template_kwargs,
+                     ImageExpander.load(str(folder)) if has_processor else None)
 
 
 async def build_worker(spec: WorkerSpec, stack: AsyncExitStack, index: int = 0) -> tuple[AgentLoopWorker, Router]:

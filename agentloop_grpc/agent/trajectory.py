@@ -3,7 +3,9 @@
 A trajectory is frozen and validated on construction, so a malformed one (misaligned logprobs, a mask that is not
 0/1, a logprob on a tool token) fails where it is built, never inside a training step. ``response_ids`` holds the
 model's tokens exactly as the engine produced them, interleaved with the tool/user/template tokens between turns;
-``response_mask`` tells them apart (1 = model token, 0 = everything else).
+``response_mask`` tells them apart (1 = model token, 0 = everything else). ``media`` keeps the pictures the
+model saw, each with its span in prompt + response ids (the processor's expansion), so a trainer can rebuild the
+model's inputs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
+
+from agentloop_grpc.common.media import MediaInput, check_spans
 
 
 class Termination(enum.Enum):
@@ -129,6 +133,9 @@ class Trajectory:
     group_id: str = ""
     #: The executed tool calls with their servers' metrics, in call order (unknown and malformed calls are not run).
     tool_call_metrics: tuple[ToolCallMetrics, ...] = ()
+    #: The pictures of the conversation in order, spans as offsets in prompt_ids + response_ids (the
+    #: conversation's image parts name them by index: ``{"type": "image", "media": i}``).
+    media: tuple[MediaInput, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -149,6 +156,12 @@ class Trajectory:
                 )
             if mask == 1 and (logprob > 0.0 or version < 0):
                 raise ValueError(f"trajectory {self.sample_id}: model token {i} has logprob {logprob} > 0 or no version")
+        prompt_len = len(self.prompt_ids)
+        if (problem := check_spans(self.media, prompt_len + n)) is not None:
+            raise ValueError(f"trajectory {self.sample_id}: {problem}")
+        for i, item in enumerate(self.media):
+            if any(self.response_mask[max(0, item.offset - prompt_len) : max(0, item.end - prompt_len)]):
+                raise ValueError(f"trajectory {self.sample_id}: media[{i}]'s span holds model tokens (mask 1)")
         if self.termination is not Termination.ERROR and (self.error is not None or self.infrastructure_failure):
             raise ValueError(f"trajectory {self.sample_id}: an error needs termination ERROR")
 

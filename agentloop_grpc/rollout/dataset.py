@@ -1,5 +1,9 @@
 """Dataset rows -> Samples: JSONL or Parquet files, or the generated arithmetic task; ``samples_per_prompt``
-copies of each prompt share a group id (GRPO)."""
+copies of each prompt share a group id (GRPO).
+
+A message's content may be a list of text and image parts (agent/images.py); an image part's relative file path is
+relative to the dataset file. The pictures are read by the loop, so a missing or broken one fails its sample alone.
+"""
 
 from __future__ import annotations
 
@@ -45,10 +49,23 @@ def read_rows(dataset: Dataset) -> list[dict]:
     return rows[: dataset.limit] if dataset.limit else rows
 
 
+def _with_image_paths(messages: Sequence[dict[str, Any]], base_dir: Path) -> tuple[dict[str, Any], ...]:
+    """``messages`` with relative image paths made relative to ``base_dir``."""
+    def part(p: Any) -> Any:
+        image = p.get("image") if isinstance(p, dict) and p.get("type") == "image" else None
+        if isinstance(image, str) and not image.startswith("data:") and not Path(image).is_absolute():
+            return {**p, "image": str(base_dir / image)}
+        return p
+
+    return tuple({**m, "content": [part(p) for p in m["content"]]} if isinstance(m.get("content"), list) else m
+                 for m in messages)
+
+
 def row_sample(row: Mapping[str, Any], sample_id: str, group_id: str, default_loop: str = "tool",
-               ground_truth_kwargs: Sequence[str] = ("check_answer",)) -> Sample:
+               ground_truth_kwargs: Sequence[str] = ("check_answer",), base_dir: Path | None = None) -> Sample:
     """The Sample of one dataset row: ``ground_truth_kwargs`` tools get ``{"ground_truth": ...}`` at
-    CreateInstance (KeyError, TypeError or ValidationError on a malformed row)."""
+    CreateInstance; relative image paths are relative to ``base_dir`` (None: the working directory). KeyError,
+    TypeError or ValidationError on a malformed row."""
     truth = row.get("ground_truth")
     kwargs = {name: dict(value) for name, value in (row.get("tools_kwargs") or {}).items()}
     if truth is not None:
@@ -57,7 +74,7 @@ def row_sample(row: Mapping[str, Any], sample_id: str, group_id: str, default_lo
     return Sample(
         sample_id=sample_id,
         group_id=group_id,
-        messages=tuple(row["messages"]),
+        messages=tuple(row["messages"]) if base_dir is None else _with_image_paths(row["messages"], base_dir),
         loop=row.get("loop") or default_loop,
         tools=tuple(row["tools"]) if row.get("tools") is not None else None,
         tools_kwargs=kwargs,
@@ -69,12 +86,13 @@ def row_sample(row: Mapping[str, Any], sample_id: str, group_id: str, default_lo
 
 def to_samples(rows: list[dict], dataset: Dataset, samples_per_prompt: int) -> list[Sample]:
     samples = []
+    base_dir = Path(dataset.path).resolve().parent if dataset.path else None
     for index, row in enumerate(rows):
         prompt_id = str(row.get("id", f"row-{index}"))
         for k in range(samples_per_prompt):
             try:
                 samples.append(row_sample(row, f"{prompt_id}/{k}", prompt_id, dataset.default_loop,
-                                          dataset.ground_truth_kwargs))
+                                          dataset.ground_truth_kwargs, base_dir))
             except (KeyError, TypeError, ValidationError) as error:
                 detail = f"missing {error}" if isinstance(error, KeyError) else str(error).splitlines()[-1].strip()
                 raise DatasetError(f"dataset row {index} ({prompt_id}): {detail}") from None

@@ -26,6 +26,22 @@ SCALE_FACTOR = 2
 IMAGE_SEQ_LEN = (IMAGE_SIZE // PATCH_SIZE) ** 2 // SCALE_FACTOR**2
 
 
+#: Renders a message's content: a string as it is, a list of parts as its texts with ``<image>`` for each image.
+_CONTENT_MACRO = """{%- macro content_text(content) -%}
+{%- if content is string -%}{{- content -}}
+{%- else -%}{%- for part in content -%}
+{%- if part.type == 'image' -%}{{- '<image>' -}}{%- else -%}{{- part.text -}}{%- endif -%}
+{%- endfor -%}{%- endif -%}
+{%- endmacro -%}
+"""
+
+
+def chat_template(text_template: str) -> str:
+    """The text model's template rendering content parts too (string content renders exactly as before)."""
+    return _CONTENT_MACRO + text_template.replace("messages[0].content", "content_text(messages[0].content)").replace(
+        "message.content", "content_text(message.content)")
+
+
 def build_tiny_vlm(text_checkpoint: Path, out: Path, seed: int = 0) -> Path:
     """Write the checkpoint (weights, config, processor with tokenizer and chat template) to ``out``."""
     import torch
@@ -62,6 +78,7 @@ def build_tiny_vlm(text_checkpoint: Path, out: Path, seed: int = 0) -> Path:
     image_processor = Idefics3ImageProcessorPil(
         do_image_splitting=False, size={"longest_edge": IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE}
     )
+    tokenizer.chat_template = chat_template(tokenizer.chat_template)
     Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=IMAGE_SEQ_LEN,
                       chat_template=tokenizer.chat_template).save_pretrained(out)
     return out

@@ -7,7 +7,8 @@
 GENERATING appends the engine's tokens verbatim. PROCESSING_TOOLS parses the turn's calls (a malformed call
 becomes a tool-error message the model reads), runs up to ``max_parallel_tool_calls`` of them concurrently on the
 trajectory's own tool instances, truncates long responses, and appends all responses of the turn as one template
-delta. INTERACTING asks the sample's interaction for the next user turn and records its score. Tool instances are
+delta; a tool's images become image parts of its message (text first, then the images), expanded in that
+delta and kept in the trajectory. INTERACTING asks the sample's interaction for the next user turn and records its score. Tool instances are
 created on first use (with the sample's ``tools_kwargs``), rewarded at the end, and always released.
 
 Every executed call's metrics (what the tool server returned) are kept in ``Trajectory.tool_call_metrics``. A tool
@@ -25,13 +26,16 @@ import logging
 import time
 from typing import Any
 
+from agentloop_grpc.common.media import ImageError
 from agentloop_grpc.common.types import FinishReason, StructuredOutput
 from agentloop_grpc.tools.result import LoopSnapshot
 
+from ..config import AgentLoopConfig
 from ..context import LoopContext
 from ..episode import BudgetExceeded, Episode
 from ..errors import INFRASTRUCTURE_ERRORS, REQUEST_ERRORS, LoopError
 from ..generation import Turn, generate_turn
+from ..images import Picture
 from ..parsers import ParsedTurn, ToolCall
 from ..sample import Sample
 from ..trajectory import Termination, ToolCallMetrics, Trajectory
@@ -100,7 +104,15 @@ class _Run:
         if result.is_error:
             builder.tool_errors += 1
             return _tool_message(call.name, f"Error ({result.error_kind.value}): {result.content}")
-        return _tool_message(call.name, result.content)
+        try:
+            pictures = [Picture.decode(image.data, image.mime_type) for image in result.images]
+        except ImageError as error:  # the tool's fault, so the model reads it as the tool's error
+            builder.tool_errors += 1
+            return _tool_message(call.name, f"Error (invalid image): {error}")
+        if pictures and self.context.codec.images is None:  # the text still helps; the images cannot be encoded
+            return _tool_message(call.name, f"{result.content}\n(The tool returned {len(pictures)} images, which "
+                                            "this model cannot see.)")
+        return _tool_message(call.name, result.content, pictures)
 
     async def instance_rewards(self) -> dict[str, float]:
         return {name: (await self.context.tools.calc_reward(i)).reward for name, i in self.instances.items()}
@@ -127,12 +139,25 @@ def _append_unless_ended(run: _Run, messages: list[dict[str, Any]], kind: str, s
     return ended
 
 
+def _truncated(content: str | list[dict[str, Any]], config: AgentLoopConfig) -> str | list[dict[str, Any]]:
+    """A tool response's text cut to the limit (images are never cut: they are all or nothing)."""
+    def cut(text: str) -> str:
+        return truncate(text, config.max_tool_response_chars, config.tool_response_truncation)
+
+    if isinstance(content, str):
+        return cut(content)
+    return [{**p, "text": cut(p["text"])} if p["type"] == "text" else p for p in content]
+
+
 def _reached(count: int, limit: int | None) -> bool:
     return limit is not None and count >= limit
 
 
-def _tool_message(name: str, content: str) -> dict[str, Any]:
-    return {"role": "tool", "name": name, "content": content}
+def _tool_message(name: str, content: str, pictures: list[Picture] | None = None) -> dict[str, Any]:
+    if not pictures:
+        return {"role": "tool", "name": name, "content": content}
+    parts = [{"type": "text", "text": content}, *({"type": "image", "image": p} for p in pictures)]
+    return {"role": "tool", "name": name, "content": parts}
 
 
 class ToolLoop:
@@ -262,10 +287,7 @@ class ToolLoop:
         results = await asyncio.gather(
             *(run.call(c, f"{run.sample.sample_id}-{turn}-{i}", turn) for i, c in enumerate(calls))
         )
-        messages = [
-            {**m, "content": truncate(m["content"], config.max_tool_response_chars, config.tool_response_truncation)}
-            for m in results
-        ]
+        messages = [{**m, "content": _truncated(m["content"], config)} for m in results]
         for extra in parsed.calls[config.max_parallel_tool_calls :]:
             builder.tool_errors += 1
             messages.append(_tool_message(

@@ -6,7 +6,9 @@ Tensors: ``prompts`` (left-padded), ``responses`` (right-padded), ``response_mas
 trajectory's reward on its last response token, where verl's loops put it). Non-tensor: the input batch's columns
 as they came (``columns``: verl's trainer unions the output with its batch, which needs them equal), ``uid`` (the
 input's when given, else each trajectory's GRPO group), ``__num_turns__`` (verl counts the prompt, each assistant
-turn and each tool or user turn), ``multi_modal_inputs`` (empty per row for text: the trainer iterates it),
+turn and each tool or user turn), ``multi_modal_inputs`` (per row, what the model's processor makes of the row's pictures minus the ids: each
+picture's outputs concatenated on dim 0 per key, the dimension verl's trainer concatenates rows on, so rows with
+different numbers of pictures still concatenate; ``{}`` for rows without pictures),
 ``tool_call_counts``, ``turn_scores``, ``tool_rewards``, ``min_global_steps``/``max_global_steps`` (the weight
 versions of the model tokens), ``extras``, ``sample_id``, and one column per reward extra-info key. meta_info:
 ``metrics`` (per trajectory: seconds generating, in tools and scoring, failovers as ``num_preempted``) and
@@ -29,6 +31,7 @@ from verl import DataProto
 
 from agentloop_grpc.agent.batch import to_batch
 from agentloop_grpc.agent.trajectory import Trajectory
+from agentloop_grpc.common.media import ImageExpander, decode_image
 
 #: The tensors verl's trainer reads from an agent-loop batch (``rm_scores`` when rewards were computed).
 TENSORS = ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
@@ -60,6 +63,24 @@ def num_turns(trajectory: Trajectory) -> int:
     return 1 + trajectory.assistant_turns + trajectory.user_turns + tool_turns
 
 
+def multi_modal_inputs(trajectory: Trajectory, images: ImageExpander | None) -> dict[str, torch.Tensor]:
+    """The processor's tensors for ``trajectory``'s pictures, as verl's trainer reads them from one row."""
+    if not trajectory.media:
+        return {}
+    if images is None:
+        raise ValueError(f"trajectory {trajectory.sample_id} has {len(trajectory.media)} images: pass the model's "
+                         "image processor (images=ImageExpander.load(model path))")
+    per_key: dict[str, list[torch.Tensor]] = {}
+    for i, item in enumerate(trajectory.media):
+        expansion = images.expand(decode_image(item.data, item.mime_type))
+        if len(expansion.ids) != item.length:  # another processor than the rollout's would feed the wrong features
+            raise ValueError(f"trajectory {trajectory.sample_id}: the processor expands media[{i}] to "
+                             f"{len(expansion.ids)} ids, the trajectory's span has {item.length}")
+        for key, value in expansion.inputs.items():
+            per_key.setdefault(key, []).append(torch.as_tensor(np.asarray(value)))
+    return {key: torch.cat(values, dim=0) for key, values in per_key.items()}
+
+
 def _reward_columns(reward_extra: Sequence[Mapping[str, Any]], rows: int) -> dict[str, np.ndarray]:
     if len(reward_extra) != rows:
         raise ValueError(f"reward_extra has {len(reward_extra)} entries for {rows} trajectories")
@@ -73,9 +94,11 @@ def _reward_columns(reward_extra: Sequence[Mapping[str, Any]], rows: int) -> dic
 
 def to_dataproto(trajectories: Sequence[Trajectory], pad_token_id: int, prompt_length: int | None = None,
                  response_length: int | None = None, columns: Mapping[str, np.ndarray] | None = None,
-                 reward_extra: Sequence[Mapping[str, Any]] | None = None) -> DataProto:
+                 reward_extra: Sequence[Mapping[str, Any]] | None = None,
+                 images: ImageExpander | None = None) -> DataProto:
     """One row per trajectory, in their order. ``columns``: the input batch's non-tensor columns (one value per
-    trajectory), carried over; ``reward_extra``: per trajectory, the reward function's extra info."""
+    trajectory), carried over; ``reward_extra``: per trajectory, the reward function's extra info; ``images``: the
+    model's image processor (needed when a trajectory has pictures)."""
     failed = [(t.sample_id, t.error or t.termination.value) for t in trajectories if t.failed]
     if failed:
         raise FailedTrajectoriesError(failed, len(trajectories))
@@ -97,7 +120,7 @@ def to_dataproto(trajectories: Sequence[Trajectory], pad_token_id: int, prompt_l
         "uid": _objects([t.group_id or t.sample_id for t in rows]),
         "sample_id": _objects([t.sample_id for t in rows]),
         "__num_turns__": np.array([num_turns(t) for t in rows], dtype=np.int32),
-        "multi_modal_inputs": _objects([{} for _ in rows]),
+        "multi_modal_inputs": _objects([multi_modal_inputs(t, images) for t in rows]),
         "tool_call_counts": np.array([t.tool_calls for t in rows], dtype=np.int32),
         "turn_scores": _objects([list(t.turn_scores) for t in rows]),
         "tool_rewards": _objects([list(t.tool_rewards) for t in rows]),

@@ -1,0 +1,94 @@
+"""The two-turn image loop, against any engine server: the model's first turn calls the ``draw`` tool (a real
+ToolExecute server on loopback), the tool's picture enters the conversation as one template delta, and the second
+turn is generated with the picture in its prompt. Shared by the fake-, embedded- and vLLM-engine tests;
+``check_image_trajectory`` is what every engine must satisfy. The picture means nothing to the tiny model (its
+vision part is random): the tests check where its ids go and what the engine ran, not what the model says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from itertools import groupby
+
+from agentloop_grpc.agent import AgentLoopConfig, ChatCodec, LoopContext, Sample, ToolLoop, Trajectory
+from agentloop_grpc.common.media import MediaInput, decode_image
+from agentloop_grpc.router import GenerateCall, GenerateResult, Router, RouterConfig
+from agentloop_grpc.tools.client import GrpcToolClient
+from agentloop_grpc.tools.config import ToolServerConfig
+from agentloop_grpc.tools.server import create_tool_server
+
+QUESTION = "Call the draw tool to draw a red square, then describe the picture."
+#: The first turn a scripted model sends (Hermes format).
+DRAW_CALL = '<tool_call>\n{"name": "draw", "arguments": {"colour": "red"}}\n</tool_call>'
+
+
+def image_sample(sample_id: str = "draw") -> Sample:
+    return Sample(sample_id=sample_id, messages=({"role": "user", "content": QUESTION},), tools=("draw",))
+
+
+@asynccontextmanager
+async def draw_tools() -> AsyncIterator[GrpcToolClient]:
+    """A client of a real tool server that serves tests/tools/image_tool.py's ``draw``."""
+    config = ToolServerConfig.model_validate({"tools": [{"function": "tests.tools.image_tool:draw"}]})
+    server = await create_tool_server(config, "127.0.0.1:0")
+    client = GrpcToolClient(f"127.0.0.1:{server.port}")
+    try:
+        yield client
+    finally:
+        await client.close()
+        await server.stop(grace_s=1)
+
+
+class Recorded:
+    """The Router, with every call and result kept."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.calls: list[GenerateCall] = []
+        self.results: list[GenerateResult] = []
+
+    async def generate(self, call: GenerateCall) -> GenerateResult:
+        self.calls.append(call)
+        self.results.append(await self.router.generate(call))
+        return self.results[-1]
+
+
+async def run_image_loop(address: str, codec: ChatCodec, config: AgentLoopConfig | None = None,
+                         sample: Sample | None = None) -> tuple[Trajectory, Recorded]:
+    """One run of the tool loop on ``sample`` (default: ``image_sample()``) against the engine at ``address``, and
+    the generations it made."""
+    async with Router([address], RouterConfig(no_server_wait_s=5)) as router, draw_tools() as tools:
+        await router.fleet.wait_ready()
+        specs = {s.name: s for s in await tools.list_tools()}
+        recorded = Recorded(router)
+        context = LoopContext(generator=recorded, codec=codec, config=config or AgentLoopConfig(), tools=tools,
+                              tool_specs=specs)
+        return await ToolLoop(context).run(sample or image_sample()), recorded
+
+
+def check_image_trajectory(t: Trajectory, recorded: Recorded, codec: ChatCodec) -> MediaInput:
+    """What every engine must satisfy; the picture's record (offsets in prompt + response ids)."""
+    assert t.error is None, t.error
+    assert t.assistant_turns == 2 and t.tool_calls == 1 and t.tool_errors == 0
+    assert len(t.media) == 1
+    image = t.media[0]
+    assert image.mime_type == "image/png"
+    ids = t.prompt_ids + t.response_ids
+    # the span holds the processor's expansion of the tool's picture
+    expansion = codec.images.expand(decode_image(image.data, image.mime_type)).ids
+    assert ids[image.offset : image.end] == expansion
+    # one mask-0 delta between the two model turns, and the picture inside it
+    mask_runs = [(value, len(list(group))) for value, group in groupby(t.response_mask)]
+    assert [value for value, _ in mask_runs][:3] == [1, 0, 1]
+    start, end = mask_runs[0][1], mask_runs[0][1] + mask_runs[1][1]
+    p = len(t.prompt_ids)
+    assert p + start <= image.offset and image.end <= p + end
+    assert "a red square" in codec.decode(t.response_ids[start:end])
+    assert t.drift is None  # a fresh render, pictures expanded, equals the record
+    # the first turn's call has no picture; the second carries it at its place in the prompt, and the engine read it
+    assert [list(c.media) for c in recorded.calls] == [[], [image]]
+    assert [r.prompt_images for r in recorded.results] == [0, 1]
+    assert t.messages[2] == {"role": "tool", "name": "draw", "content": [
+        {"type": "text", "text": "a red square"}, {"type": "image", "media": 0}]}
+    return image
