@@ -67,6 +67,7 @@ GRAMMAR_NO_ROOT = "structured_output.ebnf_grammar has no `root ::= ...` rule"
 MIN_CHUNK_TOKENS_INVALID = "stream_options.min_chunk_tokens = {value} must be >= 0"
 CONSTRAINT_TOO_LONG = "structured_output.{kind} has {length} bytes; at most {bound} bytes are allowed"
 STRUCTURED_EMPTY = "structured_output is set but names no constraint (json_schema, regex or ebnf_grammar)"
+# UNIMPLEMENTED, not INVALID_ARGUMENT: the request may be fine for another server
 MEDIA_UNSUPPORTED = "media: this server's model takes no images"
 MEDIA_TOO_MANY = "media has {count} images; at most {bound} are allowed per request (max_images_per_request)"
 MEDIA_IMAGE_INVALID = "media[{index}]: {reason}"
