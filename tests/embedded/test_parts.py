@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from agentloop_grpc.common.media import MediaInput
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
+from agentloop_grpc.engine_adapters.embedded.images import ImageFeatures
 from agentloop_grpc.engine_adapters.embedded.kv_cache import KVShape, SlotKVCache
 from agentloop_grpc.engine_adapters.embedded.prefix_cache import PrefixCache
 from agentloop_grpc.engine_adapters.embedded.sampling import RequestSampler
@@ -73,6 +75,29 @@ def test_prefix_cache_evicts_least_recently_used_blocks() -> None:
     assert cache.hit_rate == pytest.approx(0.4)
     cache.clear()
     assert len(cache) == 0 and cache.hit_rate == 0.0
+
+
+def test_prefix_cache_keys_and_compares_blocks_by_their_images() -> None:
+    """Same ids, another picture: no block from the first one that overlaps the image; the same picture: all."""
+    cache = PrefixCache(block_size=4, capacity_tokens=64)
+    ids = list(range(16))
+    red, blue = MediaInput("image/png", b"red", 5, 6), MediaInput("image/png", b"blue", 5, 6)  # span [5, 11)
+    blocks = cache.chain(ids, (red,))
+    for index in cache.missing(blocks, 16):
+        cache.insert(blocks, index, _kv(float(index)))
+    assert len(cache.lookup(cache.chain(ids + [0], (blue,)), 17)) == 1  # block 1 holds the image's first ids
+    assert len(cache.lookup(cache.chain(ids + [0], (red,)), 17)) == 4
+    assert len(cache.lookup(cache.chain(ids + [0]), 17)) == 1  # the same ids without the picture
+    colliding = cache.chain(ids + [0], (blue,))
+    colliding.keys[:] = cache.chain(ids + [0], (red,)).keys  # the red keys, but the blue picture's digests
+    assert len(cache.lookup(colliding, 17)) == 1  # a lookup compares the pictures too
+
+
+def test_image_features_are_cut_by_prefill_chunk() -> None:
+    features = ImageFeatures(torch.tensor([3, 4, 5, 9]), torch.arange(8.0).reshape(4, 2))
+    assert features.within(0, 3) is None
+    where, rows = features.within(4, 10)
+    assert where.tolist() == [0, 1, 5] and rows.tolist() == [[2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
 
 
 def test_disabled_prefix_cache_never_hits() -> None:
