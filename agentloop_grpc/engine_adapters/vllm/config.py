@@ -39,3 +39,8 @@ class VllmEngineConfig(LocalModelConfig):
         None, description="CPU cores vLLM's OpenMP threads bind to, e.g. 0-1 or 0,2 (VLLM_CPU_OMP_THREADS_BIND); "
         "None lets vLLM choose."
     )
+    max_images_per_request: int = Field(
+        4, ge=0, description="Images one prompt may show (vLLM's limit_mm_per_prompt for images; vLLM "
+        "sizes its start-up profiling run for this many); 0 serves a vision-language model as text only. Unused "
+        "for a text-only model."
+    )

@@ -5,7 +5,9 @@ and talks to ``AsyncLLM`` over ZMQ; ``AsyncLLM`` lives in the server's event loo
 contract onto it (the state, Pause's gate and the weight version are the lifecycle's, ``lifecycle.py``):
 
 - Generate: ``TokensPrompt`` in, token deltas with logprobs out (``sampling.py``, ``outputs.py``); closing the
-  stream (client gone) closes vLLM's generator, which aborts the request inside the engine.
+  stream (client gone) closes vLLM's generator, which aborts the request inside the engine. A prompt's images
+  become vLLM's multi-modal data, each span collapsed to the one placeholder id vLLM expands again; the prompt
+  vLLM reports must equal the request's (``images.py``).
 - Pause(KEEP) is vLLM's ``pause_generation(mode="keep")``, which never clears the cache here
   (``clear_cache=False``); the other modes need nothing of vLLM (the lifecycle aborts or waits).
 - Sleep: vLLM's CPU worker cannot release memory (it logs "sleep mode is not supported on CPU" and frees
@@ -50,6 +52,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 
 from agentloop_grpc.common import model_store
+from agentloop_grpc.common.media import ImageExpander
 from agentloop_grpc.common.model_store import eos_token_ids
 from agentloop_grpc.common.errors import (
     EngineError,
@@ -57,6 +60,7 @@ from agentloop_grpc.common.errors import (
     EngineUnavailableError,
     FailedPreconditionError,
     InvalidRequestError,
+    UnsupportedError,
 )
 from agentloop_grpc.common.types import (
     GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
@@ -64,7 +68,7 @@ from agentloop_grpc.common.types import (
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling
 from ..weight_groups import refused_elsewhere
-from . import outputs, sampling, weights
+from . import images, outputs, sampling, weights
 from .config import VllmEngineConfig
 from .stats import SchedulerLoad, recorder_factory
 
@@ -82,6 +86,7 @@ class _Loaded:
     llm: AsyncLLM
     facts: ServerFacts
     checkpoint: weights.CheckpointWeights
+    image_token_id: int | None  # the id vLLM expands into an image's placeholder ids; None: no images served
 
 
 def apply_engine_environment(config: VllmEngineConfig) -> None:
@@ -116,6 +121,7 @@ def engine_args(config: VllmEngineConfig, folder: Path, model_id: str) -> AsyncE
         enable_sleep_mode=current_platform.is_sleep_mode_available(),
         disable_log_stats=True,  # our recorder still gets the scheduler stats; vLLM's periodic log stays off
         seed=0,
+        limit_mm_per_prompt={"image": config.max_images_per_request},  # ignored for a text-only model
     )
 
 
@@ -148,6 +154,10 @@ class VllmEngine:
         await llm.is_paused()  # starts the client's output task on this loop (engine failures reach us early)
         await llm.update_weight_version(str(weight_version()))  # vLLM labels tokens "default" until told
         tied = bool(getattr(llm.model_config.hf_config, "tie_word_embeddings", False))
+        image_token_id = None
+        if llm.model_config.is_multimodal_model and cfg.max_images_per_request > 0:
+            expander = await asyncio.to_thread(ImageExpander.load, str(folder))
+            image_token_id = None if expander is None else expander.image_token_id
         generation_eos = llm.model_config.try_get_generation_config().get("eos_token_id")
         facts = ServerFacts(
             engine_kind="vllm",
@@ -163,8 +173,10 @@ class VllmEngine:
             supports_structured_output=True,
             weight_group_ranks=llm.vllm_config.parallel_config.world_size,
             default_max_new_tokens=cfg.default_max_new_tokens,
+            supports_images=image_token_id is not None,
+            max_images_per_request=cfg.max_images_per_request if image_token_id is not None else 0,
         )
-        self._loaded = _Loaded(llm, facts, weights.CheckpointWeights(folder, cfg.dtype, tied))
+        self._loaded = _Loaded(llm, facts, weights.CheckpointWeights(folder, cfg.dtype, tied), image_token_id)
         log.info("vLLM %s engine: %s from %s (max_model_len %d)", vllm.__version__, model_id, folder, cfg.max_model_len)
         return facts
 
@@ -201,15 +213,21 @@ class VllmEngine:
         if self._in_engine() >= self.config.max_running + self.config.max_waiting:
             raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
         params = sampling.to_vllm(request)
+        if not request.media:
+            prompt = TokensPrompt(prompt_token_ids=request.prompt_ids.tolist())
+        elif loaded.image_token_id is None:
+            raise UnsupportedError("media: this server's model takes no images")
+        else:  # decoding the pictures takes a while: other requests go on meanwhile
+            prompt = await asyncio.to_thread(images.tokens_prompt, request.prompt_ids, request.media,
+                                             loaded.image_token_id)
         emitted, last_token, last_version = 0, None, None
-        stream = loaded.llm.generate(
-            TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
-            params,
-            request.request_id,
-            priority=sampling.priority(request),
-        )
+        unchecked = bool(request.media)
+        stream = loaded.llm.generate(prompt, params, request.request_id, priority=sampling.priority(request))
         async with contextlib.aclosing(_translated_errors(stream)) as stream_outputs:
             async for output in stream_outputs:
+                if unchecked:  # before any token leaves; raising closes the stream, so vLLM aborts the request
+                    images.check_expansion(request.prompt_ids, request.media, output.prompt_token_ids)
+                    unchecked = False
                 completion = output.outputs[0]
                 starts = self._version_starts(request.request_id, output) if completion.token_ids else []
                 for chunk in outputs.token_chunks(completion, request.sampling, emitted, starts):
@@ -248,6 +266,7 @@ class VllmEngine:
             cached_prompt_tokens=output.num_cached_tokens or 0,
             last_token=last_token,
             weight_version=self._weight_version() if last_version is None else last_version,
+            prompt_images=len(request.media),
         )
 
     async def abort(self, request_ids: Seq[str]) -> None:

@@ -89,6 +89,7 @@ def completion(
     cached_prompt_tokens: int,
     last_token: int | None,
     weight_version: int,
+    prompt_images: int = 0,
 ) -> GenerateComplete:
     """The final message; the matched stop id is vLLM's stop_reason, or the end-of-sequence id it stopped on."""
     matched = None
@@ -101,4 +102,5 @@ def completion(
         weight_version=weight_version,
         cached_prompt_tokens=cached_prompt_tokens,
         matched_stop_token_id=matched,
+        prompt_images=prompt_images,
     )
