@@ -108,6 +108,13 @@ def _assert_matches(expected, out: list[int], logprobs: list[float]) -> None:
     assert logprobs == pytest.approx(chosen.tolist(), abs=1e-4)
 
 
+def test_the_model_check_accepts_the_checkpoint(tiny_vlm):
+    from agentloop_grpc.engine_adapters.embedded import EmbeddedEngineConfig
+    from agentloop_grpc.engine_adapters.model_check import check_model
+
+    check_model(EmbeddedEngineConfig(model=str(tiny_vlm)))  # raises ModelNotFoundError if it does not
+
+
 async def test_server_info_says_it_takes_images(server):
     info = await server[1].GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=10)
     assert info.supports_images and info.max_images_per_request == 4
