@@ -209,3 +209,32 @@ async def test_text_only_prompts_give_smollm2s_logprobs(server, reference):
     out, logprobs, complete = await _generate(server, ids, tokens=8)
     assert complete.prompt_images == 0
     _assert_matches(_recompute(smollm2, ids, out, {}), out, logprobs)
+
+
+async def test_a_weight_update_of_the_vision_part_changes_what_pictures_give(server, reference, tiny_vlm):
+    """The connector is a parameter like any other: UpdateWeights reaches the features (and flushes the cache)."""
+    from safetensors import safe_open
+
+    _, processor = reference
+    ids, media, _ = _prompt(processor, _text("What is in this picture?"), [BLUE])
+    name = "model.connector.modality_projection.proj.weight"
+    with safe_open(str(tiny_vlm / "model.safetensors"), framework="pt") as weights:
+        original = weights.get_tensor(name)
+
+    async def update(value):
+        chunk = engine_pb2.TensorChunk(name=name, dtype=engine_pb2.TENSOR_DTYPE_FLOAT32, shape=list(value.shape),
+                                       data=value.numpy().tobytes())
+        commit = engine_pb2.UpdateWeightsCommit(flush_cache=True)
+        messages = [engine_pb2.UpdateWeightsRequest(tensor=chunk), engine_pb2.UpdateWeightsRequest(commit=commit)]
+        await server[1].UpdateWeights(iter(messages), timeout=60)
+
+    _, before, _ = await _generate(server, ids, media)
+    await update(original * 2)
+    try:
+        _, changed, complete = await _generate(server, ids, media)
+        assert complete.cached_prompt_tokens == 0
+        assert changed != pytest.approx(before, abs=1e-3)
+    finally:
+        await update(original)
+    _, restored, _ = await _generate(server, ids, media)
+    assert restored == pytest.approx(before, abs=1e-4)
