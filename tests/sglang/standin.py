@@ -18,6 +18,9 @@ SGLang's model ``load_weights`` does (a KeyError of the name in the message) and
 ``load_format="safetensors"``: its ``*.safetensors`` files, only those a ``model.safetensors.index.json`` names.
 After each applied update the values held are reported as a ``weights`` call.
 
+Images (``enable_multimodal``): as SGLang's processor does with ``input_ids`` and ``image_data``, every
+``image_token_id`` in the ids is expanded to ``image_tokens`` ids, which ``prompt_tokens`` counts.
+
 Tokens are a deterministic function of (seed, prompt, position) (greedy ignores the seed), so tests can check
 exact streams. Every control call is reported to a ``CallRecorder`` actor, so a test can see what reached the
 engine inside the rank-0 actor's process.
@@ -148,7 +151,10 @@ class StandInTokenizerManager:
     def __init__(self, engine: StandInSglEngine) -> None:
         self._engine = engine
         self.context_len = engine.context_len
-        self.model_config = SimpleNamespace(vocab_size=engine.vocab_size, hf_eos_token_id={engine.eos_token_id})
+        self.model_config = SimpleNamespace(
+            vocab_size=engine.vocab_size, hf_eos_token_id={engine.eos_token_id}, is_multimodal=engine.multimodal,
+            hf_config=SimpleNamespace(image_token_id=engine.image_token_id),
+        )
         self.tokenizer = _StandInTokenizer(engine.vocab_size)
 
     def config_value(self, name: str) -> Any:
@@ -245,8 +251,12 @@ class StandInSglEngine:
         max_running_requests: int = 512,
         parameter_shapes: dict[str, tuple[int, ...]] | None = None,
         recorder: ray.actor.ActorHandle | None = None,
+        enable_multimodal: bool = False,
+        image_token_id: int = 31_999,
+        image_tokens: int = 3,
     ) -> None:
         self.vocab_size, self.context_len, self.eos_token_id = vocab_size, context_len, eos_token_id
+        self.multimodal, self.image_token_id, self.image_tokens = enable_multimodal, image_token_id, image_tokens
         self.token_latency_s = token_latency_s
         self.incremental = incremental_streaming_output
         self.max_running = max_running_requests
@@ -294,14 +304,19 @@ class StandInSglEngine:
         top_logprobs_num: int | None = None,
         stream: bool = False,
         rid: str | None = None,
+        image_data: list[str] | None = None,
         **unused: Any,
     ):
         params = dict(sampling_params or {})
         self.record(
             "async_generate",
             {"rid": rid, "input_ids": list(input_ids), "sampling_params": params, "return_logprob": return_logprob,
-             "top_logprobs_num": top_logprobs_num, "logprob_start_len": logprob_start_len, "stream": stream},
+             "top_logprobs_num": top_logprobs_num, "logprob_start_len": logprob_start_len, "stream": stream,
+             "image_data": image_data},
         )
+        if image_data:
+            expanded = [[t] * self.image_tokens if t == self.image_token_id else [t] for t in input_ids]
+            input_ids = [t for ids in expanded for t in ids]
         if not stream:
             raise NotImplementedError("the stand-in streams only (the adapter always streams)")
         if "%unsupported" in params.get("ebnf", ""):  # what SGLang does with a grammar its backend refuses

@@ -36,7 +36,7 @@ from ..weight_groups import LocalWeightGroups
 from .api import SglangApi
 from .config import TpRank
 from .facts import EngineFacts, EngineLoad, read_facts, read_load
-from .outputs import OutputReader, StreamDelta
+from .outputs import OutputReader, StreamDelta, expansion_mismatch
 from .sampling import generate_kwargs
 from .weights import model_folder
 
@@ -104,10 +104,17 @@ class SglangEngineActor:
         """Stream one request's deltas; the last carries the end. Closing or cancelling aborts it in SGLang."""
         engine = self._leader()
         reader = OutputReader(request.sampling.logprobs, request.sampling.top_logprobs)
-        outputs = await engine.async_generate(**generate_kwargs(request))
+        outputs = await engine.async_generate(**generate_kwargs(request, self._facts.image_token_id))
         ended = False
+        unchecked = bool(request.media)
         try:
             async for output in outputs:
+                if unchecked:  # before any token leaves; returning unended aborts the request in SGLang
+                    refusal = expansion_mismatch(output["meta_info"], len(request.prompt_ids), len(request.media))
+                    if refusal is not None:
+                        yield refusal
+                        return
+                    unchecked = False
                 delta = reader.read(output)
                 ended = delta.end is not None
                 yield delta

@@ -58,6 +58,20 @@ Facts relied on (sglang 0.5.23 wheel from PyPI, ``python/sglang/srt/...``):
 - ``TokenizerManager.context_len``, ``.model_config.vocab_size``, ``.model_config.hf_eos_token_id`` (a set),
   ``.tokenizer`` (a Hugging Face tokenizer) and ``.config_value(name)`` (the value in effect of a server argument,
   e.g. ``"enable_memory_saver"``; 0.5.23 moved server arguments into namespaced groups).
+- Images: ``Engine.async_generate(..., image_data=[...])`` takes per request a list of images (a PIL image, a file
+  name, a URL or a base64 string such as a ``data:image/png;base64,...`` URL; ``io_struct.py`` ``GenerateReqInput``).
+  Given ``input_ids``, ``TokenizerManager._tokenize_one_request`` hands them with ``image_data`` to the model's
+  multi-modal processor, which decodes the ids to text and runs the Hugging Face processor on it with the images
+  (``multimodal/processors/base_processor.py`` ``load_mm_data`` / ``process_and_combine_mm_data``); its
+  ``input_ids`` replace the request's. The Hugging Face processor expands every image placeholder it finds, so a
+  span sent already expanded would be expanded again (Idefics3: each ``<image>`` id read as one more image; only
+  Qwen-VL's processor matches an expanded ``<|vision_start|>(<|image_pad|>)+<|vision_end|>`` run by a regex), and
+  ``SGLANG_MM_AVOID_RETOKENIZE`` (keep the request's ids, expand each placeholder id in place) needs one id per
+  image as well: the adapter collapses each span to ``model_config.hf_config.image_token_id``, the id those
+  processors expand. ``model_config.is_multimodal`` says whether the model takes images. SGLang reports no prompt
+  ids, only ``meta_info["prompt_tokens"]``: the actor checks that count equals the request's length before any
+  token leaves (decode-then-retokenize may also change ids without changing the count: unchecked; not run on a
+  real SGLang here, no GPU).
 - ``sampling/sampling_params.py`` ``SamplingParams``: ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``
   (-1: whole vocabulary), ``min_p``, ``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``,
   ``stop_token_ids``, ``ignore_eos``, ``no_stop_trim``, ``sampling_seed``, ``json_schema``, ``regex``, ``ebnf``.

@@ -93,6 +93,10 @@ class SglangEngineConfig(EnginePlacement):
     ray_address: str | None = Field(
         None, description="Ray cluster address for ray.init when this process is not connected yet (None: auto)."
     )
+    max_images_per_request: int = Field(
+        4, ge=0, description="Images one prompt may show, for a vision-language model (GetServerInfo reports it and "
+        "the server refuses more; SGLang sets no such limit of its own); 0 takes no images."
+    )
 
     def rank(self, tp_rank: int) -> TpRank:
         return TpRank(self.naming, self.dp_rank, tp_rank, self.tp_size)

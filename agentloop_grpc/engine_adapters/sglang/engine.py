@@ -111,6 +111,7 @@ class SglangEngine:
         self._facts = facts = await self._group.leader.start.remote()
         self._engine_load = await self._group.leader.load.remote()
         self._poll_task = asyncio.create_task(self._poll_load(), name="sglang-load-poll")
+        images = self.config.max_images_per_request if facts.image_token_id is not None else 0
         return ServerFacts(
             engine_kind="sglang",
             engine_version=facts.engine_version,
@@ -126,6 +127,8 @@ class SglangEngine:
             supports_structured_output=True,
             weight_group_ranks=1,  # the rank-0 actor receives for every TP rank (module docstring)
             default_max_new_tokens=self.config.default_max_new_tokens,
+            supports_images=images > 0,
+            max_images_per_request=images,
         )
 
     async def shutdown(self) -> None:
@@ -198,6 +201,7 @@ class SglangEngine:
                 weight_version=self._weight_version(),
                 cached_prompt_tokens=end.cached_tokens,
                 matched_stop_token_id=end.matched_stop_token_id,
+                prompt_images=len(request.media),
             )
         finally:
             if end is None:

@@ -22,6 +22,8 @@ class EngineFacts:
     eos_token_ids: tuple[int, ...]
     #: SGLang frees GPU memory on release_memory_occupation only when started with enable_memory_saver.
     memory_saver: bool
+    #: The placeholder id SGLang's processor expands into an image's ids; None: the model takes no images.
+    image_token_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,9 @@ def read_facts(engine: Any, version: str, model_path: str) -> EngineFacts:
 
     manager = engine.tokenizer_manager
     eos = manager.model_config.hf_eos_token_id or set()
+    image_token_id = None
+    if manager.model_config.is_multimodal:  # SGLang's processor expands the config's image token id
+        image_token_id = getattr(manager.model_config.hf_config, "image_token_id", None)
     return EngineFacts(
         engine_version=version,
         model_path=model_path,
@@ -49,6 +54,7 @@ def read_facts(engine: Any, version: str, model_path: str) -> EngineFacts:
         context_len=int(manager.context_len),
         eos_token_ids=tuple(sorted(int(t) for t in eos)),
         memory_saver=bool(manager.config_value("enable_memory_saver")),
+        image_token_id=None if image_token_id is None else int(image_token_id),
     )
 
 

@@ -48,6 +48,18 @@ def _suffix(values: list | None, count: int) -> list:
     return values[len(values) - count :]
 
 
+def expansion_mismatch(meta: dict[str, Any], prompt_len: int, images: int) -> StreamDelta | None:
+    """The refusal to stream when SGLang's expansion of a prompt's images did not give the request's length back
+    (``meta_info["prompt_tokens"]`` counts the ids SGLang runs); None when it did. Only the length can be checked:
+    SGLang reports no prompt ids."""
+    counted = int(meta["prompt_tokens"])
+    if counted == prompt_len:
+        return None
+    message = (f"media: SGLang's expansion of the {images} image(s) makes a prompt of {counted} ids, the request has "
+               f"{prompt_len}; send each image as the model processor's expansion of it")
+    return StreamDelta((), end=StreamEnd(FinishReason.ABORT, counted, 0, rejected=message))
+
+
 def read_end(meta: dict[str, Any]) -> StreamEnd | None:
     """The request's end from ``meta_info``, or None while it runs."""
     finish = meta.get("finish_reason")

@@ -1,5 +1,9 @@
 """Our validated GenerateRequest as the keyword arguments of SGLang's ``Engine.async_generate``.
 
+Images: SGLang decodes ``input_ids`` to text and runs the model's processor on it with ``image_data``, which expands
+every image placeholder it finds, so each image's span (sent expanded) goes as the one placeholder id
+(``image_placeholders.py``) and the picture as a base64 data URL, in span order (see ``api.py``).
+
 Fields map one to one onto SGLang's ``SamplingParams`` (see ``api.py``) with three translations: our ``top_k`` 0
 ("disabled") is SGLang's -1 (SGLang rejects 0); ``seed`` is ``sampling_seed``; ``ebnf_grammar`` is ``ebnf``.
 ``no_stop_trim`` keeps a matched stop token in the output, which the contract reports as a generated token.
@@ -7,9 +11,12 @@ Fields map one to one onto SGLang's ``SamplingParams`` (see ``api.py``) with thr
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
+from agentloop_grpc.common.errors import UnsupportedError
 from agentloop_grpc.common.types import GenerateRequest
+from ..image_placeholders import collapse_images
 
 _STRUCTURED_KEYS = {"json_schema": "json_schema", "regex": "regex", "ebnf_grammar": "ebnf"}
 #: logprob_start_len -1: logprobs of output tokens only, none for the prompt.
@@ -39,11 +46,16 @@ def sampling_params(request: GenerateRequest) -> dict[str, Any]:
     return params
 
 
-def generate_kwargs(request: GenerateRequest) -> dict[str, Any]:
+def image_data(request: GenerateRequest) -> list[str]:
+    """The request's pictures as SGLang's ``image_data``: data URLs (SGLang decodes base64 ones itself)."""
+    return [f"data:{item.mime_type};base64,{base64.b64encode(item.data).decode()}" for item in request.media]
+
+
+def generate_kwargs(request: GenerateRequest, image_token_id: int | None = None) -> dict[str, Any]:
     """Everything ``Engine.async_generate`` gets for one streamed request (``rid`` is our request id, so
-    ``abort_request(rid=...)`` reaches it)."""
-    return {
-        "input_ids": list(request.prompt_ids),
+    ``abort_request(rid=...)`` reaches it). A request with images needs the model's ``image_token_id``."""
+    kwargs = {
+        "input_ids": request.prompt_ids.tolist(),
         "sampling_params": sampling_params(request),
         "return_logprob": request.sampling.logprobs,
         "top_logprobs_num": request.sampling.top_logprobs,
@@ -51,3 +63,9 @@ def generate_kwargs(request: GenerateRequest) -> dict[str, Any]:
         "stream": True,
         "rid": request.request_id,
     }
+    if request.media:
+        if image_token_id is None:
+            raise UnsupportedError("media: this server's model takes no images")
+        kwargs["input_ids"] = collapse_images(request.prompt_ids, request.media, image_token_id)
+        kwargs["image_data"] = image_data(request)
+    return kwargs

@@ -18,17 +18,11 @@ from vllm.inputs import TokensPrompt
 
 from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.media import ImageError, MediaInput, decode_image
+from ..image_placeholders import collapse_images
 
 
 def tokens_prompt(prompt_ids: Sequence[int], media: Sequence[MediaInput], image_token_id: int) -> TokensPrompt:
     """The TokensPrompt vLLM expands back to ``prompt_ids``; decodes every image (CPU time: call off the loop)."""
-    ids: list[int] = []
-    start = 0
-    for item in media:
-        ids += prompt_ids[start : item.offset]
-        ids.append(image_token_id)
-        start = item.end
-    ids += prompt_ids[start:]
     pictures = []
     for index, item in enumerate(media):
         try:
@@ -36,7 +30,7 @@ def tokens_prompt(prompt_ids: Sequence[int], media: Sequence[MediaInput], image_
         except ImageError as error:
             raise InvalidRequestError(f"media[{index}]: {error}") from None
     return TokensPrompt(
-        prompt_token_ids=ids,
+        prompt_token_ids=collapse_images(prompt_ids, media, image_token_id),
         multi_modal_data={"image": pictures},
         multi_modal_uuids={"image": [item.digest().hex() for item in media]},
     )
