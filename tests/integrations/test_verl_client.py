@@ -108,12 +108,6 @@ def test_a_verl_key_without_an_equivalent_is_refused_by_name(params, needle) -> 
         sampling_from_verl(params, 16)
 
 
-def test_multimodal_inputs_are_refused_by_name() -> None:
-    client = AgentloopLLMClient(CONFIG, servers=["127.0.0.1:1"])
-    with pytest.raises(ValueError, match="image_data"):
-        asyncio.run(client.generate("r", prompt_ids=[1], sampling_params={}, image_data=["x"]))
-
-
 async def _fake_server(**config):
     server = await create_server(make_adapter("fake", {"vocab_size": 50_000, **config}), "127.0.0.1:0")
     await start_adapter(server)

@@ -10,8 +10,10 @@ priority is vLLM's (lower first), ours is negated; the ids and logprobs are the 
 verl's stop reasons ('aborted' for an abort, as when EngineControl Pause(ABORT) stops it, with the tokens so far;
 'completed' otherwise); the weight versions of the tokens go into ``extra_fields`` as verl's
 ``global_steps``/``min_global_steps``/``max_global_steps`` (verl's staleness bookkeeping), the prefix-cache hit
-as ``num_cached_tokens``, failovers as ``num_preempted``. Multi-modal inputs are refused by name (not carried by
-agentloop.v1 yet).
+as ``num_cached_tokens``, failovers as ``num_preempted``. Pictures (``image_data``: verl's prompt ids are already
+expanded by the processor) go as ``GenerateRequest.media``, each with its span in the ids, found with the model's
+processor (``picture_spans.py``; the model is ``model_path=`` or verl's ``actor_rollout_ref.model.path``); videos,
+audio and processor arguments with pictures are refused by name (agentloop.v1 does not carry them).
 
 ``AgentloopFullyAsyncLLMClient`` is verl's ``FullyAsyncLLMServerClient`` over the same calls: an aborted
 generation is resumed from its tokens once the engines take requests again, invisibly to the loop.
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,9 +32,11 @@ from verl.utils.rollout_trace import rollout_trace_op
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
+from agentloop_grpc.common.media import ImageExpander, MediaInput
 from agentloop_grpc.common.types import FinishReason, SamplingParams
 from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 
+from .picture_spans import PictureSpans
 from .sampling import sampling_from_verl
 
 #: verl's version this was written and tested against (its client and agent-loop interfaces move between releases).
@@ -39,10 +45,12 @@ TESTED_VERL_VERSION = "0.9.1"
 
 class AgentloopLLMClient(LLMServerClient):
     """verl's LLM client over a Router to ``servers``, created in verl's event loop at the first call, so the client
-    pickles to verl's Ray workers until then (and after: the Router stays behind)."""
+    pickles to verl's Ray workers until then (and after: the Router stays behind). ``model_path`` (default: verl's
+    ``actor_rollout_ref.model.path``) is the checkpoint whose processor finds the pictures' spans, loaded at the
+    first call with pictures."""
 
     def __init__(self, config, load_balancer_handle=None, *, servers: Sequence[str] = (),
-                 router_config: RouterConfig | None = None, **kwargs) -> None:
+                 router_config: RouterConfig | None = None, model_path: str | None = None, **kwargs) -> None:
         super().__init__(config, load_balancer_handle)  # no balancer is used: the Router balances
         if not servers:
             raise ValueError("AgentloopLLMClient needs the engine servers' addresses (servers=...)")
@@ -51,10 +59,20 @@ class AgentloopLLMClient(LLMServerClient):
         self._router: Router | None = None
         self._router_lock: asyncio.Lock | None = None
         self._router_loop: asyncio.AbstractEventLoop | None = None
+        model = config.get("actor_rollout_ref", {}).get("model", {}) or {}
+        self._model_path = model_path or model.get("local_path") or model.get("path")
+        self._picture_spans: PictureSpans | None = None
+        self._picture_spans_loaded = False  # loaded once, also when the model has no processor for pictures
+        self._picture_spans_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        # a Router holds channels bound to this process's event loop: a copy in another process opens its own
-        return {**self.__dict__, "_router": None, "_router_lock": None, "_router_loop": None}
+        # a Router holds channels bound to this process's event loop: a copy in another process opens its own; a
+        # processor is reloaded there too, rather than pickled
+        return {**self.__dict__, "_router": None, "_router_lock": None, "_router_loop": None,
+                "_picture_spans": None, "_picture_spans_loaded": False, "_picture_spans_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _picture_spans_lock=threading.Lock())
 
     async def router(self) -> Router:
         """The Router, once a server is ready (its context length bounds every budget, as verl's servers do). It
@@ -98,20 +116,49 @@ class AgentloopLLMClient(LLMServerClient):
         budget = min(rollout.response_length, rollout.prompt_length + rollout.response_length - prompt_len)
         return sampling_from_verl(params, max(1, budget))
 
+    async def _media(self, prompt_ids: Sequence[int], pictures: Sequence[Any],
+                     processor_kwargs: dict[str, Any] | None) -> tuple[MediaInput, ...]:
+        """verl's pictures as media, their spans found in ``prompt_ids`` (off the event loop: the processor runs)."""
+        if not pictures:
+            return ()
+        if processor_kwargs:
+            # the engine expands each picture with its processor's defaults: other arguments would not match the ids
+            raise ValueError(f"mm_processor_kwargs {sorted(processor_kwargs)}: agentloop.v1 carries no processor "
+                             f"arguments with image_data (the engine's processor uses its defaults)")
+        return await asyncio.to_thread(lambda: self._loaded_picture_spans().media(prompt_ids, pictures))
+
+    def _loaded_picture_spans(self) -> PictureSpans:
+        """The model's processor for pictures, loaded at the first call that has some."""
+        with self._picture_spans_lock:
+            if not self._picture_spans_loaded:
+                path = self._model_path and os.path.expanduser(str(self._model_path))
+                expander = ImageExpander.load(path) if path else None
+                self._picture_spans = PictureSpans(expander) if expander is not None else None
+                self._picture_spans_loaded = True
+        if self._picture_spans is None:
+            where = (f"the model at {self._model_path} has no processor that takes images" if self._model_path
+                     else "no model path was given")
+            raise ValueError(f"image_data: each picture's span in prompt_ids is found with the model's processor, "
+                             f"and {where} (give AgentloopLLMClient model_path=, or actor_rollout_ref.model.path, "
+                             f"a vision-language checkpoint)")
+        return self._picture_spans
+
     @rollout_trace_op
     async def generate(
         self, request_id, *, prompt_ids: list[int], sampling_params: dict[str, Any], image_data=None,
         video_data=None, audio_data=None, mm_processor_kwargs=None, **kwargs: Any,
     ) -> TokenOutput:
-        carried = {"image_data": image_data, "video_data": video_data, "audio_data": audio_data,
+        refused = {"video_data": video_data, "audio_data": audio_data,
                    "mm_processor_output": kwargs.pop("mm_processor_output", None)}
-        if any(value for value in carried.values()):
-            named = sorted(name for name, value in carried.items() if value)
-            raise ValueError(f"{named}: multi-modal inputs are not carried by agentloop.v1 yet")
+        if any(value for value in refused.values()):
+            named = sorted(name for name, value in refused.items() if value)
+            raise ValueError(f"{named}: agentloop.v1 carries pictures only (image_data), not videos, audio or "
+                             f"processor outputs")
         # verl's priority is vLLM's, which schedules lower values first; agentloop.v1 schedules higher ones first
         priority = -int(kwargs.pop("priority", 0) or 0)
         if kwargs:
             raise ValueError(f"generate() arguments {sorted(kwargs)} have no agentloop.v1 equivalent")
+        media = await self._media(prompt_ids, image_data or (), mm_processor_kwargs)
         sampling = self._sampling_params(sampling_params, len(prompt_ids))
         router = await self.router()
         # as verl's own servers: at least one token, at most what the context leaves (a prompt that leaves none
@@ -120,7 +167,8 @@ class AgentloopLLMClient(LLMServerClient):
         room = context - len(prompt_ids)
         sampling = dataclasses.replace(sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, room)))
         result = await router.generate(
-            GenerateCall(session_id=str(request_id), prompt_ids=prompt_ids, sampling=sampling, priority=priority)
+            GenerateCall(session_id=str(request_id), prompt_ids=prompt_ids, sampling=sampling, priority=priority,
+                         media=media)
         )
         versions = result.weight_versions or (router.fleet.weight_version,)
         # only fields that describe this call as a whole: verl's tool loop keeps the first call's extra fields
