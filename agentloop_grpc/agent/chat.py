@@ -189,6 +189,8 @@ class ChatCodec:
         rendered = self.expand(self.encode(rendered_text), pictures).ids
         if recorded == rendered[: len(recorded)]:
             return None
+        if pictures:  # texts compare with the pictures' expansions in both, as the recorded ids decode
+            rendered_text = self.decode(rendered)
         recorded_text = self.decode(recorded)
         if rendered_text.startswith(recorded_text):
             kind = "tokenization"

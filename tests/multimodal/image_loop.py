@@ -70,7 +70,8 @@ async def run_image_loop(address: str, codec: ChatCodec, config: AgentLoopConfig
 def check_image_trajectory(t: Trajectory, recorded: Recorded, codec: ChatCodec) -> MediaInput:
     """What every engine must satisfy; the picture's record (offsets in prompt + response ids)."""
     assert t.error is None, t.error
-    assert t.assistant_turns == 2 and t.tool_calls == 1 and t.tool_errors == 0
+    # two turns, the first a call of draw (a constrained second turn calls it again; the loop then ends)
+    assert t.assistant_turns == 2 and t.tool_errors == 0 and t.tool_call_metrics[0].tool == "draw"
     assert len(t.media) == 1
     image = t.media[0]
     assert image.mime_type == "image/png"
@@ -85,7 +86,9 @@ def check_image_trajectory(t: Trajectory, recorded: Recorded, codec: ChatCodec) 
     p = len(t.prompt_ids)
     assert p + start <= image.offset and image.end <= p + end
     assert "a red square" in codec.decode(t.response_ids[start:end])
-    assert t.drift is None  # a fresh render, pictures expanded, equals the record
+    # a fresh render, pictures expanded, equals the record (up to the model's own token split of its text: a
+    # grammar-constrained engine may pick another split of the same text)
+    assert t.drift is None or t.drift.kind == "tokenization", t.drift
     # the first turn's call has no picture; the second carries it at its place in the prompt, and the engine read it
     assert [list(c.media) for c in recorded.calls] == [[], [image]]
     assert [r.prompt_images for r in recorded.results] == [0, 1]

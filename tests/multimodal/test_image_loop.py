@@ -178,3 +178,18 @@ def test_a_text_only_model_refuses_pictures():
     # text parts alone render as one string, as the text-only template always did
     rendered, _ = read_images([_user({"type": "text", "text": "Look"}, {"type": "text", "text": " here"})])
     assert text.prompt(rendered, None).ids == text.prompt_ids([{"role": "user", "content": "Look here"}], None)
+
+
+def test_drift_with_pictures_tells_a_token_split_from_other_text(codec):
+    """The fresh render's text once held the image token where the recorded ids decode to its expansion, so a
+    harmless split of the model's text after a picture was reported as text drift."""
+    from agentloop_grpc.agent.images import read_images
+
+    rendered, pictures = read_images([_user({"type": "text", "text": "Look: "}, _image(RED))])
+    prompt = codec.prompt(rendered, None, pictures).ids
+    messages = [*rendered, {"role": "assistant", "content": "It is red."}]
+    split = [i for ch in "It is red." for i in codec.encode(ch)] + [EOS]  # same text, other tokens
+    drift = codec.first_drift(messages, None, prompt + split, False, pictures)
+    assert drift is not None and drift.kind == "tokenization" and drift.position == len(prompt)
+    other = codec.encode("It is blue.") + [EOS]
+    assert codec.first_drift(messages, None, prompt + other, False, pictures).kind == "text"
