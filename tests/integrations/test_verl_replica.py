@@ -6,6 +6,7 @@ our replica on a real local Ray, verl's own client and load balancer generate on
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -87,6 +88,16 @@ async def test_verls_client_and_balancer_generate_on_our_engine_server(manager) 
     assert output.token_ids == list(direct.token_ids) and len(output.token_ids) == 16  # response_length bounds it
     assert output.log_probs == pytest.approx(list(direct.logprobs), abs=1e-5)
     assert output.stop_reason == "completed"
+
+
+async def test_the_server_actors_client_finds_pictures_spans_with_the_replicas_model(manager) -> None:
+    from PIL import Image
+
+    # the bundled model is text-only, so the actor's client names the model it was handed and refuses the picture
+    needle = f"the model at {re.escape(str(model_store.prepare()))} has no processor that takes images"
+    with pytest.raises(ValueError, match=needle):
+        await manager.get_client().generate("traj-picture", prompt_ids=PROMPT, sampling_params=dict(GREEDY),
+                                            image_data=[Image.new("RGB", (8, 8))])
 
 
 async def test_abort_pauses_the_engine_and_resume_lets_held_calls_finish(manager) -> None:

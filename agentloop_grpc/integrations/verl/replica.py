@@ -77,11 +77,14 @@ class AgentloopReplica(RolloutReplica):
             target = {"address": settings.servers[self.replica_rank]}
         else:
             target = {"launch": self._launch(settings)}
-        # what the actor's client reads of verl's rollout config: the lengths and the sampling defaults
+        # what the actor's client reads of verl's config: the rollout's lengths and sampling defaults, and the model
+        # (its processor finds the spans of verl's pictures in the prompt ids)
         read = ("prompt_length", "response_length", "repetition_penalty", "ignore_eos", "full_determinism", "seed")
-        trainer_config = OmegaConf.create({"actor_rollout_ref": {"rollout": {
-            name: getattr(self.config, name) for name in read
-        }}})
+        model_path = self.model_config.get("local_path") or self.model_config.get("path")
+        trainer_config = OmegaConf.create({"actor_rollout_ref": {
+            "rollout": {name: getattr(self.config, name) for name in read},
+            "model": {"path": str(model_path) if model_path else None},
+        }})
         actor = ray.remote(EngineServerActor).options(**options).remote(
             trainer_config, self.rollout_mode.value, self.config.free_cache_engine,
             startup_timeout_s=settings.startup_timeout_s, env=env, **target,
