@@ -95,3 +95,46 @@ def check_image_trajectory(t: Trajectory, recorded: Recorded, codec: ChatCodec) 
     assert t.messages[2] == {"role": "tool", "name": "draw", "content": [
         {"type": "text", "text": "a red square"}, {"type": "image", "media": 0}]}
     return image
+
+
+def second_turn(t: Trajectory) -> list[int]:
+    """Positions (in prompt + response ids) of the model tokens after the picture: the second turn."""
+    p, image = len(t.prompt_ids), t.media[0]
+    second = [p + i for i, m in enumerate(t.response_mask) if m and p + i > image.end]
+    assert second and second == list(range(second[0], second[-1] + 1))
+    return second
+
+
+def pixels_of(codec: ChatCodec, data: bytes, mime_type: str = "image/png") -> dict:
+    """The processor's tensors for one picture, as torch tensors."""
+    import torch
+
+    return {k: torch.as_tensor(v) for k, v in codec.images.expand(decode_image(data, mime_type)).inputs.items()}
+
+
+def recompute_second_turn(model, t: Trajectory, recorded: Recorded, codec: ChatCodec,
+                          pixels: dict) -> tuple[list[float], list[int]]:
+    """Transformers' logprobs of the second turn's tokens given ``pixels`` for the picture, under the grammar the
+    turn was constrained by (the engines report logprobs under the distribution they sampled from), and the greedy
+    pick at each position."""
+    import torch
+    import xgrammar as xgr
+
+    ids = list(t.prompt_ids + t.response_ids)
+    second = second_turn(t)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids[: second[-1]]]), **pixels).logits[0]
+    vocab = logits.size(-1)
+    info = xgr.TokenizerInfo.from_huggingface(codec.tokenizer, vocab_size=vocab)
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_grammar(recorded.calls[-1].structured_output.spec))
+    bitmask = xgr.allocate_token_bitmask(1, vocab)
+    chosen, picks = [], []
+    for row, token in zip(logits[second[0] - 1 : second[-1]], ids[second[0] : second[-1] + 1], strict=True):
+        matcher.fill_next_token_bitmask(bitmask)
+        masked = row.clone()[None]
+        xgr.apply_token_bitmask_inplace(masked, bitmask, vocab_size=vocab)
+        logprobs = torch.log_softmax(masked[0], dim=-1)
+        picks.append(int(logprobs.argmax()))
+        chosen.append(float(logprobs[token]))
+        matcher.accept_token(token)
+    return chosen, picks

@@ -14,9 +14,8 @@ import pytest
 
 from agentloop_grpc.agent import AgentLoopConfig, SamplingConfig
 from agentloop_grpc.agent.spec import load_codec
-from agentloop_grpc.common.media import decode_image
 
-from .image_loop import check_image_trajectory, run_image_loop
+from .image_loop import check_image_trajectory, pixels_of, recompute_second_turn, run_image_loop, second_turn
 from .pictures import png
 
 pytestmark = pytest.mark.slow
@@ -47,46 +46,12 @@ async def test_the_second_turn_sees_the_picture(drawn, tiny_vlm):
 
     t, recorded, codec = drawn
     image = check_image_trajectory(t, recorded, codec)
-    # the second turn: the model tokens after the tool delta, recomputed by transformers with the picture
-    ids = list(t.prompt_ids + t.response_ids)
-    p = len(t.prompt_ids)
-    second = [p + i for i in range(len(t.response_mask)) if t.response_mask[i] and p + i > image.end]
-    assert second and second == list(range(second[0], second[-1] + 1))
-    pixels = {k: torch.as_tensor(v) for k, v in
-              codec.images.expand(decode_image(image.data, image.mime_type)).inputs.items()}
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm, dtype=torch.float32).eval()
-    grammar = recorded.calls[-1].structured_output.spec
-    produced = ids[second[0] : second[-1] + 1]
-
-    def recompute(pixels) -> tuple[list[float], list[int]]:
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids[: second[-1]]]), **pixels).logits[0]
-        return _under_grammar(logits[second[0] - 1 : second[-1]], produced, grammar, codec, logits.size(-1))
-
-    engine = [t.response_logprobs[i - p] for i in second]
-    logprobs, picks = recompute(pixels)
+    second = second_turn(t)
+    engine = [t.response_logprobs[i - len(t.prompt_ids)] for i in second]
+    logprobs, picks = recompute_second_turn(model, t, recorded, codec, pixels_of(codec, image.data))
     assert engine == pytest.approx(logprobs, abs=1e-4)
-    assert picks == produced  # greedy: what the model picks inside the grammar
+    assert picks == [(t.prompt_ids + t.response_ids)[i] for i in second]  # greedy: the model's picks in the grammar
     # the picture is in what the engine ran: another picture's features give other logprobs
-    blue = codec.images.expand(decode_image(png((0, 0, 255)), "image/png")).inputs
-    assert engine != pytest.approx(recompute({k: torch.as_tensor(v) for k, v in blue.items()})[0], abs=1e-3)
-
-
-def _under_grammar(logits, produced: list[int], grammar: str, codec, vocab: int) -> tuple[list[float], list[int]]:
-    """The logprob of each produced token under the grammar-masked distribution, and the greedy pick there."""
-    import torch
-    import xgrammar as xgr
-
-    info = xgr.TokenizerInfo.from_huggingface(codec.tokenizer, vocab_size=vocab)
-    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_grammar(grammar))
-    bitmask = xgr.allocate_token_bitmask(1, vocab)
-    chosen, picks = [], []
-    for row, token in zip(logits, produced, strict=True):
-        matcher.fill_next_token_bitmask(bitmask)
-        masked = row.clone()[None]
-        xgr.apply_token_bitmask_inplace(masked, bitmask, vocab_size=vocab)
-        logprobs = torch.log_softmax(masked[0], dim=-1)
-        picks.append(int(logprobs.argmax()))
-        chosen.append(float(logprobs[token]))
-        matcher.accept_token(token)
-    return chosen, picks
+    blue, _ = recompute_second_turn(model, t, recorded, codec, pixels_of(codec, png((0, 0, 255))))
+    assert engine != pytest.approx(blue, abs=1e-3)
