@@ -3,9 +3,11 @@ reaches the engine as ``GenerateRequest.media`` with its span in the ids verl's 
 tiny VLM's processor, tiny_vlm.py); prompts and pictures that disagree, videos, audio and a client without a
 processor for pictures are refused by name.
 
-The engine is the fake (it takes any span and mixes the pictures' bytes into its stream); the spans are checked
-here against the tiny VLM's layout of one picture (an opener, ``IMAGE_SEQ_LEN`` ``<image>`` ids, a closer). The
-pictures mean nothing to the model: only where they sit and which bytes arrive matter.
+Mostly the engine is the fake (it takes any span and mixes the pictures' bytes into its stream); the spans are
+checked here against the tiny VLM's layout of one picture (an opener, ``IMAGE_SEQ_LEN`` ``<image>`` ids, a closer).
+Once, verl's tool loop answers a tool's picture on the embedded engine serving the tiny VLM, which checks each span
+against its own processor's expansion and runs the model on the picture. The pictures mean nothing to the model
+(its vision part is random): only where they sit, which bytes arrive and that the model ran on them matter.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: 
 from verl.tools.base_tool import BaseTool  # noqa: E402
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
 
 from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.media import decode_image  # noqa: E402
+from agentloop_grpc.common.media import MediaInput, decode_image, encode_png  # noqa: E402
+from agentloop_grpc.common.types import SamplingParams  # noqa: E402
 from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
 from agentloop_grpc.integrations.verl.client import AgentloopLLMClient  # noqa: E402
+from agentloop_grpc.router import GenerateCall, Router  # noqa: E402
 
 from .tiny_vlm import IMAGE_SEQ_LEN  # noqa: E402
 
@@ -175,6 +180,65 @@ async def test_the_engines_tokens_depend_on_the_picture_and_bytes_go_as_they_are
     assert outputs[0] != outputs[1] and outputs[0] == outputs[2]  # greedy: the same picture, the same tokens
     (item,) = seen[0].media
     assert (item.mime_type, item.data, item.offset) == ("image/jpeg", jpeg.getvalue(), len(text))
+
+
+class FirstTurnElsewhere(LLMServerClient):
+    """verl's client for one trajectory whose first turn goes to ``first`` (the fake: SmolLM2 calls no tool by
+    itself) and every later one to ``rest`` with a budget of ``LATER_TOKENS`` (two CPU cores), each call otherwise
+    passed on as verl made it."""
+
+    LATER_TOKENS = 4
+
+    def __init__(self, config, first: AgentloopLLMClient, rest: AgentloopLLMClient) -> None:
+        super().__init__(config)
+        self.first, self.rest, self.calls = first, rest, 0
+
+    async def generate(self, request_id, *, sampling_params, **kwargs):
+        self.calls += 1
+        if self.calls == 1:
+            return await self.first.generate(request_id, sampling_params=sampling_params, **kwargs)
+        budget = {**sampling_params, "max_tokens": self.LATER_TOKENS}
+        return await self.rest.generate(request_id, sampling_params=budget, **kwargs)
+
+
+@pytest.mark.slow
+async def test_verls_tool_loop_answers_the_tools_picture_on_the_embedded_vlm(tiny_vlm, processor):
+    from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+    call_ids = processor.tokenizer.encode(CALL, add_special_tokens=False)
+    fake, fake_address = await _fake(lambda request: call_ids)
+    embedded = await create_server(EmbeddedEngine(EmbeddedEngineConfig(model=str(tiny_vlm), max_model_len=512)),
+                                   "127.0.0.1:0")
+    await start_adapter(embedded)
+    address = f"127.0.0.1:{embedded.port}"
+    first = AgentloopLLMClient(CONFIG, servers=[fake_address], model_path=str(tiny_vlm))
+    rest = AgentloopLLMClient(CONFIG, servers=[address], model_path=str(tiny_vlm))
+    try:
+        loop = ToolAgentLoop(
+            trainer_config=DictConfigWrap(CONFIG), server_manager=FirstTurnElsewhere(CONFIG, first, rest),
+            tokenizer=processor.tokenizer, processor=processor, dataset_cls=PictureDataset,
+            data_config=DictConfigWrap(OmegaConf.create({})), hf_model_type="idefics3",
+            tools=ToolListWrap([LookTool({}, OpenAIFunctionToolSchema.model_validate(LOOK))]),
+        )
+        output = await loop.run(dict(GREEDY), raw_prompt=[{"role": "user", "content": "Look."}])
+        context = output.prompt_ids + output.response_ids
+        answer = len(output.prompt_ids) + output.response_mask.index(1, len(call_ids) + 1)  # the model's 2nd turn
+        (start,) = _starts(context, _span(processor))
+        async with Router([address]) as router:  # the same context straight to the engine, each picture's media
+            direct = {name: await router.generate(GenerateCall(
+                "direct", context[:answer], SamplingParams(max_new_tokens=tokens, temperature=0.0, logprobs=True),
+                media=[MediaInput("image/png", encode_png(picture), start, len(_span(processor)))]))
+                for name, picture, tokens in (("blue", BLUE, FirstTurnElsewhere.LATER_TOKENS), ("red", RED, 1))}
+    finally:
+        await first.close()
+        await rest.close()
+        await fake.stop(grace_s=1)
+        await embedded.stop(grace_s=1)
+    turn = slice(answer - len(output.prompt_ids), None)
+    assert output.response_ids[turn] == list(direct["blue"].token_ids) and direct["blue"].prompt_images == 1
+    assert output.response_logprobs[turn] == pytest.approx(list(direct["blue"].logprobs), abs=1e-5)
+    # the model ran on the tool's picture: another picture at the same span gives other logprobs
+    assert direct["red"].logprobs[0] != pytest.approx(direct["blue"].logprobs[0], abs=1e-4)
 
 
 def _client(path=None) -> AgentloopLLMClient:

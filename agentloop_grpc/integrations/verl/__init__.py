@@ -9,7 +9,8 @@ Engine level (verl's loops unchanged):
   - ``checkpoint_engine.backend=agentloop`` (``custom_backend_module``: ``checkpoint_engine.py``) with
     ``checkpoint_manager_class`` (``checkpoint_manager.py``): verl's weights reach the servers by our transfer;
   - ``agent.agent_loop_manager_class=...loops_manager...``: verl's loops on ``AgentloopLLMClient`` (``client.py``,
-    verl's ``LLMServerClient`` over our Router; ``sampling.py`` maps verl's sampling dict).
+    verl's ``LLMServerClient`` over our Router; ``sampling.py`` maps verl's sampling dict; ``picture_spans.py`` finds
+    where verl's pictures sit in its prompt ids, so they go as media).
 Loop level (our loops inside verl's trainer): ``agent.agent_loop_manager_class=...manager...`` reads verl's dataset
 columns, runs our agent loops and returns verl's agent-loop batch (``batch.py``); verl's tool YAML runs in our tool
 server (``tools.py``). Our settings live under ``rollout.custom.agentloop`` (``settings.py``).
