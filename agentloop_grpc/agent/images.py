@@ -127,3 +127,16 @@ def for_humans(messages: Sequence[dict[str, Any]], first_media: int) -> list[dic
                 parts.append({"type": "text", "text": part.get("text") or ""})
         out.append({**message, "content": parts})
     return out
+
+
+def unread(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` of a sample whose pictures were never read (its loop failed early), as plain JSON: an image
+    part keeps a file path, bytes and data URLs are dropped."""
+    def part(p: dict[str, Any]) -> dict[str, Any]:
+        image = p.get("image") if p.get("type") == "image" else None
+        if image is None:
+            return dict(p)
+        kept = isinstance(image, str) and not image.startswith("data:")
+        return {"type": "image", "image": image} if kept else {"type": "image"}
+
+    return [{**m, "content": [part(p) for p in m["content"]]} if has_parts(m) else dict(m) for m in messages]

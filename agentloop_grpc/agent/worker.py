@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from .errors import INFRASTRUCTURE_ERRORS, REQUEST_ERRORS
+from .images import unread
 from .loops.base import LoopRegistry
 from .sample import Sample
 from .trajectory import Termination, Trajectory
@@ -38,7 +39,7 @@ def failed_trajectory(sample: Sample, error: str, infrastructure: bool) -> Traje
         termination=Termination.ERROR,
         error=error,
         infrastructure_failure=infrastructure,
-        messages=tuple(sample.messages),
+        messages=tuple(unread(sample.messages)),  # no picture bytes in a record meant to be read
     )
 
 

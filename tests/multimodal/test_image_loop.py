@@ -164,6 +164,9 @@ async def test_a_bad_picture_fails_its_sample_alone(looping, codec, tmp_path):
     assert broken.failed and "messages[0].content[1]: the data does not decode as an image" in broken.error
     assert missing.failed and "messages[0].content[0]: no image file" in missing.error
     assert typed.failed and "2 image placeholders for 1 images" in typed.error
+    # the failed records hold no picture bytes, only what a reader can use (a path)
+    assert broken.messages[0]["content"][1] == {"type": "image"}
+    assert missing.messages[0]["content"][0] == {"type": "image", "image": str(tmp_path / "nowhere.png")}
 
 
 def test_a_text_only_model_refuses_pictures():
@@ -193,3 +196,15 @@ def test_drift_with_pictures_tells_a_token_split_from_other_text(codec):
     assert drift is not None and drift.kind == "tokenization" and drift.position == len(prompt)
     other = codec.encode("It is blue.") + [EOS]
     assert codec.first_drift(messages, None, prompt + other, False, pictures).kind == "text"
+
+
+def test_a_trajectory_refuses_spans_it_cannot_hold(drawn):
+    import dataclasses
+
+    t, _ = drawn
+    image = t.media[0]
+    model_token = len(t.prompt_ids) + t.response_mask.index(1)
+    with pytest.raises(ValueError, match=r"media\[0\]'s span holds model tokens"):
+        dataclasses.replace(t, media=(image.moved(model_token),))
+    with pytest.raises(ValueError, match=r"media\[0\]: the span .* ends past the prompt"):
+        dataclasses.replace(t, media=(image.moved(len(t.prompt_ids) + len(t.response_ids) - 1),))
