@@ -1,9 +1,11 @@
 """verl's tool YAML (``class_name`` + ``config`` + ``tool_schema``) served by our tool server (verl 0.9.1 running for
 real): a verl BaseTool runs out of process in ``agentloop tools serve``, reached over agentloop.v1 with its
-per-trajectory lifecycle (create with ``create_kwargs``, execute, calc_reward, release)."""
+per-trajectory lifecycle (create with ``create_kwargs``, execute, calc_reward, release); the pictures a verl tool
+returns cross as the result's images."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from verl.tools.schemas import ToolResponse  # noqa: E402
 from agentloop_grpc.tools.client import GrpcToolClient  # noqa: E402
 from agentloop_grpc.tools.config import VERL_ADAPTER, ToolServerConfig, build_tools, load_config  # noqa: E402
 from agentloop_grpc.tools.result import ToolErrorKind  # noqa: E402
+from agentloop_grpc.tools.server import create_tool_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,3 +133,43 @@ async def test_a_verl_tool_runs_out_of_process_in_our_tool_server(tmp_path: Path
             await client.close()
         server.terminate()
         server.communicate(timeout=60)
+
+
+class PictureTool(BaseTool):
+    """A verl tool answering with pictures (a screenshot tool's shape), or with what ``parameters`` asks for."""
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
+        from PIL import Image
+
+        red = Image.new("RGB", (6, 4), (255, 0, 0))
+        jpeg = io.BytesIO()
+        red.save(jpeg, format="JPEG")
+        shown = {"pictures": [red, None, jpeg.getvalue()], "path": ["/tmp/red.png"]}.get(parameters.get("show"))
+        if parameters.get("show") == "video":
+            return ToolResponse(text="a clip", video=[b"frames"]), 0.0, {}
+        return ToolResponse(text="the scene", image=shown), 0.0, {}
+
+
+async def test_a_verl_tools_pictures_cross_our_tool_server_as_images() -> None:
+    from PIL import Image
+
+    entry = {"class_name": f"{__name__}.PictureTool", "config": {"type": "native"}, "tool_schema": {
+        "type": "function", "function": {"name": "look", "description": "Look at the scene.", "parameters": {
+            "type": "object", "properties": {"show": {"type": "string"}}, "required": ["show"]}}}}
+    server = await create_tool_server(ToolServerConfig.model_validate({"tools": [entry]}))
+    client = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=60)
+    try:
+        instance = await client.create_instance("look", "trajectory-1", {})
+        shown = await client.execute(instance, json.dumps({"show": "pictures"}))
+        path = await client.execute(instance, json.dumps({"show": "path"}))
+        video = await client.execute(instance, json.dumps({"show": "video"}))
+        await client.release(instance)
+    finally:
+        await client.close()
+        await server.stop(grace_s=1)
+    assert shown.content == "the scene" and not shown.is_error
+    png, jpeg = shown.images  # verl's loop skips a None picture: so does the adapter
+    assert (png.mime_type, jpeg.mime_type) == ("image/png", "image/jpeg")
+    assert Image.open(io.BytesIO(png.data)).convert("RGB").tobytes() == Image.new("RGB", (6, 4), (255, 0, 0)).tobytes()
+    assert path.error_kind is ToolErrorKind.EXCEPTION and path.content.startswith("look's image[0] is a str: ")
+    assert video.error_kind is ToolErrorKind.EXCEPTION and "returned videos" in video.content

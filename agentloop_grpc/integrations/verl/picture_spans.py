@@ -74,7 +74,15 @@ class PictureSpans:
             if cached is not None and cached.picture is picture:
                 self._cache.move_to_end(id(picture))
                 return cached
-        mime_type, data, image = _encode(index, picture)
+        from PIL import Image
+
+        name = f"image_data[{index}]"
+        mime_type, data = encode_picture(picture, name)
+        try:
+            # the image the server decodes the bytes to, so that the expansion is the server's
+            image = picture.convert("RGB") if isinstance(picture, Image.Image) else decode_image(data, mime_type)
+        except ImageError as error:
+            raise ValueError(f"{name}: {error}") from None
         encoded = _Encoded(picture, mime_type, data, self.expander.expand(image).ids)
         with self._lock:
             self._cache[id(picture)] = encoded
@@ -83,29 +91,25 @@ class PictureSpans:
         return encoded
 
 
-def _encode(index: int, picture: Any) -> tuple[str, bytes, Any]:
-    """(MIME type, bytes, RGB image) of one of verl's pictures: the image is what the server decodes the bytes to."""
+def encode_picture(picture: Any, name: str) -> tuple[str, bytes]:
+    """(MIME type, bytes) of one of verl's pictures: a PIL image as PNG, the bytes of an encoded image as they are
+    (their format read from their header); ValueError naming the picture ``name`` and saying why not."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(picture, Image.Image):
-        return "image/png", encode_png(picture), picture.convert("RGB")
-    if isinstance(picture, (bytes, bytearray, memoryview)):
-        data = bytes(picture)
-        try:
-            with Image.open(io.BytesIO(data)) as opened:
-                pil_format = opened.format
-        except (UnidentifiedImageError, OSError) as error:
-            raise ValueError(f"image_data[{index}]: the bytes are not an image ({error})") from None
-        mime_type = _MIME_OF_FORMAT.get(pil_format)
-        if mime_type is None:
-            raise ValueError(f"image_data[{index}]: a {pil_format} image; agentloop.v1 takes "
-                             f"{', '.join(IMAGE_MIME_TYPES)}")
-        try:
-            return mime_type, data, decode_image(data, mime_type)
-        except ImageError as error:
-            raise ValueError(f"image_data[{index}]: {error}") from None
-    raise ValueError(f"image_data[{index}] is a {type(picture).__name__}: pictures are PIL images or the bytes of "
-                     f"an encoded image")
+        return "image/png", encode_png(picture)
+    if not isinstance(picture, (bytes, bytearray, memoryview)):
+        raise ValueError(f"{name} is a {type(picture).__name__}: pictures are PIL images or the bytes of an encoded "
+                         f"image")
+    data = bytes(picture)
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            pil_format = opened.format
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"{name}: the bytes are not an image ({error})") from None
+    if pil_format not in _MIME_OF_FORMAT:
+        raise ValueError(f"{name}: a {pil_format} image; agentloop.v1 takes {', '.join(IMAGE_MIME_TYPES)}")
+    return _MIME_OF_FORMAT[pil_format], data
 
 
 def _find(ids: list[int], part: tuple[int, ...], start: int) -> int:

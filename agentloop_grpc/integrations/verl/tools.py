@@ -7,8 +7,9 @@ out of the trainer and the loops, behind agentloop.v1 like our own.
 Lifecycle, as verl's BaseTool documents it: CreateInstance -> ``create(create_kwargs=...)`` (verl 0.9.1's calling
 convention) once per trajectory, Execute -> ``execute(instance_id, parameters)``, CalcReward -> ``calc_reward``,
 ReleaseInstance -> ``release``. verl's tool loop passes ``agent_data`` to ``execute``; a tool on another process
-cannot see the loop's state, so none is passed. Images and videos in a ToolResponse are refused as a tool error
-(the model reads it): agentloop.v1 carries text only from verl's tools.
+cannot see the loop's state, so none is passed. A ToolResponse's images go as the result's images (a PIL image as
+PNG, an encoded image's bytes as they are), after which the loop shows them to the model; videos, and pictures in
+no form agentloop.v1 takes, are a tool error (the model reads it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Any
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema
 
-from agentloop_grpc.tools.result import RewardResult, ToolErrorKind, ToolResult, ToolSpec
+from agentloop_grpc.tools.result import RewardResult, ToolErrorKind, ToolImage, ToolResult, ToolSpec
+
+from .picture_spans import encode_picture
 
 
 def _tool_class(class_name: str) -> type[BaseTool]:
@@ -55,11 +58,18 @@ class VerlTool:
 
     async def execute(self, state: str, arguments: dict[str, Any]) -> ToolResult:
         response, reward, metrics = await self._tool.execute(state, arguments)
-        if response.image or response.video:
-            return ToolResult.error(ToolErrorKind.EXCEPTION, f"{self.spec.name} returned images or videos, which "
-                                    "agentloop.v1 does not carry from verl tools")
+        if response.video:
+            return ToolResult.error(ToolErrorKind.EXCEPTION, f"{self.spec.name} returned videos, which agentloop.v1 "
+                                    "does not carry")
+        try:
+            # verl's own loop skips a None in the list, so this does too
+            images = tuple(ToolImage(*encode_picture(picture, f"{self.spec.name}'s image[{i}]"))
+                           for i, picture in enumerate(response.image or ()) if picture is not None)
+        except ValueError as error:
+            return ToolResult.error(ToolErrorKind.EXCEPTION, str(error))
         numbers = {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, Real) and not isinstance(v, bool)}
-        return ToolResult(content=response.text or "", step_reward=float(reward or 0.0), metrics=numbers)
+        return ToolResult(content=response.text or "", step_reward=float(reward or 0.0), metrics=numbers,
+                          images=images)
 
     async def reward(self, state: str) -> RewardResult:
         return RewardResult(float(await self._tool.calc_reward(state)))
