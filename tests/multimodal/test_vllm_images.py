@@ -1,5 +1,6 @@
 """The vLLM adapter with images: vLLM's CPU build serves the tiny vision-language model (tiny_vlm.py) behind our gRPC
-server, one engine for the whole module (it takes ~30 s to start), so every vLLM multi-modal check lives here.
+server, one engine for the whole module (it takes ~30 s to start), so every vLLM multi-modal check lives here, the
+two-turn image tool loop (image_loop.py) included.
 
 The pictures mean nothing to this model (its vision part is random): what is checked is that they reach it, exactly
 as transformers' own processor and model see them. Prompts are built by the model's processor from text with an
@@ -17,6 +18,7 @@ import pytest
 from agentloop_grpc.v1 import engine_pb2, generation_pb2
 
 from ..contract.target import ContractTarget, collect, generate_error, request
+from .image_loop import check_image_trajectory, pixels_of, recompute_second_turn, run_image_loop, second_turn
 from .pictures import png
 from .tiny_vlm import IMAGE_SEQ_LEN
 
@@ -37,7 +39,7 @@ async def served(tiny_vlm) -> ContractTarget:
     from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 
     cores = ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
-    config = {"model": str(tiny_vlm), "max_model_len": 512, "kv_cache_bytes": 256 << 20, "max_running": 8,
+    config = {"model": str(tiny_vlm), "max_model_len": 1024, "kv_cache_bytes": 256 << 20, "max_running": 8,
               "max_images_per_request": 2, "cpu_cores": cores}
     server = await create_server(make_adapter("vllm", config), "127.0.0.1:0")
     await start_adapter(server)
@@ -158,3 +160,22 @@ async def test_an_image_that_does_not_decode_is_invalid(served, vlm) -> None:
     _, ids, starts = _prompt(vlm[1], [RED])
     error = await generate_error(served, _with_media(_greedy(served, ids), [RED[:40]], starts))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details().startswith("media[0]"), error.details()
+
+
+async def test_the_two_turn_image_loop_on_vllm(served, vlm, tiny_vlm) -> None:
+    """The model calls ``draw``; its second turn, generated with the tool's picture in the prompt, is what
+    transformers computes for the same ids and pixels under the same tool-call grammar."""
+    from agentloop_grpc.agent import AgentLoopConfig, SamplingConfig
+    from agentloop_grpc.agent.spec import load_codec
+
+    # SmolLM2 calls the tool only when constrained to the call format (as on the embedded engine)
+    config = AgentLoopConfig(sampling=SamplingConfig(temperature=0.0), max_new_tokens_per_turn=40,
+                             max_assistant_turns=2, constrain_tool_calls=True, max_parallel_tool_calls=1)
+    codec = load_codec(str(tiny_vlm))
+    t, recorded = await run_image_loop(served.address, codec, config)
+    image = check_image_trajectory(t, recorded, codec)
+    second = second_turn(t)
+    served_logprobs = [t.response_logprobs[i - len(t.prompt_ids)] for i in second]
+    logprobs, picks = recompute_second_turn(vlm[0], t, recorded, codec, pixels_of(codec, image.data))
+    assert picks == [(t.prompt_ids + t.response_ids)[i] for i in second]  # greedy: the model's picks in the grammar
+    assert served_logprobs == pytest.approx(logprobs, abs=2e-3)
