@@ -208,3 +208,17 @@ def test_a_trajectory_refuses_spans_it_cannot_hold(drawn):
         dataclasses.replace(t, media=(image.moved(model_token),))
     with pytest.raises(ValueError, match=r"media\[0\]: the span .* ends past the prompt"):
         dataclasses.replace(t, media=(image.moved(len(t.prompt_ids) + len(t.response_ids) - 1),))
+
+
+def test_the_vlm_template_renders_text_as_the_text_model_does(codec):
+    """tiny_vlm.py's template adds content parts to the text model's; string content renders the same."""
+    conversation = [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Draw."},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "draw", "arguments": {"colour": "red"}}}]},
+        {"role": "tool", "name": "draw", "content": "done"}, {"role": "assistant", "content": "Done."},
+    ]
+    tools = [{"type": "function", "function": {"name": "draw", "description": "d", "parameters": {}}}]
+    text = load_codec(None)
+    for messages in (conversation, conversation[1:]):
+        assert codec.render(messages, tools, add_generation_prompt=True) == text.render(messages, tools,
+                                                                                       add_generation_prompt=True)
