@@ -267,7 +267,7 @@ async def test_a_prompt_showing_another_number_of_pictures_than_image_data_is_re
     ({"image_data": [RED], "mm_processor_kwargs": {"max_pixels": 64}},
      r"mm_processor_kwargs \['max_pixels'\]: agentloop.v1 carries no processor arguments"),
     ({"image_data": ["/tmp/picture.png"]}, r"image_data\[0\] is a str: pictures are PIL images or the bytes"),
-    ({"image_data": [b"not a picture"]}, r"image_data\[0\]: the bytes are not an image"),
+    ({"image_data": [b"not a picture"]}, r"image_data\[0\]: the data does not decode as an image"),
 ])
 async def test_what_agentloop_v1_does_not_carry_is_refused_by_name(tiny_vlm, processor, kwargs, needle):
     prompt = [*processor.tokenizer.encode("Hi", add_special_tokens=False), *_span(processor)]

@@ -13,18 +13,17 @@ picture's encoding and expansion are kept for the calls after (a bounded cache k
 
 from __future__ import annotations
 
-import io
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop_grpc.common.media import IMAGE_MIME_TYPES, ImageError, ImageExpander, MediaInput, decode_image, encode_png
+from agentloop_grpc.agent.images import Picture
+from agentloop_grpc.common.media import ImageError, ImageExpander, MediaInput, encode_png
 
 #: Pictures whose encoding and expansion are kept: a tool loop's pictures of a few trajectories at once.
 CACHED_PICTURES = 256
-_MIME_OF_FORMAT = {pil_format: mime for mime, pil_format in IMAGE_MIME_TYPES.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,16 +73,9 @@ class PictureSpans:
             if cached is not None and cached.picture is picture:
                 self._cache.move_to_end(id(picture))
                 return cached
-        from PIL import Image
-
-        name = f"image_data[{index}]"
-        mime_type, data = encode_picture(picture, name)
-        try:
-            # the image the server decodes the bytes to, so that the expansion is the server's
-            image = picture.convert("RGB") if isinstance(picture, Image.Image) else decode_image(data, mime_type)
-        except ImageError as error:
-            raise ValueError(f"{name}: {error}") from None
-        encoded = _Encoded(picture, mime_type, data, self.expander.expand(image).ids)
+        encoded_picture = encode_picture(picture, f"image_data[{index}]")
+        ids = self.expander.expand(encoded_picture.image).ids  # the picture as the server decodes it: its expansion
+        encoded = _Encoded(picture, encoded_picture.mime_type, encoded_picture.data, ids)
         with self._lock:
             self._cache[id(picture)] = encoded
             while len(self._cache) > CACHED_PICTURES:
@@ -91,25 +83,20 @@ class PictureSpans:
         return encoded
 
 
-def encode_picture(picture: Any, name: str) -> tuple[str, bytes]:
-    """(MIME type, bytes) of one of verl's pictures: a PIL image as PNG, the bytes of an encoded image as they are
-    (their format read from their header); ValueError naming the picture ``name`` and saying why not."""
-    from PIL import Image, UnidentifiedImageError
+def encode_picture(picture: Any, name: str) -> Picture:
+    """One of verl's pictures as the contract takes it: a PIL image as PNG, the bytes of an encoded image as they
+    are (their format read from their header, their bounds checked); ValueError naming it ``name`` says why not."""
+    from PIL import Image
 
     if isinstance(picture, Image.Image):
-        return "image/png", encode_png(picture)
+        return Picture("image/png", encode_png(picture), picture.convert("RGB"))
     if not isinstance(picture, (bytes, bytearray, memoryview)):
         raise ValueError(f"{name} is a {type(picture).__name__}: pictures are PIL images or the bytes of an encoded "
                          f"image")
-    data = bytes(picture)
     try:
-        with Image.open(io.BytesIO(data)) as opened:
-            pil_format = opened.format
-    except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"{name}: the bytes are not an image ({error})") from None
-    if pil_format not in _MIME_OF_FORMAT:
-        raise ValueError(f"{name}: a {pil_format} image; agentloop.v1 takes {', '.join(IMAGE_MIME_TYPES)}")
-    return _MIME_OF_FORMAT[pil_format], data
+        return Picture.decode(bytes(picture))
+    except ImageError as error:
+        raise ValueError(f"{name}: {error}") from None
 
 
 def _find(ids: list[int], part: tuple[int, ...], start: int) -> int:

@@ -63,8 +63,9 @@ class VerlTool:
                                     "does not carry")
         try:
             # verl's own loop skips a None in the list, so this does too
-            images = tuple(ToolImage(*encode_picture(picture, f"{self.spec.name}'s image[{i}]"))
-                           for i, picture in enumerate(response.image or ()) if picture is not None)
+            pictures = [encode_picture(picture, f"{self.spec.name}'s image[{i}]")
+                        for i, picture in enumerate(response.image or ()) if picture is not None]
+            images = tuple(ToolImage(picture.mime_type, picture.data) for picture in pictures)
         except ValueError as error:
             return ToolResult.error(ToolErrorKind.EXCEPTION, str(error))
         numbers = {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, Real) and not isinstance(v, bool)}
