@@ -1,10 +1,11 @@
 """Episode: the conversation state one loop run shares between its turns, and how it ends.
 
-It keeps two views of the conversation: ``rendered`` (what the chat template renders: assistant turns as the
-model's raw text, so a fresh render reproduces its text where the template keeps it) and the builder's
-``messages`` (for humans: assistant turns with parsed tool calls). It encodes every non-model turn as a template
-delta (pictures expanded, their spans recorded), enforces the response budget, traces turns, and at the end runs the drift check (a departure from a fresh
-render is recorded, classified, in the trajectory; only the strict mode fails it) and the reward.
+It keeps two views of the conversation: ``rendered`` (what the chat template renders: assistant turns as the model's
+raw text, so a fresh render reproduces its text where the template keeps it) and the builder's ``messages`` (for
+humans: assistant turns with parsed tool calls). It encodes every non-model turn as a template delta (pictures
+expanded, their spans recorded), enforces the response budget, traces turns, and at the end runs the drift check (a
+departure from a fresh render is recorded, classified, in the trajectory; only the strict mode fails it) and the
+reward.
 """
 
 from __future__ import annotations

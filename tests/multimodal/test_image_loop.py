@@ -214,7 +214,8 @@ def test_the_vlm_template_renders_text_as_the_text_model_does(codec):
     """tiny_vlm.py's template adds content parts to the text model's; string content renders the same."""
     conversation = [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Draw."},
-        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "draw", "arguments": {"colour": "red"}}}]},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"function": {"name": "draw", "arguments": {"colour": "red"}}}]},
         {"role": "tool", "name": "draw", "content": "done"}, {"role": "assistant", "content": "Done."},
     ]
     tools = [{"type": "function", "function": {"name": "draw", "description": "d", "parameters": {}}}]

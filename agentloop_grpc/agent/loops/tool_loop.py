@@ -4,12 +4,12 @@
                         \\-> INTERACTING -> GENERATING -> ...      (no tool call and an interaction)
                         \\-> TERMINATED                            (any limit, no call, a final tool, an error)
 
-GENERATING appends the engine's tokens verbatim. PROCESSING_TOOLS parses the turn's calls (a malformed call
-becomes a tool-error message the model reads), runs up to ``max_parallel_tool_calls`` of them concurrently on the
+GENERATING appends the engine's tokens verbatim. PROCESSING_TOOLS parses the turn's calls (a malformed call becomes
+a tool-error message the model reads), runs up to ``max_parallel_tool_calls`` of them concurrently on the
 trajectory's own tool instances, truncates long responses, and appends all responses of the turn as one template
-delta; a tool's images become image parts of its message (text first, then the images), expanded in that
-delta and kept in the trajectory. INTERACTING asks the sample's interaction for the next user turn and records its score. Tool instances are
-created on first use (with the sample's ``tools_kwargs``), rewarded at the end, and always released.
+delta; a tool's images become image parts of its message (text first, then the images), expanded in that delta and
+kept in the trajectory. INTERACTING asks the sample's interaction for the next user turn and records its score. Tool
+instances are created on first use (with the sample's ``tools_kwargs``), rewarded at the end, and always released.
 
 Every executed call's metrics (what the tool server returned) are kept in ``Trajectory.tool_call_metrics``. A tool
 whose spec has ``wants_loop_state`` gets the loop's state (turn, messages so far, sample id) with each call; other

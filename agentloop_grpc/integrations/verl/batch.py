@@ -3,16 +3,16 @@ manager's ``_postprocess`` returns), built on ``agent.to_batch``'s tensors.
 
 Tensors: ``prompts`` (left-padded), ``responses`` (right-padded), ``response_mask`` (1 on model tokens only),
 ``input_ids``, ``attention_mask``, ``position_ids``, ``rollout_log_probs`` (the engine's) and ``rm_scores`` (the
-trajectory's reward on its last response token, where verl's loops put it). Non-tensor: the input batch's columns
-as they came (``columns``: verl's trainer unions the output with its batch, which needs them equal), ``uid`` (the
+trajectory's reward on its last response token, where verl's loops put it). Non-tensor: the input batch's columns as
+they came (``columns``: verl's trainer unions the output with its batch, which needs them equal), ``uid`` (the
 input's when given, else each trajectory's GRPO group), ``__num_turns__`` (verl counts the prompt, each assistant
-turn and each tool or user turn), ``multi_modal_inputs`` (per row, what the model's processor makes of the row's pictures minus the ids: each
-picture's outputs concatenated on dim 0 per key, the dimension verl's trainer concatenates rows on, so rows with
-different numbers of pictures still concatenate; ``{}`` for rows without pictures),
-``tool_call_counts``, ``turn_scores``, ``tool_rewards``, ``min_global_steps``/``max_global_steps`` (the weight
-versions of the model tokens), ``extras``, ``sample_id``, and one column per reward extra-info key. meta_info:
-``metrics`` (per trajectory: seconds generating, in tools and scoring, failovers as ``num_preempted``) and
-``reward_extra_keys``.
+turn and each tool or user turn), ``multi_modal_inputs`` (per row, what the model's processor makes of the row's
+pictures minus the ids: each picture's outputs concatenated on dim 0 per key, the dimension verl's trainer
+concatenates rows on, so rows with different numbers of pictures still concatenate; ``{}`` for rows without
+pictures), ``tool_call_counts``, ``turn_scores``, ``tool_rewards``, ``min_global_steps``/``max_global_steps`` (the
+weight versions of the model tokens), ``extras``, ``sample_id``, and one column per reward extra-info key.
+meta_info: ``metrics`` (per trajectory: seconds generating, in tools and scoring, failovers as ``num_preempted``)
+and ``reward_extra_keys``.
 
 Every trajectory must have succeeded (``FailedTrajectoriesError`` names those that did not): verl's batch keeps one
 row per input row, and a failed row kept with a zero mask would still enter its GRPO group's mean and std with a
