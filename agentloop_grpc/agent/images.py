@@ -37,9 +37,14 @@ class Picture:
 
     @classmethod
     def decode(cls, data: bytes, mime_type: str | None = None) -> Picture:
-        """Check ``data`` with the contract's bounds (ImageError); ``mime_type`` None: the format the data has."""
-        mime_type = mime_type or _sniff(data)
-        return cls(mime_type, data, decode_image(data, mime_type))
+        """Check ``data`` with the contract's bounds (ImageError), and that it is the ``mime_type`` it claims when
+        one is given (an engine trusts the type it is sent)."""
+        if len(data) > MAX_IMAGE_BYTES:  # refused before it is opened
+            raise ImageError(f"the image has {len(data)} bytes, more than {MAX_IMAGE_BYTES} (8 MiB)")
+        actual = _sniff(data)
+        if mime_type is not None and mime_type != actual:
+            raise ImageError(f"the data is {actual}, not {mime_type} as it says")
+        return cls(actual, data, decode_image(data, actual))
 
 
 def _sniff(data: bytes) -> str:

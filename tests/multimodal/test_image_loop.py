@@ -157,9 +157,13 @@ async def test_a_bad_picture_fails_its_sample_alone(looping, codec, tmp_path):
         ("broken", _user({"type": "text", "text": "Look: "}, _image(b"\x89PNG\r\n\x1a\nnot really"))),
         ("missing", _user(_image(str(tmp_path / "nowhere.png")))),
         ("typed", _user({"type": "text", "text": "a literal <image> in text "}, _image(RED))),
+        ("mislabelled", _user(_image("data:image/jpeg;base64," + base64.b64encode(RED).decode()))),
+        ("huge", _user(_image(RED + bytes(8 * 1024 * 1024)))),
     ]]
     async with looping() as worker:
-        good, broken, missing, typed = await worker.run(samples)
+        good, broken, missing, typed, mislabelled, huge = await worker.run(samples)
+    assert huge.failed and f"more than {8 * 1024 * 1024} (8 MiB)" in huge.error
+    assert mislabelled.failed and "content[0]: the data is image/png, not image/jpeg" in mislabelled.error
     assert good.error is None and len(good.media) == 1
     assert broken.failed and "messages[0].content[1]: the data does not decode as an image" in broken.error
     assert missing.failed and "messages[0].content[0]: no image file" in missing.error
