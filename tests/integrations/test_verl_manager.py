@@ -9,6 +9,7 @@ metrics and policy loss. A field verl reads and we do not fill fails here, not a
 from __future__ import annotations
 
 import asyncio
+import io
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -392,12 +393,32 @@ def test_verl_rows_become_samples_and_bad_rows_are_refused_by_name() -> None:
         samples_from(rows(tools_kwargs={"submit_answer": {"execute_kwargs": {"x": 1}}}), "tool_agent")
     with pytest.raises(ValueError, match="interaction_kwargs.name must name the interaction"):
         samples_from(rows(interaction_kwargs={"query": "q"}), "tool_agent")
-    with pytest.raises(ValueError, match="row 0: .*content must be a string"):
+    with pytest.raises(ValueError, match=r"row 0: .*content\[0\]\.image must name the picture"):
         samples_from(rows(raw_prompt=[{"role": "user", "content": [{"type": "image"}]}]), "tool_agent")
+    with pytest.raises(ValueError, match="row 0: .*content must be a string or a list"):
+        samples_from(rows(raw_prompt=[{"role": "user", "content": 7}]), "tool_agent")
     no_uid = rows()
     no_uid.non_tensor_batch.pop("uid")
     with pytest.raises(ValueError, match="no 'uid' column"):
         samples_from(no_uid, "tool_agent")
+
+
+def test_the_pil_images_of_verls_rows_become_the_pictures_png_bytes() -> None:
+    from PIL import Image
+
+    red = Image.new("RGB", (6, 4), (255, 0, 0))
+    # verl's RLHFDataset puts an image part as {"type": "image", "image": <PIL image>, ...its dataset keys}
+    prompt = [{"role": "user", "content": [{"type": "image", "image": red, "bytes": b"unused"},
+                                           {"type": "text", "text": "What colour?"},
+                                           {"type": "image", "image": "/data/blue.png"}]}]
+    batch = DataProto.from_single_dict({"dummy_tensor": torch.zeros(1, 1), "uid": np.array(["u"], dtype=object),
+                                        "raw_prompt": np.array([prompt], dtype=object)})
+    [sample] = samples_from(batch, "single_turn_agent")
+    picture, text, path = sample.messages[0]["content"]
+    assert picture["type"] == "image" and set(picture) == {"type", "image"}
+    assert Image.open(io.BytesIO(picture["image"])).format == "PNG"
+    assert Image.open(io.BytesIO(picture["image"])).convert("RGB").tobytes() == red.tobytes()
+    assert [text, path] == prompt[0]["content"][1:]  # a path stays a path: the loop reads it
 
 
 def test_bad_settings_are_refused_by_name() -> None:

@@ -18,12 +18,13 @@ verl's trainer calls ``create(config=, llm_client=, teacher_client=, reward_loop
 Our manager, its channels and tool clients live on one background event loop for the whole run (verl's
 auto-await runs each call on a fresh loop, which channels cannot outlive).
 
-Rows -> Samples (``samples_from``): ``raw_prompt`` -> messages; ``agent_name`` -> our loop (``tool_agent`` ->
-``tool``, ``single_turn_agent`` -> ``single_turn``; verl's ``agent.default_agent_loop`` when the column is absent;
-anything else refused by name); ``reward_model.ground_truth`` -> the ground truth (and ``ground_truth`` of the
-``ground_truth_tools``' instances); ``tools_kwargs.<tool>.create_kwargs`` -> that tool's CreateInstance arguments;
-``extra_info.tool_selection`` -> the tools offered; ``interaction_kwargs`` -> the interaction ``name`` and its
-arguments; ``uid`` -> the GRPO group (verl already repeated each prompt ``rollout.n`` times, interleaved).
+Rows -> Samples (``samples_from``): ``raw_prompt`` -> messages (the PIL images of its image parts as PNG bytes);
+``agent_name`` -> our loop (``tool_agent`` -> ``tool``, ``single_turn_agent`` -> ``single_turn``; verl's
+``agent.default_agent_loop`` when the column is absent; anything else refused by name); ``reward_model.ground_truth``
+-> the ground truth (and ``ground_truth`` of the ``ground_truth_tools``' instances);
+``tools_kwargs.<tool>.create_kwargs`` -> that tool's CreateInstance arguments; ``extra_info.tool_selection`` -> the
+tools offered; ``interaction_kwargs`` -> the interaction ``name`` and its arguments; ``uid`` -> the GRPO group (verl
+already repeated each prompt ``rollout.n`` times, interleaved).
 
 Rewards: verl's reward loop workers when the trainer passes them and ``reward`` is not set (verl's reward config,
 custom reward function included, scores every trajectory as verl's manager has it do); else our reward function in
@@ -69,6 +70,7 @@ from agentloop_grpc.rollout.dataset import row_sample
 from agentloop_grpc.router import RouterConfig
 
 from .batch import FailedTrajectoriesError, num_turns, to_dataproto
+from .picture_spans import encode_picture
 from .settings import server_addresses, settings_from
 
 #: verl's agent names (and ours) -> the loop of ours that runs them.
@@ -162,6 +164,26 @@ def _create_kwargs(tools_kwargs: Mapping[str, Any], row: int) -> dict[str, dict[
     return kwargs
 
 
+def _messages(raw_prompt: Sequence[Mapping[str, Any]], row: int) -> list[dict[str, Any]]:
+    """verl's ``raw_prompt`` as our messages: the PIL images verl's dataset puts in image parts (``{"type": "image",
+    "image": <PIL image>, ...}``) become their PNG bytes, which a Sample carries; other pictures stay as they are."""
+    from PIL import Image
+
+    messages = []
+    for i, message in enumerate(raw_prompt):
+        message = dict(message)
+        if isinstance(message.get("content"), list):
+            parts = []
+            for j, part in enumerate(message["content"]):
+                if isinstance(part, Mapping) and isinstance(part.get("image"), Image.Image):
+                    picture = encode_picture(part["image"], f"row {row}: raw_prompt[{i}].content[{j}].image")
+                    part = {"type": part.get("type"), "image": picture.data}
+                parts.append(part)
+            message["content"] = parts
+        messages.append(message)
+    return messages
+
+
 def _ground_truth(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
@@ -189,7 +211,7 @@ def samples_from(batch: DataProto, default_agent: str, ground_truth_tools: Seque
         if interaction and not interaction.get("name"):
             raise ValueError(f"row {i}: interaction_kwargs.name must name the interaction")
         selection = extra_info.get("tool_selection")
-        row = {"messages": [dict(m) for m in columns["raw_prompt"][i]], "loop": loops[agent],
+        row = {"messages": _messages(columns["raw_prompt"][i], i), "loop": loops[agent],
                "tools_kwargs": _create_kwargs(tools_kwargs, i), "interaction": interaction.pop("name", None),
                "ground_truth": _ground_truth(_column(columns, "reward_model", i, {}).get("ground_truth")),
                "tools": list(selection) if selection else None}
