@@ -29,8 +29,10 @@ def image_sample(sample_id: str = "draw") -> Sample:
 
 @asynccontextmanager
 async def draw_tools() -> AsyncIterator[GrpcToolClient]:
-    """A client of a real tool server that serves tests/tools/image_tool.py's ``draw``."""
-    config = ToolServerConfig.model_validate({"tools": [{"function": "tests.tools.image_tool:draw"}]})
+    """A client of a real tool server that serves tests/tools/image_tool.py's ``draw`` (and ``plot``, whose image
+    does not decode)."""
+    config = ToolServerConfig.model_validate({"tools": [{"function": "tests.tools.image_tool:draw"},
+                                                        {"function": "tests.tools.image_tool:plot"}]})
     server = await create_tool_server(config, "127.0.0.1:0")
     client = GrpcToolClient(f"127.0.0.1:{server.port}")
     try:

@@ -66,6 +66,16 @@ def test_the_tools_picture_is_one_masked_delta_sent_with_the_next_turn(drawn, co
     assert t.termination is Termination.NO_TOOL_CALL
 
 
+async def test_a_tool_image_that_does_not_decode_is_a_tool_error(codec):
+    plot = '<tool_call>\n{"name": "plot", "arguments": {"title": "loss"}}\n</tool_call>'
+    sample = Sample(sample_id="plot", messages=({"role": "user", "content": "Plot the loss."},), tools=("plot",))
+    async with fake_engine(codec, [plot, "No picture."]) as address:
+        t, recorded = await run_image_loop(address, codec, sample=sample)
+    assert t.error is None and t.tool_errors == 1 and t.media == ()
+    assert t.messages[2]["content"].startswith("Error (invalid image): the data does not decode as an image")
+    assert [list(c.media) for c in recorded.calls] == [[], []]
+
+
 def test_parquet_keeps_the_pictures(drawn, tmp_path):
     t, _ = drawn
     [back] = read_parquet(write_parquet([t], tmp_path / "t.parquet"))
