@@ -169,8 +169,8 @@ async def test_the_engines_tokens_depend_on_the_picture_and_bytes_go_as_they_are
     client = AgentloopLLMClient(CONFIG, servers=[address], model_path=str(tiny_vlm))
     recording = AgentloopLLMClient(CONFIG, servers=[recorder_address], model_path=str(tiny_vlm))
     try:
-        outputs = [(await client.generate("r", prompt_ids=prompt, sampling_params=GREEDY, image_data=[p])).token_ids
-                   for p in (RED, BLUE, RED)]
+        outputs = [(await client.generate("r", prompt_ids=prompt, sampling_params=GREEDY, image_data=p)).token_ids
+                   for p in ([RED], [BLUE], RED)]  # a picture alone, as verl's servers take it too
         await recording.generate("r", prompt_ids=prompt, sampling_params=GREEDY, image_data=[jpeg.getvalue()])
     finally:
         await client.close()

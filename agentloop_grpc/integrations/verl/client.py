@@ -158,7 +158,8 @@ class AgentloopLLMClient(LLMServerClient):
         priority = -int(kwargs.pop("priority", 0) or 0)
         if kwargs:
             raise ValueError(f"generate() arguments {sorted(kwargs)} have no agentloop.v1 equivalent")
-        media = await self._media(prompt_ids, image_data or (), mm_processor_kwargs)
+        pictures = [] if image_data is None else image_data if isinstance(image_data, (list, tuple)) else [image_data]
+        media = await self._media(prompt_ids, pictures, mm_processor_kwargs)  # one picture alone: as vLLM takes it
         sampling = self._sampling_params(sampling_params, len(prompt_ids))
         router = await self.router()
         # as verl's own servers: at least one token, at most what the context leaves (a prompt that leaves none
