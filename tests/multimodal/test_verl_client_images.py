@@ -13,6 +13,7 @@ against its own processor's expansion and runs the model on the picture. The pic
 from __future__ import annotations
 
 import io
+import pickle
 
 import pytest
 
@@ -28,11 +29,12 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
 
 from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.media import MediaInput, decode_image, encode_png  # noqa: E402
+from agentloop_grpc.common.media import ImageExpander, MediaInput, decode_image, encode_png  # noqa: E402
 from agentloop_grpc.common.types import SamplingParams  # noqa: E402
 from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
 from agentloop_grpc.integrations.verl.client import AgentloopLLMClient  # noqa: E402
+from agentloop_grpc.integrations.verl.picture_spans import PictureSpans  # noqa: E402
 from agentloop_grpc.router import GenerateCall, Router  # noqa: E402
 
 from .tiny_vlm import IMAGE_SEQ_LEN  # noqa: E402
@@ -172,12 +174,15 @@ async def test_the_engines_tokens_depend_on_the_picture_and_bytes_go_as_they_are
         outputs = [(await client.generate("r", prompt_ids=prompt, sampling_params=GREEDY, image_data=p)).token_ids
                    for p in ([RED], [BLUE], RED)]  # a picture alone, as verl's servers take it too
         await recording.generate("r", prompt_ids=prompt, sampling_params=GREEDY, image_data=[jpeg.getvalue()])
+        copy = pickle.loads(pickle.dumps(client))  # verl hands its client to Ray workers: the processor reloads there
+        again = (await copy.generate("r", prompt_ids=prompt, sampling_params=GREEDY, image_data=[RED])).token_ids
+        await copy.close()
     finally:
         await client.close()
         await recording.close()
         await server.stop(grace_s=1)
         await recorder.stop(grace_s=1)
-    assert outputs[0] != outputs[1] and outputs[0] == outputs[2]  # greedy: the same picture, the same tokens
+    assert outputs[0] != outputs[1] and outputs[0] == outputs[2] == again  # greedy: the same picture, the same tokens
     (item,) = seen[0].media
     assert (item.mime_type, item.data, item.offset) == ("image/jpeg", jpeg.getvalue(), len(text))
 
@@ -239,6 +244,24 @@ async def test_verls_tool_loop_answers_the_tools_picture_on_the_embedded_vlm(tin
     assert output.response_logprobs[turn] == pytest.approx(list(direct["blue"].logprobs), abs=1e-5)
     # the model ran on the tool's picture: another picture at the same span gives other logprobs
     assert direct["red"].logprobs[0] != pytest.approx(direct["blue"].logprobs[0], abs=1e-4)
+
+
+def test_a_pictures_expansion_is_computed_once_for_the_turns_that_resend_it(processor):
+    expanded = []
+
+    class Counting(ImageExpander):
+        def expand(self, image):
+            expanded.append(image.size)
+            return super().expand(image)
+
+    spans = PictureSpans(Counting(processor))
+    text = processor.tokenizer.encode("Look:", add_special_tokens=False)
+    one = [*text, *_span(processor)]
+    two = [*one, *text, *_span(processor)]
+    first = spans.media(one, [RED])
+    assert spans.media(two, [RED, BLUE])[0] == first[0]  # verl's tool loop resends every picture each turn
+    assert [m.offset for m in spans.media(two, [RED, BLUE])] == [len(text), 2 * len(text) + len(_span(processor))]
+    assert expanded == [RED.size, BLUE.size]  # once per picture, however many turns resend it
 
 
 def _client(path=None) -> AgentloopLLMClient:
