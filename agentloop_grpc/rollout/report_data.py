@@ -8,6 +8,7 @@ Each distinct token id is decoded once, since thousands of trajectories reuse th
 
 from __future__ import annotations
 
+import base64
 import json
 import statistics
 from collections import Counter, defaultdict
@@ -21,6 +22,8 @@ from agentloop_grpc.agent.chat import ChatCodec
 MAX_DETAIL_CHARS = 20_000_000
 #: Sample ids listed per error cause.
 SAMPLE_IDS_PER_CAUSE = 5
+#: Pictures up to this size are embedded (as data URLs) next to the conversation; larger ones are named only.
+MAX_EMBEDDED_IMAGE_BYTES = 256 * 1024
 #: Trace kinds drawn on the timeline, and the phase each one stands for.
 PHASES = {"assistant": "generating", "tool": "tools", "user": "interaction"}
 
@@ -76,8 +79,26 @@ def trajectory_detail(t: Trajectory, prompt: int) -> dict[str, Any]:
     return {
         "prompt": prompt, "ids": list(t.response_ids), "mask": mask_runs(t.response_mask),
         "logprobs": [round(lp, 3) for lp, m in zip(t.response_logprobs, t.response_mask, strict=True) if m],
-        "messages": list(t.messages), "error": t.error or "",
+        "messages": [_plain(m) for m in t.messages], "error": t.error or "",
+        "images": [_data_url(m.mime_type, m.data) for m in t.media],
     }
+
+
+def _plain(message: dict[str, Any]) -> dict[str, Any]:
+    """A message whose content is a list of parts, with the parts as text: an image part as ``[image i]``, ``i``
+    its index in the trajectory's media (shown under the conversation)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    text = "".join(part.get("text") or "" if part.get("type") != "image" else f"[image {part.get('media')}]"
+                   for part in content)
+    return {**message, "content": text}
+
+
+def _data_url(mime_type: str, data: bytes) -> str | None:
+    if len(data) > MAX_EMBEDDED_IMAGE_BYTES:
+        return None
+    return f"data:{mime_type};base64,{base64.b64encode(data).decode()}"
 
 
 def timeline(trajectories: list[Trajectory], trace: list[dict]) -> dict[str, Any]:

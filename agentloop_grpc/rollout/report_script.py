@@ -22,6 +22,7 @@ th { background: #f4f4f4; }
 .model { background: #cfe2f3; border-right: 1px solid #9fc5e8; }
 .context { background: #fce5cd; border-right: 1px solid #f9cb9c; }
 .messages pre { white-space: pre-wrap; margin: 2px 0 8px 0; background: #fafafa; padding: 4px; }
+.messages img.picture { max-width: 256px; image-rendering: pixelated; border: 1px solid #ccc; }
 .error { color: #b00; white-space: pre-wrap; }
 pre { white-space: pre-wrap; margin: 4px 0; }
 .note { color: #555; font-size: 13px; }
@@ -177,6 +178,19 @@ function renderSelected(id) {
     body.textContent = (m.content || "") + (m.tool_calls ? "\ntool calls: " + JSON.stringify(m.tool_calls) : "");
     messages.append(head, body);
   }
+  (detail.images || []).forEach((url, i) => {
+    const figure = document.createElement("figure");
+    const caption = document.createElement("figcaption");
+    caption.textContent = "image " + i + (url ? "" : " (too large to embed)");
+    if (url) {
+      const img = document.createElement("img");
+      img.src = url;
+      img.className = "picture";
+      figure.append(img);
+    }
+    figure.append(caption);
+    messages.append(figure);
+  });
 }
 
 function renderTimeline(shown, s) {

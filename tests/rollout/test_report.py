@@ -4,6 +4,7 @@ trajectory, and the DOM after the page's script ran is checked against a recompu
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -197,3 +198,30 @@ def test_a_capped_page_says_which_trajectories_have_no_token_view(report, tmp_pa
     assert re.search(r"Token views are embedded for the first [1-9] of 20 trajectories", text)
     dom = _render(small, "select=e-3")
     assert "No token view embedded" in dom.text["sel-counts"] and dom.classes == {}
+
+
+def test_a_trajectorys_pictures_are_shown_with_its_conversation(tmp_path):
+    """A tool's picture: the message names it ``[image 0]`` and the page shows it; one too large to embed is named."""
+    from agentloop_grpc.agent.trajectory import Termination, Trajectory
+    from agentloop_grpc.common.media import MediaInput
+    from agentloop_grpc.rollout import report_data
+
+    from ..multimodal.pictures import png
+
+    small, large = png((255, 0, 0)), b"x" * (report_data.MAX_EMBEDDED_IMAGE_BYTES + 1)
+    messages = ({"role": "user", "content": "Draw."}, {"role": "assistant", "content": "ok"},
+                {"role": "tool", "name": "draw", "content": [{"type": "text", "text": "a red square"},
+                                                             {"type": "image", "media": 0},
+                                                             {"type": "image", "media": 1}]})
+    t = Trajectory(sample_id="pic", loop="tool", prompt_ids=(1, 2), response_ids=(3, 4, 5, 6, 7, 8),
+                   response_mask=(1, 0, 0, 0, 0, 1), response_logprobs=(-0.5, 0, 0, 0, 0, -0.1),
+                   weight_versions=(0, -1, -1, -1, -1, 0), reward=0.0, termination=Termination.STOP,
+                   messages=messages, media=(MediaInput("image/png", small, 3, 2), MediaInput("image/png", large, 5, 1)))
+    record = RunRecord(output_dir=tmp_path, trajectories=[t])
+    record.metrics = RolloutMetrics.of([t], 1.0)
+    page = write_report(record, summarize(record), load_codec(None), tmp_path / "report.html")
+    dom = _render(page, "select=pic")
+    assert "a red square[image 0][image 1]" in dom.text["messages"]
+    assert "image 1 (too large to embed)" in dom.text["messages"]
+    pictures = re.findall(r'<img src="(data:image/png;base64,[^"]+)" class="picture">', dom.raw)
+    assert len(pictures) == 1 and base64.b64decode(pictures[0].split(",", 1)[1]) == small
