@@ -2,14 +2,20 @@
 
 Our prompts carry each image already expanded (``MediaInput`` in generation.proto). vLLM and SGLang expand every
 image placeholder id they find again, so the vLLM and SGLang adapters send each span as the one id the model's
-processor expands (its image token) and check that the engine's expansion gives the request's length back.
+processor expands (its image token) and check that the engine's expansion gives the request's length back. An
+image token outside every span is refused: those engines would run it as a picture-less token (vLLM) or as one
+more image (SGLang), so no recompute could reproduce what they ran.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.media import MediaInput
+from agentloop_grpc.common.prompt import PromptIds
 
 
 def collapse_images(prompt_ids: Sequence[int], media: Sequence[MediaInput], image_token_id: int) -> list[int]:
@@ -22,3 +28,16 @@ def collapse_images(prompt_ids: Sequence[int], media: Sequence[MediaInput], imag
         start = item.end
     ids += prompt_ids[start:]
     return ids
+
+
+def check_no_stray_image_token(prompt_ids: PromptIds, media: Sequence[MediaInput], image_token_id: int) -> None:
+    """InvalidRequestError naming the first ``image_token_id`` of ``prompt_ids`` outside every span of ``media``."""
+    stray = prompt_ids.numpy() == image_token_id
+    for item in media:
+        stray[item.offset : item.end] = False
+    if stray.any():
+        index = int(np.flatnonzero(stray)[0])
+        raise InvalidRequestError(
+            f"prompt_ids[{index}] is the image token ({image_token_id}) outside every media span; an image's "
+            f"placeholder ids must be the span of one media item"
+        )

@@ -149,6 +149,12 @@ async def test_a_span_that_is_not_the_models_expansion_is_invalid_and_the_server
         error = await generate_error(served, _with_media(_greedy(served, prompt), [RED], starts, length))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
         assert error.details().startswith("media[0]: ") and "expansion" in error.details()
+    # an image id in the text after the picture, or in a prompt without one: vLLM would run it as a text token
+    text = ids[: starts[0]] + ids[starts[0] + SPAN:]
+    for prompt, media in ((ids[:-3] + [image_id] + ids[-2:], [RED]), (text[:-3] + [image_id] + text[-2:], [])):
+        error = await generate_error(served, _with_media(_greedy(served, prompt), media, starts))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert error.details().startswith(f"prompt_ids[{len(prompt) - 3}] is the image token ({image_id}) outside")
     assert (await served.wait_no_requests()).running_requests == 0
     text_only = await collect(served, _greedy(served, ids[: starts[0]] + ids[starts[0] + SPAN:], 2))
     assert len(text_only.tokens) == 2 and text_only.complete.prompt_images == 0

@@ -69,6 +69,15 @@ async def test_a_span_sglang_expands_otherwise_is_refused_and_aborted(served) ->
     assert len((await collect(target, _with_images(target, PROMPT, [(RED, 2, 3), (BLUE, 6, 3)]))).tokens) == 3
 
 
+async def test_an_image_token_outside_every_span_is_refused(served) -> None:
+    target, _ = served
+    # after the last span (SGLang would read it as a third image), or in a prompt without pictures
+    for prompt, spans, index in ((PROMPT[:-1] + [IMAGE], [(RED, 2, 3), (BLUE, 6, 3)], 9), ([11, IMAGE, 12], [], 1)):
+        error = await generate_error(target, _with_images(target, prompt, spans))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith(f"prompt_ids[{index}] is the image token ({IMAGE}) outside every media")
+
+
 async def test_a_text_model_takes_no_images(ray_cluster) -> None:
     async with standin_group() as group, sglang_server(group) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

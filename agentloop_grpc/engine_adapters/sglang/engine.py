@@ -55,6 +55,7 @@ from agentloop_grpc.common.types import (
     TokenChunk,
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
+from ..image_placeholders import check_no_stray_image_token
 from .actor import PAUSE_IN_PLACE
 from .config import SglangEngineConfig
 from .discovery import TpGroup, find_tp_group
@@ -180,6 +181,8 @@ class SglangEngine:
     # -- generation ------------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        if self._facts.image_token_id is not None:
+            check_no_stray_image_token(request.prompt_ids, request.media, self._facts.image_token_id)
         entry = _InFlight(request)
         self._in_flight[request.request_id] = entry
         end: StreamEnd | None = None

@@ -66,6 +66,7 @@ from agentloop_grpc.common.types import (
     GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
+from ..image_placeholders import check_no_stray_image_token
 from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling
 from ..weight_groups import refused_elsewhere
 from . import images, outputs, sampling, weights
@@ -213,6 +214,8 @@ class VllmEngine:
         if self._in_engine() >= self.config.max_running + self.config.max_waiting:
             raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
         params = sampling.to_vllm(request)
+        if loaded.image_token_id is not None:
+            check_no_stray_image_token(request.prompt_ids, request.media, loaded.image_token_id)
         if not request.media:
             prompt = TokensPrompt(prompt_token_ids=request.prompt_ids.tolist())
         elif loaded.image_token_id is None:
