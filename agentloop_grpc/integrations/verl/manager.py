@@ -64,6 +64,7 @@ from agentloop_grpc.agent.manager import AgentLoopManager
 from agentloop_grpc.agent.sample import Sample
 from agentloop_grpc.agent.spec import ComponentSpec, WorkerSpec, load_codec
 from agentloop_grpc.agent.trajectory import Trajectory
+from agentloop_grpc.common.media import ImageExpander
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
 from agentloop_grpc.launch.launcher import ServerProcess, agentloop_command
 from agentloop_grpc.rollout.dataset import row_sample
@@ -300,6 +301,7 @@ class AgentloopAgentLoopManager:
         self._manager: AgentLoopManager | None = None
         self._engines: tuple[str, ...] = ()
         self._pad_token_id = 0
+        self._images: ImageExpander | None = None
 
     @classmethod
     @auto_await
@@ -325,6 +327,7 @@ class AgentloopAgentLoopManager:
             self.model_dir = await asyncio.to_thread(copy_to_local, self.model_dir)
         codec = await asyncio.to_thread(load_codec, self.model_dir)
         self._pad_token_id = codec.tokenizer.pad_token_id or 0
+        self._images = codec.images  # the processor that makes the pictures' tensors for multi_modal_inputs
         s = self.settings
         spec = WorkerSpec(engines=self._engines, tool_server=self.tool_server, model_dir=self.model_dir, loop=self.loop,
                           router=s.router, max_concurrency=s.max_concurrency, reward=s.reward,
@@ -367,7 +370,7 @@ class AgentloopAgentLoopManager:
             common = sorted(set.intersection(*(set(t.metrics) for t in trajectories)))
             reward_extra = [{key: t.metrics[key] for key in common} for t in trajectories]
         data = to_dataproto(trajectories, self._pad_token_id, self.prompt_length, self.response_length,
-                            columns=columns, reward_extra=reward_extra)
+                            columns=columns, reward_extra=reward_extra, images=self._images)
         metrics = data.meta_info.pop("metrics")
         data.meta_info = {"timing": timing_metrics(metrics, data), **data.meta_info}
         return data
