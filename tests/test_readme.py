@@ -106,6 +106,8 @@ def test_every_snippet_is_run():
     for block in _readme_blocks():
         if block.lang == "python":
             continue  # every one runs in test_python_snippets_run_against_the_readme_server
+        if block.lang == "json":
+            continue  # dataset rows: test_dataset_rows_are_the_ones_a_rollout_test_runs
         assert block.lang == "bash", f"README line {block.line}: no test runs a `{block.lang}` block"
         for command in commands(block):
             assert command == SERVE or command in COVERED, (
@@ -119,6 +121,15 @@ def _function_source(path: Path, name: str) -> str:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             return ast.get_source_segment(path.read_text(), node) or ""
     raise AssertionError(f"{path.relative_to(ROOT)} has no test function {name}")
+
+
+def test_dataset_rows_are_the_ones_a_rollout_test_runs():
+    """A `json` block is a dataset row: the one of docs/multimodal.md, which
+    tests/multimodal/test_rollout_images.py writes to a dataset file and runs `agentloop rollout` on."""
+    rows = [block.body for block in _readme_blocks() if block.lang == "json"]
+    documented = [block.body for block in fenced_blocks(ROOT / "docs" / "multimodal.md") if block.lang == "json"]
+    assert rows and documented[:1] == rows
+    assert '_block("json")' in (ROOT / "tests" / "multimodal" / "test_rollout_images.py").read_text()
 
 
 @pytest.mark.parametrize("command", sorted(COVERED))
