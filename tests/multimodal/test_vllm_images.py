@@ -168,6 +168,48 @@ async def test_an_image_that_does_not_decode_is_invalid(served, vlm) -> None:
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details().startswith("media[0]"), error.details()
 
 
+async def _update(served: ContractTarget, name: str, value) -> None:
+    chunk = engine_pb2.TensorChunk(name=name, dtype=engine_pb2.TENSOR_DTYPE_FLOAT32, shape=list(value.shape),
+                                   data=value.tobytes())
+
+    async def stream():
+        yield engine_pb2.UpdateWeightsRequest(tensor=chunk)
+        yield engine_pb2.UpdateWeightsRequest(commit=engine_pb2.UpdateWeightsCommit())
+
+    await served.control.UpdateWeights(stream(), timeout=120)
+
+
+async def test_a_vision_weight_update_reaches_pictures_seen_before(served, vlm, tiny_vlm) -> None:
+    """vLLM caches an image's encoder output by its uuid: an update of the vision part must not leave the old
+    features in use for a picture it has already seen."""
+    import torch
+    from safetensors import safe_open
+
+    name = "model.connector.modality_projection.proj.weight"
+    with safe_open(str(tiny_vlm / "model.safetensors"), framework="np") as weights:
+        original = weights.get_tensor(name)
+    inputs, ids, starts = _prompt(vlm[1], [RED])
+    before = await collect(served, _with_media(_greedy(served, ids), [RED], starts))
+    try:
+        await _update(served, name, original * -2.0)
+        after = await collect(served, _with_media(_greedy(served, ids), [RED], starts))
+        model = vlm[0]
+        saved = model.get_parameter(name).detach().clone()
+        with torch.no_grad():
+            model.get_parameter(name).copy_(torch.from_numpy(original * -2.0))
+        try:
+            expected = _recompute(vlm, inputs, after.tokens)
+        finally:
+            with torch.no_grad():
+                model.get_parameter(name).copy_(saved)
+        assert after.logprobs == pytest.approx(expected, abs=2e-3)
+        assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    finally:
+        await _update(served, name, original)
+    restored = await collect(served, _with_media(_greedy(served, ids), [RED], starts))
+    assert restored.tokens == before.tokens and restored.logprobs == pytest.approx(before.logprobs, abs=1e-4)
+
+
 async def test_the_two_turn_image_loop_on_vllm(served, vlm, tiny_vlm) -> None:
     """The model calls ``draw``; its second turn, generated with the tool's picture in the prompt, is what
     transformers computes for the same ids and pixels under the same tool-call grammar."""

@@ -379,6 +379,8 @@ class VllmEngine:
                     await llm.collective_rpc("agentloop_apply", args=(key,))
                     # KV computed with the old weights must not be reused, whatever flush_cache says.
                     await self._reset_prefix_cache(llm)
+                    # Nor image features (vLLM caches them by picture), once the preemption above left none in use.
+                    await llm.reset_encoder_cache()
                     await llm.update_weight_version(str(weight_version))
                 finally:
                     if pausing:
