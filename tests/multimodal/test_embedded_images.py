@@ -40,13 +40,8 @@ async def server(tiny_vlm):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_vlm):
-    """(model, processor) as plain transformers runs them."""
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    return (AutoModelForImageTextToText.from_pretrained(tiny_vlm, dtype=torch.float32).eval(),
-            AutoProcessor.from_pretrained(tiny_vlm))
+def reference(tiny_vlm_reference):
+    return tiny_vlm_reference
 
 
 def _picture(data: bytes):

@@ -40,13 +40,10 @@ async def drawn(tiny_vlm):
     return trajectory, recorded, codec
 
 
-async def test_the_second_turn_sees_the_picture(drawn, tiny_vlm):
-    import torch
-    from transformers import AutoModelForImageTextToText
-
+async def test_the_second_turn_sees_the_picture(drawn, tiny_vlm_reference):
     t, recorded, codec = drawn
     image = check_image_trajectory(t, recorded, codec)
-    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm, dtype=torch.float32).eval()
+    model, _ = tiny_vlm_reference
     second = second_turn(t)
     engine = [t.response_logprobs[i - len(t.prompt_ids)] for i in second]
     logprobs, picks = recompute_second_turn(model, t, recorded, codec, pixels_of(codec, image.data))

@@ -16,12 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def vlm(tiny_vlm):
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    return (AutoModelForImageTextToText.from_pretrained(tiny_vlm, dtype=torch.float32).eval(),
-            AutoProcessor.from_pretrained(tiny_vlm))
+def vlm(tiny_vlm_reference):
+    return tiny_vlm_reference
 
 
 def _image(data: bytes):
