@@ -162,10 +162,13 @@ async def test_a_span_that_is_not_the_models_expansion_is_invalid_and_the_server
     assert len(good.tokens) == 2 and good.complete.prompt_images == 1
 
 
-async def test_an_image_that_does_not_decode_is_invalid(served, vlm) -> None:
+async def test_an_image_that_does_not_decode_or_one_too_many_is_invalid(served, vlm) -> None:
     _, ids, starts = _prompt(vlm[1], [RED])
     error = await generate_error(served, _with_media(_greedy(served, ids), [RED[:40]], starts))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details().startswith("media[0]"), error.details()
+    _, ids, starts = _prompt(vlm[1], [RED, BLUE, RED])
+    error = await generate_error(served, _with_media(_greedy(served, ids), [RED, BLUE, RED], starts))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 2" in error.details(), error.details()
 
 
 async def _update(served: ContractTarget, name: str, value) -> None:
