@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 from agentloop_grpc.common.media import encode_png
 
 
@@ -23,3 +25,10 @@ def png_claiming(width: int, height: int) -> bytes:
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+def picture(data: bytes):
+    """Encoded bytes as the RGB picture a processor takes."""
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")

@@ -8,14 +8,13 @@ features and so the logprobs, which is what these tests check.
 
 from __future__ import annotations
 
-import io
 
 import grpc
 import pytest
 
 from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
-from .pictures import png
+from .pictures import picture, png
 
 pytestmark = pytest.mark.slow
 
@@ -44,16 +43,11 @@ def reference(tiny_vlm_reference):
     return tiny_vlm_reference
 
 
-def _picture(data: bytes):
-    from PIL import Image
-
-    return Image.open(io.BytesIO(data)).convert("RGB")
-
 
 def _prompt(processor, text: str, pictures: list[bytes]) -> tuple[list[int], list[generation_pb2.MediaInput], dict]:
     """The processor's ids for ``text`` (one ``<image>`` per picture), the pictures' spans in them, and its pixel
     tensors: what a client sends and what transformers computes with."""
-    inputs = processor(text=text, images=[[_picture(p) for p in pictures]] if pictures else None, return_tensors="pt")
+    inputs = processor(text=text, images=[[picture(p) for p in pictures]] if pictures else None, return_tensors="pt")
     ids = inputs.pop("input_ids")[0].tolist()
     inputs.pop("attention_mask")
     opener, image = processor.tokenizer.convert_tokens_to_ids(["<fake_token_around_image>", "<global-img>"])
@@ -119,8 +113,8 @@ async def test_server_info_says_it_takes_images(server):
 async def test_one_image_then_another_equal_the_transformers_recompute(server, reference):
     model, processor = reference
     results = []
-    for picture in (RED, BLUE):
-        ids, media, pixels = _prompt(processor, _text("What is in this picture?"), [picture])
+    for colour in (RED, BLUE):
+        ids, media, pixels = _prompt(processor, _text("What is in this picture?"), [colour])
         out, logprobs, complete = await _generate(server, ids, media)
         assert complete.prompt_images == 1 and complete.prompt_tokens == len(ids)
         _assert_matches(_recompute(model, ids, out, pixels), out, logprobs)
@@ -137,7 +131,7 @@ async def test_two_images_equal_the_transformers_recompute(server, reference):
     _assert_matches(_recompute(model, ids, out, pixels), out, logprobs)
 
 
-async def test_prefix_cache_is_keyed_by_the_picture(server, reference):
+async def test_prefix_cache_is_keyed_by_thepicture(server, reference):
     model, processor = reference
     system = "<|im_start|>system\nYou are an assistant who looks at pictures and answers briefly.<|im_end|>\n"
     text = _text("Describe the picture in a few words, please.", system=system)

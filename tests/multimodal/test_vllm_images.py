@@ -9,7 +9,6 @@ as transformers' own processor and model see them. Prompts are built by the mode
 
 from __future__ import annotations
 
-import io
 import os
 
 import grpc
@@ -19,7 +18,7 @@ from agentloop_grpc.v1 import engine_pb2, generation_pb2
 
 from ..contract.target import ContractTarget, collect, generate_error, request
 from .image_loop import check_image_trajectory, pixels_of, recompute_second_turn, run_image_loop, second_turn
-from .pictures import png
+from .pictures import picture, png
 from .tiny_vlm import IMAGE_SEQ_LEN
 
 pytestmark = pytest.mark.slow
@@ -52,25 +51,16 @@ async def served(tiny_vlm) -> ContractTarget:
 
 
 @pytest.fixture(scope="module")
-def vlm(tiny_vlm):
+def vlm(tiny_vlm_reference):
     """transformers' model and processor of the same checkpoint: the reference."""
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    return tiny_vlm_reference
 
-    return (AutoModelForImageTextToText.from_pretrained(tiny_vlm, dtype=torch.float32).eval(),
-            AutoProcessor.from_pretrained(tiny_vlm))
-
-
-def _picture(data: bytes):
-    from PIL import Image
-
-    return Image.open(io.BytesIO(data)).convert("RGB")
 
 
 def _prompt(processor, pictures: list[bytes]):
     """The processor's input for HEAD, the pictures (a sentence between two), TAIL: its ids and the spans."""
     text = HEAD + " And this one: ".join("<image>" for _ in pictures) + TAIL
-    inputs = processor(text=text, images=[[_picture(p) for p in pictures]], return_tensors="pt")
+    inputs = processor(text=text, images=[[picture(p) for p in pictures]], return_tensors="pt")
     ids = inputs.input_ids[0].tolist()
     opener, whole = processor.tokenizer.convert_tokens_to_ids(["<fake_token_around_image>", "<global-img>"])
     starts = [i for i, token in enumerate(ids[:-1]) if (token, ids[i + 1]) == (opener, whole)]
