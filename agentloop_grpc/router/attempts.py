@@ -37,15 +37,19 @@ def attempt_request(
     received: list[int],
     stream_options: generation_pb2.StreamOptions | None,
     into: generation_pb2.GenerateRequest,
+    default_budget: int = 0,
 ) -> None:
     """Fill ``into`` (an empty request, or a GenerateUnaryRequest's, which spares copying a whole request into its
     wrapper) with one attempt: the prompt (int32 bytes) extended by the tokens received, its images, and the budget
-    left."""
+    left. ``default_budget``: the server's default_max_new_tokens (0: none), which a call without sampling spends
+    once over all its attempts."""
     into.request_id = request_id
     into.session_id = call.session_id
     into.prompt_ids_raw = prompt + wire.prompt_to_raw(received) if received else prompt
     if call.sampling is None:
         into.sampling_params.SetInParent()  # the server's defaults
+        if received and default_budget > 0:  # a fresh default on resume would generate up to twice as much
+            into.sampling_params.max_new_tokens = default_budget - len(received)
     else:
         wire.fill_sampling(into.sampling_params, call.sampling, call.sampling.max_new_tokens - len(received))
     if call.structured_output is not None:
@@ -58,10 +62,12 @@ def attempt_request(
 
 
 def ended_before_resume(
-    tokens: list[int], sampling: SamplingParams | None, eos_token_ids: tuple[int, ...] | None
+    tokens: list[int], sampling: SamplingParams | None, eos_token_ids: tuple[int, ...] | None,
+    default_budget: int = 0,
 ) -> tuple[FinishReason, int | None] | None:
     """Whether the tokens received before a failure already end the generation (budget spent, stop token).
-    ``eos_token_ids``: those of the server about to resume it, if known."""
+    ``eos_token_ids`` and ``default_budget`` (its default_max_new_tokens, for a call without sampling): those of the
+    server about to resume it, if known."""
     if not tokens:
         return None
     if sampling is not None and tokens[-1] in sampling.stop_token_ids:
@@ -69,6 +75,7 @@ def ended_before_resume(
     ignore_eos = sampling is not None and sampling.ignore_eos
     if not ignore_eos and tokens[-1] in (eos_token_ids or ()):
         return FinishReason.STOP, tokens[-1]
-    if sampling is not None and len(tokens) >= sampling.max_new_tokens:
+    budget = sampling.max_new_tokens if sampling is not None else default_budget
+    if budget > 0 and len(tokens) >= budget:
         return FinishReason.LENGTH, None
     return None

@@ -195,7 +195,8 @@ class Router:
             # 1. a server for this attempt; a resumed one may find the lost stream had in fact finished
             endpoint = await self._pick(call.session_id, deadline, avoid=failed)
             eos = endpoint.info.eos_token_ids if endpoint.info is not None else None
-            ended = ended_before_resume(tokens, call.sampling, eos) if attempt > 1 else None
+            default_budget = endpoint.info.default_max_new_tokens if endpoint.info is not None else 0
+            ended = ended_before_resume(tokens, call.sampling, eos, default_budget) if attempt > 1 else None
             if ended is not None:  # only its final message was missing
                 finish_reason, matched = ended
                 cached = 0
@@ -208,11 +209,11 @@ class Router:
             timeout = max(0.001, deadline - time.monotonic())
             if unary:  # filled in place: copying a whole request into its wrapper costs more
                 request = generation_pb2.GenerateUnaryRequest()
-                attempt_request(attempt_id, call, prompt, tokens, None, into=request.request)
+                attempt_request(attempt_id, call, prompt, tokens, None, request.request, default_budget)
                 rpc = endpoint.generate.GenerateUnary(request, timeout=timeout)
             else:
                 request = generation_pb2.GenerateRequest()
-                attempt_request(attempt_id, call, prompt, tokens, stream_options, into=request)
+                attempt_request(attempt_id, call, prompt, tokens, stream_options, request, default_budget)
                 rpc = endpoint.generate.Generate(request, timeout=timeout)
             self._begin_attempt(endpoint, call.session_id, attempt_id, rpc, unary)
             # 3. the tokens, as they arrive; then the completion
