@@ -9,11 +9,14 @@ imports neither client nor server code; PIL and transformers are imported when f
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -48,6 +51,10 @@ class MediaInput:
     def digest(self) -> bytes:
         """A hash of the image's bytes: what caches key the image by (equal bytes, equal features)."""
         return hashlib.sha256(self.data).digest()
+
+    def data_url(self) -> str:
+        """The image as a ``data:<mime type>;base64,...`` URL."""
+        return f"data:{self.mime_type};base64,{base64.b64encode(self.data).decode()}"
 
     def moved(self, offset: int) -> MediaInput:
         """The same image with its span starting at ``offset``."""
@@ -104,6 +111,16 @@ def check_spans(media: Sequence[MediaInput], prompt_len: int) -> str | None:
                     f"({previous_end}); spans are in prompt order and do not overlap")
         previous_end = item.end
     return None
+
+
+def stray_image_token(ids: Sequence[int] | np.ndarray, image_token_id: int, media: Sequence[MediaInput]) -> int | None:
+    """The first position of ``image_token_id`` in ``ids`` outside every span of ``media`` (a placeholder no image
+    stands for); None when there is none."""
+    stray = np.asarray(ids) == image_token_id
+    for item in media:
+        stray[item.offset : item.end] = False
+    found = np.flatnonzero(stray)
+    return int(found[0]) if found.size else None
 
 
 @dataclass(frozen=True, slots=True)

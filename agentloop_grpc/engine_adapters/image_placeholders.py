@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from agentloop_grpc.common.errors import InvalidRequestError
-from agentloop_grpc.common.media import MediaInput
+from agentloop_grpc.common.media import MediaInput, stray_image_token
 from agentloop_grpc.common.prompt import PromptIds
 
 
@@ -32,11 +30,8 @@ def collapse_images(prompt_ids: Sequence[int], media: Sequence[MediaInput], imag
 
 def check_no_stray_image_token(prompt_ids: PromptIds, media: Sequence[MediaInput], image_token_id: int) -> None:
     """InvalidRequestError naming the first ``image_token_id`` of ``prompt_ids`` outside every span of ``media``."""
-    stray = prompt_ids.numpy() == image_token_id
-    for item in media:
-        stray[item.offset : item.end] = False
-    if stray.any():
-        index = int(np.flatnonzero(stray)[0])
+    index = stray_image_token(prompt_ids.numpy(), image_token_id, media)
+    if index is not None:
         raise InvalidRequestError(
             f"prompt_ids[{index}] is the image token ({image_token_id}) outside every media span; an image's "
             f"placeholder ids must be the span of one media item"

@@ -15,12 +15,16 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agentloop_grpc.common.errors import InvalidRequestError, UnsupportedError
 from agentloop_grpc.common.media import ImageError, MediaInput, check_spans, decode_image
 from agentloop_grpc.common.types import SamplingParams, ServerFacts, StructuredOutput
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 MAX_TOP_LOGPROBS = 20
 PENALTY_BOUND = 2.0
@@ -139,14 +143,22 @@ def check_media(media: Sequence[MediaInput], prompt_len: int, facts: ServerFacts
         raise UnsupportedError(MEDIA_UNSUPPORTED)
     if len(media) > facts.max_images_per_request:
         raise _fail(MEDIA_TOO_MANY, count=len(media), bound=facts.max_images_per_request)
-    for index, item in enumerate(media):
-        try:
-            decode_image(item.data, item.mime_type)
-        except ImageError as error:
-            raise _fail(MEDIA_IMAGE_INVALID, index=index, reason=error) from None
+    decoded_images(media)
     problem = check_spans(media, prompt_len)
     if problem is not None:
         raise InvalidRequestError(problem)
+
+
+def decoded_images(media: Sequence[MediaInput]) -> list[Image]:
+    """Each image of ``media`` decoded (CPU time: keep it off the event loop); InvalidRequestError naming
+    ``media[i]`` and the bound it breaks."""
+    images = []
+    for index, item in enumerate(media):
+        try:
+            images.append(decode_image(item.data, item.mime_type))
+        except ImageError as error:
+            raise _fail(MEDIA_IMAGE_INVALID, index=index, reason=error) from None
+    return images
 
 
 def resolve_max_new_tokens(requested: int | None, prompt_len: int, facts: ServerFacts) -> int:

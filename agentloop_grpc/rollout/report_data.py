@@ -8,7 +8,6 @@ Each distinct token id is decoded once, since thousands of trajectories reuse th
 
 from __future__ import annotations
 
-import base64
 import json
 import statistics
 from collections import Counter, defaultdict
@@ -80,7 +79,7 @@ def trajectory_detail(t: Trajectory, prompt: int) -> dict[str, Any]:
         "prompt": prompt, "ids": list(t.response_ids), "mask": mask_runs(t.response_mask),
         "logprobs": [round(lp, 3) for lp, m in zip(t.response_logprobs, t.response_mask, strict=True) if m],
         "messages": [_plain(m) for m in t.messages], "error": t.error or "",
-        "images": [_data_url(m.mime_type, m.data) for m in t.media],
+        "images": [m.data_url() if len(m.data) <= MAX_EMBEDDED_IMAGE_BYTES else None for m in t.media],
     }
 
 
@@ -94,11 +93,6 @@ def _plain(message: dict[str, Any]) -> dict[str, Any]:
                    for part in content)
     return {**message, "content": text}
 
-
-def _data_url(mime_type: str, data: bytes) -> str | None:
-    if len(data) > MAX_EMBEDDED_IMAGE_BYTES:
-        return None
-    return f"data:{mime_type};base64,{base64.b64encode(data).decode()}"
 
 
 def timeline(trajectories: list[Trajectory], trace: list[dict]) -> dict[str, Any]:

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from agentloop_grpc.common.errors import InvalidRequestError
-from agentloop_grpc.common.media import ImageExpander, ImageError, check_spans, decode_image
+from agentloop_grpc.common.media import ImageExpander, check_spans, stray_image_token
 from agentloop_grpc.common.types import GenerateRequest
+from ..validation import decoded_images
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +66,8 @@ class ImageReader:
         if problem is not None:
             raise InvalidRequestError(problem)
         image_id = self.expander.image_token_id
-        stray = ids == image_id
         inputs, positions = [], []
-        for i, item in enumerate(media):
-            try:
-                image = decode_image(item.data, item.mime_type)
-            except ImageError as error:
-                raise InvalidRequestError(f"media[{i}]: {error}") from None
+        for i, (item, image) in enumerate(zip(media, decoded_images(media), strict=True)):
             expansion = self.expander.expand(image)
             span = tuple(int(t) for t in ids[item.offset : item.end])
             if span != expansion.ids:
@@ -80,11 +76,10 @@ class ImageReader:
                     f"expansion of the image ({len(expansion.ids)} ids: {_show(expansion.ids)}; the span holds "
                     f"{len(span)}: {_show(span)})"
                 )
-            stray[item.offset : item.end] = False
             inputs.append(expansion.inputs)
             positions.append(item.offset + np.flatnonzero(ids[item.offset : item.end] == image_id))
-        if stray.any():
-            index = int(np.flatnonzero(stray)[0])
+        index = stray_image_token(ids, image_id, media)
+        if index is not None:
             raise InvalidRequestError(
                 f"prompt_ids[{index}] is the image token {self.expander.image_token} ({image_id}) outside every "
                 f"media span; an image's placeholder ids must be the span of one media item"

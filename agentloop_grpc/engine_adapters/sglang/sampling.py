@@ -11,7 +11,6 @@ Fields map one to one onto SGLang's ``SamplingParams`` (see ``api.py``) with thr
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from agentloop_grpc.common.errors import UnsupportedError
@@ -48,7 +47,7 @@ def sampling_params(request: GenerateRequest) -> dict[str, Any]:
 
 def image_data(request: GenerateRequest) -> list[str]:
     """The request's pictures as SGLang's ``image_data``: data URLs (SGLang decodes base64 ones itself)."""
-    return [f"data:{item.mime_type};base64,{base64.b64encode(item.data).decode()}" for item in request.media]
+    return [item.data_url() for item in request.media]
 
 
 def generate_kwargs(request: GenerateRequest, image_token_id: int | None = None) -> dict[str, Any]:

@@ -17,21 +17,16 @@ from collections.abc import Sequence
 from vllm.inputs import TokensPrompt
 
 from agentloop_grpc.common.errors import InvalidRequestError
-from agentloop_grpc.common.media import ImageError, MediaInput, decode_image
+from agentloop_grpc.common.media import MediaInput
 from ..image_placeholders import collapse_images
+from ..validation import decoded_images
 
 
 def tokens_prompt(prompt_ids: Sequence[int], media: Sequence[MediaInput], image_token_id: int) -> TokensPrompt:
     """The TokensPrompt vLLM expands back to ``prompt_ids``; decodes every image (CPU time: call off the loop)."""
-    pictures = []
-    for index, item in enumerate(media):
-        try:
-            pictures.append(decode_image(item.data, item.mime_type))
-        except ImageError as error:
-            raise InvalidRequestError(f"media[{index}]: {error}") from None
     return TokensPrompt(
         prompt_token_ids=collapse_images(prompt_ids, media, image_token_id),
-        multi_modal_data={"image": pictures},
+        multi_modal_data={"image": decoded_images(media)},
         multi_modal_uuids={"image": [item.digest().hex() for item in media]},
     )
 

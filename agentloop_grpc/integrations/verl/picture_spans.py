@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_grpc.agent.images import Picture
-from agentloop_grpc.common.media import ImageError, ImageExpander, MediaInput, encode_png
+from agentloop_grpc.common.media import ImageError, ImageExpander, MediaInput, encode_png, stray_image_token
 
 #: Pictures whose encoding and expansion are kept: a tool loop's pictures of a few trajectories at once.
 CACHED_PICTURES = 256
@@ -59,7 +59,7 @@ class PictureSpans:
                     f"{len(pictures)}, or was expanded by another processor")
             media.append(MediaInput(encoded.mime_type, encoded.data, offset, len(encoded.ids)))
             cursor = offset + len(encoded.ids)
-        stray = _outside(ids, self.expander.image_token_id, media)
+        stray = stray_image_token(ids, self.expander.image_token_id, media)
         if stray is not None:
             raise ValueError(
                 f"prompt_ids hold the image placeholder {self.expander.image_token!r} (id "
@@ -111,17 +111,3 @@ def _find(ids: list[int], part: tuple[int, ...], start: int) -> int:
         if tuple(ids[index:index + size]) == part:
             return index
         index += 1
-
-
-def _outside(ids: list[int], token_id: int, media: Sequence[MediaInput]) -> int | None:
-    """The first position of ``token_id`` outside every span of ``media``; None when there is none."""
-    if ids.count(token_id) == sum(ids[item.offset:item.end].count(token_id) for item in media):
-        return None  # the usual case, answered at C speed
-    spans = iter(media)
-    span = next(spans, None)
-    for position, token in enumerate(ids):
-        while span is not None and position >= span.end:
-            span = next(spans, None)
-        if token == token_id and (span is None or position < span.offset):
-            return position
-    return None
