@@ -9,7 +9,7 @@ BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
-.PHONY: setup sandbox browser protos protos-python protos-lint protos-breaking demo train test test-python test-node test-faults bench clean
+.PHONY: setup sandbox browser protos protos-python protos-lint protos-breaking demo train lint test test-python test-node test-faults bench clean
 
 setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(NODE_DIR)/node_modules/.installed sandbox \
 	browser
@@ -105,8 +105,14 @@ protos-breaking: setup
 		echo "protos-breaking: $(BREAKING_AGAINST) has no protos/ (first version, or a shallow clone): skipped"; \
 	fi
 
-## test: everything (contracts lint and breaking check, Python suites, Node client suite)
-test: protos protos-lint protos-breaking test-python test-node
+## lint: ruff (lint and import order) and mypy over agentloop_grpc/, configured in pyproject.toml
+# mypy needs the generated stubs and every engine's package (vllm, verl) installed, hence `protos`.
+lint: protos
+	$(PY) -m ruff check agentloop_grpc
+	$(PY) -m mypy
+
+## test: everything (Python lint and types, contracts lint and breaking check, Python suites, Node client suite)
+test: lint protos protos-lint protos-breaking test-python test-node
 
 test-python: protos
 	$(PY) -m pytest
