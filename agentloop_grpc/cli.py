@@ -36,8 +36,8 @@ from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model
 from agentloop_grpc.engine_adapters.server import serve, stop_signal
 from agentloop_grpc.extras import MissingExtraError
-from agentloop_grpc.serving.security import PortInUseError, ServerSecurity
 from agentloop_grpc.rollout.command import rollout as rollout_command
+from agentloop_grpc.serving.security import PortInUseError, ServerSecurity
 from agentloop_grpc.train.command import train as train_command
 from agentloop_grpc.usage_errors import Command, CommandGroup, click_errors
 

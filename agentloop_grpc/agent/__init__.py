@@ -14,7 +14,14 @@ from .manager import AgentLoopManager, RolloutBatch
 from .metrics import RolloutMetrics
 from .parquet import read_parquet, write_parquet
 from .parsers import (
-    GptOssParser, HermesParser, Llama3JsonParser, ParsedTurn, ParseError, Qwen3CoderParser, ToolCall, ToolCallParser,
+    GptOssParser,
+    HermesParser,
+    Llama3JsonParser,
+    ParsedTurn,
+    ParseError,
+    Qwen3CoderParser,
+    ToolCall,
+    ToolCallParser,
     make_parser,
 )
 from .reward import Outcome, RewardFunction, Score

@@ -18,8 +18,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from agentloop_grpc.common.types import NamedTensor
-from agentloop_grpc.common.types import PauseMode
+from agentloop_grpc.common.types import NamedTensor, PauseMode
 from agentloop_grpc.router import Fleet
 
 from .metrics import RolloutMetrics

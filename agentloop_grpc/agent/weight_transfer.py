@@ -27,7 +27,12 @@ from agentloop_grpc.common.addresses import is_loopback
 from agentloop_grpc.common.safetensors_format import write_safetensors
 from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.common.weight_layout import (
-    DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S, BucketLayout, TensorSpec, WeightGroupError, WeightGroupSpec,
+    DEFAULT_BUCKET_BYTES,
+    DEFAULT_TIMEOUT_S,
+    BucketLayout,
+    TensorSpec,
+    WeightGroupError,
+    WeightGroupSpec,
 )
 from agentloop_grpc.router import FanOutResult, Fleet
 from agentloop_grpc.v1 import engine_pb2

@@ -57,7 +57,7 @@ class AgentLoopWorker:
             return failed_trajectory(sample, str(error), infrastructure=True)
         except (*REQUEST_ERRORS, KeyError, ValueError) as error:
             return failed_trajectory(sample, f"{type(error).__name__}: {error}", infrastructure=False)
-        except Exception as error:  # noqa: BLE001 - isolation: a loop bug must not fail the batch
+        except Exception as error:  # isolation: a loop bug must not fail the batch
             log.exception("sample %s: the loop failed", sample.sample_id)
             return failed_trajectory(sample, f"internal error: {type(error).__name__}: {error}", infrastructure=False)
 

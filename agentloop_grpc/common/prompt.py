@@ -23,7 +23,7 @@ _LITTLE_ENDIAN = sys.byteorder == "little"
 class PromptIds(Sequence[int]):
     """Token ids of a prompt, immutable and hashable; see the module docstring."""
 
-    __slots__ = ("_raw", "_ids")
+    __slots__ = ("_ids", "_raw")
 
     def __init__(self, ids: Iterable[int]) -> None:
         values = ids if isinstance(ids, (list, tuple)) else list(ids)

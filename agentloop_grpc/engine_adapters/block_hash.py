@@ -25,7 +25,7 @@ from agentloop_grpc.common.prompt import PromptIds
 class BlockChain:
     """One sequence's token ids and the keys of its full blocks (see the module docstring)."""
 
-    __slots__ = ("block_size", "ids", "keys", "_images")
+    __slots__ = ("_images", "block_size", "ids", "keys")
 
     def __init__(self, block_size: int, ids: PromptIds | Sequence[int] = (),
                  media: Sequence[MediaInput] = ()) -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
 #: Tokens a request that sets no max_new_tokens may generate: a bound like SGLang's server's (128), so a first
 #: request without sampling params answers in a moment instead of streaming until the context is full.
 DEFAULT_MAX_NEW_TOKENS = 256

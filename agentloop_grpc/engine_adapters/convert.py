@@ -10,17 +10,8 @@ import dataclasses
 
 import numpy as np
 
-from agentloop_grpc.v1 import engine_pb2, generation_pb2
-
 from agentloop_grpc.common import wire as wire_maps
-from agentloop_grpc.common.wire import FINISH_REASONS
-
-from . import validation
 from agentloop_grpc.common.errors import InvalidRequestError
-from .grouping import TokenGrouper
-from agentloop_grpc.common.weight_layout import (
-    DEFAULT_TIMEOUT_S, MAX_BUCKET_BYTES, MIN_BUCKET_BYTES, BucketLayout, TensorSpec, WeightGroupSpec,
-)
 from agentloop_grpc.common.media import MediaInput
 from agentloop_grpc.common.prompt import PromptIds
 from agentloop_grpc.common.types import (
@@ -33,6 +24,19 @@ from agentloop_grpc.common.types import (
     StructuredOutput,
     TokenChunk,
 )
+from agentloop_grpc.common.weight_layout import (
+    DEFAULT_TIMEOUT_S,
+    MAX_BUCKET_BYTES,
+    MIN_BUCKET_BYTES,
+    BucketLayout,
+    TensorSpec,
+    WeightGroupSpec,
+)
+from agentloop_grpc.common.wire import FINISH_REASONS
+from agentloop_grpc.v1 import engine_pb2, generation_pb2
+
+from . import validation
+from .grouping import TokenGrouper
 
 ENGINE_STATES = {
     EngineState.LOADING: engine_pb2.ENGINE_STATE_LOADING,

@@ -28,18 +28,25 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from agentloop_grpc import __version__
-
-from .checkpoint import read_checkpoint
-from .block_hash import BlockChain
-from .fake_config import FakeEngineConfig
 from agentloop_grpc.common.errors import EngineError, EngineOverloadedError, UnsupportedError
-from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
-from .weight_groups import LocalWeightGroups
-from .grouping import merge_chunks
 from agentloop_grpc.common.types import (
-    FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
+    FinishReason,
+    GenerateComplete,
+    GenerateEvent,
+    GenerateRequest,
+    LoadInfo,
+    NamedTensor,
+    Resource,
+    ServerFacts,
     TokenChunk,
 )
+from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
+
+from .block_hash import BlockChain
+from .checkpoint import read_checkpoint
+from .fake_config import FakeEngineConfig
+from .grouping import merge_chunks
+from .weight_groups import LocalWeightGroups
 
 _MASK64 = (1 << 64) - 1
 

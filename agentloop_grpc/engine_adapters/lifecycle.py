@@ -27,8 +27,18 @@ from agentloop_grpc.common.errors import (
     InvalidRequestError,
 )
 from agentloop_grpc.common.types import (
-    EngineState, FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, PauseMode,
-    PauseResult, Resource, ServerFacts, WeightUpdateResult,
+    EngineState,
+    FinishReason,
+    GenerateComplete,
+    GenerateEvent,
+    GenerateRequest,
+    LoadInfo,
+    NamedTensor,
+    PauseMode,
+    PauseResult,
+    Resource,
+    ServerFacts,
+    WeightUpdateResult,
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 
 import grpc
 
+from agentloop_grpc.common.types import EngineState
 from agentloop_grpc.serving.interceptors import server_interceptors
-from agentloop_grpc.serving.metrics import GaugesCollector, GaugeSample, ServerMetrics, expose
+from agentloop_grpc.serving.metrics import GaugeSample, GaugesCollector, ServerMetrics, expose
 from agentloop_grpc.serving.security import ServerSecurity, bind
 from agentloop_grpc.serving.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
 from agentloop_grpc.v1 import engine_pb2_grpc, generation_pb2_grpc
-
-from agentloop_grpc.common.types import EngineState
 
 from .lifecycle import EngineLifecycle
 from .protocol import EngineAdapter

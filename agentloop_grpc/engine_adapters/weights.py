@@ -10,12 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 
-from agentloop_grpc.v1 import engine_pb2
-
 from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.common.wire import DTYPES
-
+from agentloop_grpc.v1 import engine_pb2
 
 
 class _PartialTensor:

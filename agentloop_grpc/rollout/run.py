@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from importlib import resources
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from agentloop_grpc.agent import AgentLoopManager, Sample, Trajectory, WorkerSpec, to_batch, write_parquet
@@ -33,7 +33,6 @@ from .config import Engines, RolloutConfig, Tools
 from .dataset import read_rows, to_samples
 from .error_causes import top_causes
 from .progress import Progress
-
 
 
 class RolloutError(RuntimeError):

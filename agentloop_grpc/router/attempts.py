@@ -13,7 +13,7 @@ from .call import GenerateCall
 class Received:
     """Every attempt's tokens, in order, with aligned logprobs, alternatives and weight versions."""
 
-    __slots__ = ("token_ids", "logprobs", "top_logprobs", "weight_versions")
+    __slots__ = ("logprobs", "token_ids", "top_logprobs", "weight_versions")
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []

@@ -190,7 +190,7 @@ class InstanceManager:
         async with instance.lock:
             try:
                 await instance.tool.release(instance.state)
-            except Exception:  # noqa: BLE001 - the instance is gone either way; keep the server up
+            except Exception:  # the instance is gone either way; keep the server up
                 log.exception("releasing %s failed", instance_id)
 
     async def _reap(self) -> None:

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2
 
-from agentloop_grpc.serving.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
 from agentloop_grpc.serving.interceptors import server_interceptors
 from agentloop_grpc.serving.metrics import ServerMetrics, expose
 from agentloop_grpc.serving.security import ServerSecurity, bind
+from agentloop_grpc.serving.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
 from agentloop_grpc.v1 import tool_pb2_grpc
 
 from .config import ToolServerConfig, build_tools

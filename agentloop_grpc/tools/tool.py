@@ -17,8 +17,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .result import (LoopSnapshot, RewardResult, ToolResult, ToolSpec, exception_result, timeout_result,
-                     to_result)
+from .result import LoopSnapshot, RewardResult, ToolResult, ToolSpec, exception_result, timeout_result, to_result
 from .schema import function_schema
 from .workers import WorkerPool
 

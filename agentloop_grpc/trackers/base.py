@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-
 #: The samples table's columns, in the order of ``SampleRow.values``.
 SAMPLE_COLUMNS = ("sample_id", "prompt", "response", "reward", "termination", "error")
 

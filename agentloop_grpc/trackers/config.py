@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -112,7 +112,7 @@ class TrackerSettings(BaseModel):
         """The run name: the configured one, or the output folder's name and the UTC time."""
         if self.run_name is not None:
             return self.run_name
-        return f"{Path(output_dir).resolve().name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+        return f"{Path(output_dir).resolve().name}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
 
     def tensorboard_dir(self, output_dir: str | Path) -> Path:
         return Path(self.tensorboard.logdir) if self.tensorboard.logdir else Path(output_dir) / "tensorboard"

@@ -29,7 +29,11 @@ from transformers.trainer_callback import PrinterCallback
 from agentloop_grpc.agent import WorkerSpec, write_parquet
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
 from agentloop_grpc.integrations.trl import (
-    AgentLoopRollout, WeightSyncCallback, agentloop_reward, prompt_dataset, train_top_layers,
+    AgentLoopRollout,
+    WeightSyncCallback,
+    agentloop_reward,
+    prompt_dataset,
+    train_top_layers,
 )
 from agentloop_grpc.rollout.dataset import read_rows
 from agentloop_grpc.rollout.run import start_engines, start_tools

@@ -7,7 +7,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from .base import (
-    ParsedTurn, ParseError, ToolCall, arguments_object, call_schema, check_offer, decode_json, json_schema_rules,
+    ParsedTurn,
+    ParseError,
+    ToolCall,
+    arguments_object,
+    call_schema,
+    check_offer,
+    decode_json,
+    json_schema_rules,
     tool_call_blocks,
 )
 

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from .base import (
-    ParsedTurn, ParseError, ToolCall, arguments_object, call_schema, check_offer, decode_json, json_schema_rules,
+    ParsedTurn,
+    ParseError,
+    ToolCall,
+    arguments_object,
+    call_schema,
+    check_offer,
+    decode_json,
+    json_schema_rules,
 )
 
 PYTHON_TAG = "<|python_tag|>"

@@ -29,7 +29,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import (
-    ParsedTurn, ParseError, ToolCall, check_offer, json_schema_rules, literal, prefixed_rules, tool_call_blocks,
+    ParsedTurn,
+    ParseError,
+    ToolCall,
+    check_offer,
+    json_schema_rules,
+    literal,
+    prefixed_rules,
+    tool_call_blocks,
 )
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.DOTALL)

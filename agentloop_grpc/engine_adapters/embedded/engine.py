@@ -27,21 +27,27 @@ from typing import TYPE_CHECKING
 import torch
 
 from agentloop_grpc import __version__
-from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
-
+from agentloop_grpc.common import model_store
 from agentloop_grpc.common.errors import EngineError, EngineOverloadedError, InvalidRequestError, UnsupportedError
 from agentloop_grpc.common.media import ImageExpander
-from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
+from agentloop_grpc.common.model_store import eos_token_ids
+from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 from agentloop_grpc.common.types import (
-    FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
+    FinishReason,
+    GenerateComplete,
+    GenerateEvent,
+    GenerateRequest,
+    LoadInfo,
+    NamedTensor,
+    Resource,
+    ServerFacts,
     TokenChunk,
 )
+from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
+
 from ..checkpoint import read_checkpoint
 from ..validation import check_prompt, check_sampling
 from ..weight_groups import LocalWeightGroups
-from agentloop_grpc.common import model_store
-from agentloop_grpc.common.model_store import eos_token_ids
-
 from . import memory, weight_update
 from .config import EmbeddedEngineConfig
 from .images import ImageReader, PromptImages

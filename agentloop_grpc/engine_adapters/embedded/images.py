@@ -22,6 +22,7 @@ import torch
 from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.media import ImageExpander, check_spans, stray_image_token
 from agentloop_grpc.common.types import GenerateRequest
+
 from ..validation import decoded_images
 
 

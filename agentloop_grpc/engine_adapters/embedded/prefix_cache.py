@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from agentloop_grpc.common.media import MediaInput
+
 from ..block_hash import BlockChain
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from agentloop_grpc.common.types import FinishReason
+
 from .images import features
 from .prefix_cache import PrefixCache
 from .runner import ModelRunner

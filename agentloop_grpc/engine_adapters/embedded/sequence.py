@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import xgrammar as xgr
 
 from agentloop_grpc.common.types import GenerateEvent, GenerateRequest
+
 from ..block_hash import BlockChain
 from .images import ImageFeatures, PromptImages
 from .sampling import RequestSampler

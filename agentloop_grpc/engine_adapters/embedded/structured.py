@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 
 from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.types import StructuredOutput
+
 from .config import EmbeddedEngineConfig
 from .grammar_worker import LENGTH, OK, frame
 

@@ -32,6 +32,7 @@ from typing import Any
 from agentloop_grpc.common.errors import EngineError, InvalidRequestError
 from agentloop_grpc.common.types import GenerateRequest, NamedTensor
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
+
 from ..weight_groups import LocalWeightGroups
 from .api import SglangApi
 from .config import TpRank

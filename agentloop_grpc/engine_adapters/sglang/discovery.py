@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import ray
 
 from agentloop_grpc.common.errors import EngineUnavailableError
+
 from .config import SglangEngineConfig
 
 _RETRY_S = 0.1

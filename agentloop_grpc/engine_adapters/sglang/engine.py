@@ -48,13 +48,24 @@ from dataclasses import dataclass, field
 import ray
 
 from agentloop_grpc.common.errors import (
-    EngineError, EngineUnavailableError, FailedPreconditionError, InvalidRequestError,
+    EngineError,
+    EngineUnavailableError,
+    FailedPreconditionError,
+    InvalidRequestError,
 )
 from agentloop_grpc.common.types import (
-    FinishReason, GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
+    FinishReason,
+    GenerateComplete,
+    GenerateEvent,
+    GenerateRequest,
+    LoadInfo,
+    NamedTensor,
+    Resource,
+    ServerFacts,
     TokenChunk,
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
+
 from ..image_placeholders import check_no_stray_image_token
 from .actor import PAUSE_IN_PLACE
 from .config import SglangEngineConfig

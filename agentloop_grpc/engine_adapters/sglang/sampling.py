@@ -15,6 +15,7 @@ from typing import Any
 
 from agentloop_grpc.common.errors import UnsupportedError
 from agentloop_grpc.common.types import GenerateRequest
+
 from ..image_placeholders import collapse_images
 
 _STRUCTURED_KEYS = {"json_schema": "json_schema", "regex": "regex", "ebnf_grammar": "ebnf"}

@@ -49,11 +49,7 @@ from vllm.platforms import current_platform
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
-from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
-
 from agentloop_grpc.common import model_store
-from agentloop_grpc.common.media import ImageExpander
-from agentloop_grpc.common.model_store import eos_token_ids
 from agentloop_grpc.common.errors import (
     EngineError,
     EngineOverloadedError,
@@ -62,10 +58,20 @@ from agentloop_grpc.common.errors import (
     InvalidRequestError,
     UnsupportedError,
 )
+from agentloop_grpc.common.media import ImageExpander
+from agentloop_grpc.common.model_store import eos_token_ids
+from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
 from agentloop_grpc.common.types import (
-    GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
+    GenerateComplete,
+    GenerateEvent,
+    GenerateRequest,
+    LoadInfo,
+    NamedTensor,
+    Resource,
+    ServerFacts,
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
+
 from ..image_placeholders import check_no_stray_image_token
 from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling
 from ..weight_groups import refused_elsewhere

@@ -18,6 +18,7 @@ from vllm.inputs import TokensPrompt
 
 from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.media import MediaInput
+
 from ..image_placeholders import collapse_images
 from ..validation import decoded_images
 
