@@ -1,7 +1,8 @@
 """The files the package ships besides its code: the agentloop.v1 contracts and the example configs.
 
 A wheel carries them inside the package (setup.py copies them at build time), so users of any language can generate
-clients from an installed package: ``protoc -I "$(python -c 'import agentloop_grpc; print(agentloop_grpc.protos_dir())')" ...``.
+clients from an installed package:
+``protoc -I "$(python -c 'import agentloop_grpc; print(agentloop_grpc.protos_dir())')" ...``.
 In a checkout (an editable install) they are the repository's ``protos/`` and ``examples/``.
 """
 

@@ -25,7 +25,9 @@ class SamplingConfig(BaseModel):
     seed: int | None = Field(
         None, ge=0, description="Base seed; each generation adds a stable offset (sample, turn) so runs repeat."
     )
-    stop_token_ids: tuple[int, ...] = Field((), description="Extra ids that end a turn (the template's eos always does).")
+    stop_token_ids: tuple[int, ...] = Field(
+        (), description="Extra ids that end a turn (the template's eos always does)."
+    )
 
     def params(self, max_new_tokens: int, seed_offset: int) -> SamplingParams:
         """One generation's sampling: this config's, with its budget and seed."""

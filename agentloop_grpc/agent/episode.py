@@ -40,7 +40,8 @@ class Episode:
         except ImageError as error:  # this sample fails; the others go on
             raise LoopError(f"sample {sample.sample_id}: {error}") from None
         if len(prompt.ids) > context.config.max_prompt_tokens:
-            raise LoopError(f"the prompt has {len(prompt.ids)} tokens, more than max_prompt_tokens={context.config.max_prompt_tokens}")
+            raise LoopError(f"the prompt has {len(prompt.ids)} tokens, "
+                            f"more than max_prompt_tokens={context.config.max_prompt_tokens}")
         self.builder = TrajectoryBuilder(sample.sample_id, loop, prompt.ids, group_id=sample.group_id,
                                          media=list(prompt.media))
         self.builder.messages = for_humans(sample.messages, 0)

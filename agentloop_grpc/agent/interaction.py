@@ -58,7 +58,9 @@ class RetryOnWrongAnswer:
     """The example interaction: checks the last number of the model's answer against the ground truth; a wrong
     answer gets feedback and another try, up to ``max_attempts``."""
 
-    def __init__(self, max_attempts: int = 2, feedback: str = "That is not correct. Check your work and try again.") -> None:
+    def __init__(
+        self, max_attempts: int = 2, feedback: str = "That is not correct. Check your work and try again."
+    ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
         self.max_attempts = max_attempts

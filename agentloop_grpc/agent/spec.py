@@ -27,9 +27,9 @@ from .context import LoopContext
 from .loops.base import BUILTIN_LOOPS, AgentLoop, LoopRegistry
 from .tracing import JsonlTracer
 from .weight_transfer import WeightTransferKind
+from .worker import AgentLoopWorker
 
 WeightUpdatePause = Literal["none", "abort", "keep", "wait"]
-from .worker import AgentLoopWorker
 
 
 class ComponentSpec(BaseModel):

@@ -155,7 +155,9 @@ class Trajectory:
                     f"trajectory {self.sample_id}: position {i} is not a model token but has a logprob or version"
                 )
             if mask == 1 and (logprob > 0.0 or version < 0):
-                raise ValueError(f"trajectory {self.sample_id}: model token {i} has logprob {logprob} > 0 or no version")
+                raise ValueError(
+                    f"trajectory {self.sample_id}: model token {i} has logprob {logprob} > 0 or no version"
+                )
         prompt_len = len(self.prompt_ids)
         if (problem := check_spans(self.media, prompt_len + n)) is not None:
             raise ValueError(f"trajectory {self.sample_id}: {problem}")

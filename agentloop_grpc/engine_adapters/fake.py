@@ -5,7 +5,8 @@ It is named a fake everywhere it appears. Its tokens are a deterministic functio
 behaves like a real engine where the contract cares: a scheduler with a bounded batch (continuous batching: a
 request joins between decode steps and leaves when done), a bounded waiting queue, configurable prefill and
 per-token latency, a block-hashed prefix cache whose hits shorten prefill (least recently used blocks leave
-first, a sequence's tail before its head, as in vLLM), abort and freezing for Pause(KEEP). As in vLLM and SGLang, a prompt's blocks are reusable from the step after its prefill (not only
+first, a sequence's tail before its head, as in vLLM), abort and freezing for Pause(KEEP). As in vLLM and SGLang, a
+prompt's blocks are reusable from the step after its prefill (not only
 once the request finishes), so requests that share a system prompt and arrive while the first one still decodes
 hit it; requests prefilled in the same step do not share.
 
@@ -169,7 +170,8 @@ class FakeEngine:
             raise UnsupportedError("the fake engine does not support structured output")
         if len(self._running) + len(self._waiting) >= self.config.max_running + self.config.max_waiting:
             raise EngineOverloadedError(
-                f"the waiting queue is full ({self.config.max_waiting} waiting behind {self.config.max_running} running)"
+                f"the waiting queue is full ({self.config.max_waiting} waiting behind "
+                f"{self.config.max_running} running)"
             )
         sampling = request.sampling
         seed = 0 if sampling.greedy else (sampling.seed if sampling.seed is not None else random.getrandbits(63))

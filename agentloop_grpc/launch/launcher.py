@@ -72,6 +72,8 @@ class ServerProcess:
     security: ClientSecurity | None = None
     process: asyncio.subprocess.Process | None = None
     address: str | None = None
+    # held so the event loop's weak reference is not the only one while the task reads
+    _stdout_drain: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     async def start(self, timeout_s: float) -> str:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +99,7 @@ class ServerProcess:
             match = _LISTENING.search(line.decode(errors="replace"))
             if match:
                 self.address = match.group(1)
-        asyncio.ensure_future(self._drain_stdout())
+        self._stdout_drain = asyncio.ensure_future(self._drain_stdout())
         await self._wait_serving(deadline)
         return self.address
 

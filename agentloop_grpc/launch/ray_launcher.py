@@ -115,7 +115,7 @@ class RayEngineLauncher:
 
         bundle = self.resources.bundle
         try:
-            for rank in range(self.launch.dp):
+            for _ in range(self.launch.dp):
                 self.placement_groups.append(placement_group([bundle], strategy="STRICT_PACK"))
             try:
                 await asyncio.wait_for(

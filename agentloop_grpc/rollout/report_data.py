@@ -12,6 +12,7 @@ import json
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from agentloop_grpc.agent import Trajectory
@@ -62,7 +63,7 @@ def mask_runs(mask: tuple[int, ...]) -> list[int]:
     if not mask:
         return []
     runs, count = [mask[0]], 1
-    for previous, current in zip(mask, mask[1:]):
+    for previous, current in pairwise(mask):
         if current == previous:
             count += 1
         else:

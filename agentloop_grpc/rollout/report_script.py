@@ -1,6 +1,6 @@
 """The style and the vanilla-JS script of report.html (no library, no network): the page reads its data from the
-embedded JSON, and its state (filters, an error cause, the selected trajectory, the timeline scale) from the URL hash, so a
-link, a reload or a test driving a headless browser lands on the same view."""
+embedded JSON, and its state (filters, an error cause, the selected trajectory, the timeline scale) from the URL
+hash, so a link, a reload or a test driving a headless browser lands on the same view."""
 
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em; }

@@ -29,7 +29,8 @@ class FanOutResult:
         """Raise InfrastructureError naming every server that failed; return self when none did."""
         if self.errors:
             described = "; ".join(f"{address}: {error}" for address, error in sorted(self.errors.items()))
-            raise InfrastructureError(f"{len(self.errors)} of {len(self.errors) + len(self.responses)} failed: {described}")
+            total = len(self.errors) + len(self.responses)
+            raise InfrastructureError(f"{len(self.errors)} of {total} failed: {described}")
         return self
 
 

@@ -1,7 +1,8 @@
 """Router metrics in a Prometheus registry owned by the Fleet, shared by its Router (never the global default
 registry).
 
-The caller serves it however it likes, e.g. ``prometheus_client.start_http_server(port, registry=router.metrics.registry)``.
+The caller serves it however it likes, e.g.
+``prometheus_client.start_http_server(port, registry=router.metrics.registry)``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.in_flight = Gauge("agentloop_router_in_flight", "Requests this router has in flight", ["server"], registry=r)
+        self.in_flight = Gauge(
+            "agentloop_router_in_flight", "Requests this router has in flight", ["server"], registry=r
+        )
         self.server_load = Gauge(
             "agentloop_router_server_load", "Running + waiting requests the server reported", ["server"], registry=r
         )
@@ -55,7 +58,9 @@ class RouterMetrics:
         self.failovers = Counter(
             "agentloop_router_failovers", "Generate calls resumed on another server after tokens", registry=r
         )
-        self.retries = Counter("agentloop_router_retries", "Generate attempts retried, by status code", ["code"], registry=r)
+        self.retries = Counter(
+            "agentloop_router_retries", "Generate attempts retried, by status code", ["code"], registry=r
+        )
         self.attempts = Counter(
             "agentloop_router_generate_attempts",
             "Generate attempts sent, by RPC: stream (Generate) or unary (GenerateUnary, generate() calls whose "

@@ -14,8 +14,8 @@ def behavior_of(handler: grpc.RpcMethodHandler) -> Callable:
 
 def with_behavior(handler: grpc.RpcMethodHandler, behavior: Callable) -> grpc.RpcMethodHandler:
     """A handler of ``handler``'s kind, with its (de)serializers, that runs ``behavior``."""
-    serializers = dict(request_deserializer=handler.request_deserializer,
-                       response_serializer=handler.response_serializer)
+    serializers = {"request_deserializer": handler.request_deserializer,
+                   "response_serializer": handler.response_serializer}
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(behavior, **serializers)
     if handler.unary_stream:

@@ -56,7 +56,8 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = handler_call_details.method.rsplit("/", 1)[-1]
         metrics = self._metrics
-        requests, latency, in_flight = metrics.requests, metrics.latency.labels(method), metrics.in_flight.labels(method)
+        requests = metrics.requests
+        latency, in_flight = metrics.latency.labels(method), metrics.in_flight.labels(method)
 
         def finished(context: grpc.aio.ServicerContext, started: float, error: BaseException | None) -> None:
             in_flight.dec()

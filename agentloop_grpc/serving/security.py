@@ -67,7 +67,9 @@ class ServerSecurity(BaseModel):
             return None
         pair = (Path(self.key_file).read_bytes(), Path(self.cert_file).read_bytes())
         client_ca = Path(self.client_ca_file).read_bytes() if self.client_ca_file else None
-        return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
+        return grpc.ssl_server_credentials(
+            [pair], root_certificates=client_ca, require_client_auth=client_ca is not None
+        )
 
     def interceptor(self, on_refusal: Callable[[str], None] | None = None) -> AuthInterceptor | None:
         """The token check, or None when no token is configured (reads the secrets now: a missing one fails)."""

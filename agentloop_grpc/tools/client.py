@@ -33,7 +33,9 @@ class ToolRequestError(Exception):
 class ToolClient(Protocol):
     async def list_tools(self) -> list[ToolSpec]: ...
 
-    async def create_instance(self, tool_name: str, trajectory_id: str, kwargs: dict[str, Any] | None = None) -> str: ...
+    async def create_instance(
+        self, tool_name: str, trajectory_id: str, kwargs: dict[str, Any] | None = None
+    ) -> str: ...
 
     async def execute(self, instance_id: str, arguments_json: str, call_id: str = "",
                       loop_state: LoopSnapshot | None = None) -> ToolResult:
@@ -65,7 +67,8 @@ class GrpcToolClient:
             return await getattr(self._stub, method)(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as error:
             message = f"{method}: {error.code().name}: {error.details()}"
-            if error.code() in _REQUEST_CODES or (method == "CreateInstance" and error.code() == grpc.StatusCode.NOT_FOUND):
+            gone = method == "CreateInstance" and error.code() == grpc.StatusCode.NOT_FOUND
+            if error.code() in _REQUEST_CODES or gone:
                 raise ToolRequestError(message) from error
             raise ToolInfrastructureError(message) from error
 
@@ -87,7 +90,8 @@ class GrpcToolClient:
         return convert.result_from_proto(await self._call("Execute", request))
 
     async def calc_reward(self, instance_id: str) -> RewardResult:
-        return convert.reward_from_proto(await self._call("CalcReward", tool_pb2.CalcRewardRequest(instance_id=instance_id)))
+        request = tool_pb2.CalcRewardRequest(instance_id=instance_id)
+        return convert.reward_from_proto(await self._call("CalcReward", request))
 
     async def release(self, instance_id: str) -> None:
         await self._call("ReleaseInstance", tool_pb2.ReleaseInstanceRequest(instance_id=instance_id))

@@ -245,7 +245,8 @@ class PythonSession:
         except _Malformed as problem:
             await self._kill()
             return {"failure": "malformed", "message": f"the session's reply channel held {problem} (did the code "
-                    "write to a file descriptor it did not open?); the session restarts (its variables and files are gone)"}
+                    "write to a file descriptor it did not open?); the session restarts (its variables and files "
+                    "are gone)"}
         except (ConnectionError, asyncio.IncompleteReadError):
             reason = _describe_exit(await self._kill()) + await self._stderr_tail(process)
             return {"failure": "resource_limit", "message": f"the session died ({reason}); it restarts with "

@@ -2,7 +2,8 @@
 
 Supported: str, int, float, bool, list[T], Optional[T] / T | None, Literal[...], and ``Annotated[T, {...}]`` whose
 dict adds JSON Schema keywords (``pattern``, ``maxLength``, ``minimum``...: constraints the model sees and that a
-grammar-constrained call obeys); a parameter with a default is not required. The docstring's first paragraph is the description; ``Args:`` lines (Google style) describe the
+grammar-constrained call obeys); a parameter with a default is not required. The docstring's first paragraph is the
+description; ``Args:`` lines (Google style) describe the
 parameters. Anything else is a start-up error: a schema that lies to the model is worse than none.
 """
 
@@ -43,7 +44,9 @@ def _type_schema(annotation, where: str) -> dict:
         if len(rest) == 1:
             inner = _type_schema(rest[0], where)
             return {"anyOf": [inner, {"type": "null"}]}
-    raise TypeError(f"{where}: unsupported annotation {annotation!r} (str, int, float, bool, list[T], Optional, Literal)")
+    raise TypeError(
+        f"{where}: unsupported annotation {annotation!r} (str, int, float, bool, list[T], Optional, Literal)"
+    )
 
 
 def _docstring(function: Callable) -> tuple[str, dict[str, str]]:
@@ -86,4 +89,5 @@ def function_schema(function: Callable, skip: Collection[str] = ()) -> tuple[str
         else:
             schema["default"] = parameter.default
         properties[name] = schema
-    return description, {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    object_schema = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    return description, object_schema

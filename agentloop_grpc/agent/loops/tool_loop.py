@@ -61,7 +61,9 @@ class _Run:
         names = sorted(context.tool_specs) if sample.tools is None else list(sample.tools)
         unknown = [n for n in names if n not in context.tool_specs]
         if unknown:
-            raise LoopError(f"sample {sample.sample_id} asks for unknown tools {unknown}; known: {sorted(context.tool_specs)}")
+            raise LoopError(
+                f"sample {sample.sample_id} asks for unknown tools {unknown}; known: {sorted(context.tool_specs)}"
+            )
         self.tool_names = names
         self.episode = Episode(context, sample, ToolLoop.name, [context.tool_specs[n].openai() for n in names])
         self.instances: dict[str, str] = {}
@@ -87,7 +89,9 @@ class _Run:
         builder = self.episode.builder
         if call.name not in self.tool_names:
             builder.tool_errors += 1
-            return _tool_message(call.name, f"Error: unknown tool {call.name!r}; available: {', '.join(self.tool_names)}")
+            return _tool_message(
+                call.name, f"Error: unknown tool {call.name!r}; available: {', '.join(self.tool_names)}"
+            )
         instance, arguments = await self.instance(call.name), json.dumps(call.arguments)
         if self.context.tool_specs[call.name].wants_loop_state:
             state = LoopSnapshot(self.sample.sample_id, turn, tuple(dict(m) for m in builder.messages))
@@ -291,7 +295,8 @@ class ToolLoop:
         for extra in parsed.calls[config.max_parallel_tool_calls :]:
             builder.tool_errors += 1
             messages.append(_tool_message(
-                extra.name, f"Error: at most {config.max_parallel_tool_calls} tool calls per turn; this call was not run."
+                extra.name,
+                f"Error: at most {config.max_parallel_tool_calls} tool calls per turn; this call was not run.",
             ))
         for error in parsed.errors:
             builder.tool_errors += 1

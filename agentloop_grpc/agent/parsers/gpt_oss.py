@@ -61,7 +61,7 @@ class GptOssParser:
                     content.append(body.strip())
                 continue
             name = recipient.group(1).removeprefix(_FUNCTIONS)
-            value, error = decode_json(raw, lambda: json.loads(body))
+            value, error = decode_json(raw, lambda: json.loads(body))  # noqa: B023 - called before the loop moves on
             if error is not None and not terminator:
                 error = ParseError(raw, f"the call to {name} is cut off before its JSON ends")
             call_or_error = error or arguments_object(raw, {"name": name, "arguments": value}, ("arguments",))

@@ -44,7 +44,7 @@ class Llama3JsonParser:
         position = _skip_space(body, 0)
         while position < len(body):
             start = position
-            decoded, error = decode_json(body[start:], lambda: decoder.raw_decode(body, start))
+            decoded, error = decode_json(body[start:], lambda: decoder.raw_decode(body, start))  # noqa: B023 - run at once
             if error is not None:  # a malformed or cut-off call: where it ends is unknowable, so the rest goes
                 errors.append(error)
                 break

@@ -27,7 +27,7 @@ from agentloop_grpc.common.types import NamedTensor
 from ..checkpoint import checkpoint_entries, read_header
 
 _FLOATING = {"float32", "float16", "bfloat16", "float64"}
-_ITEM_BYTES = {name: size for name, size in SAFETENSORS_DTYPES.values()}
+_ITEM_BYTES = dict(SAFETENSORS_DTYPES.values())
 _TIED_ALIASES = {"lm_head.weight": "model.embed_tokens.weight"}
 
 #: Streamed tensors for the engine process: (name, dtype, shape, bytes) per tensor (plain msgpack-able values).

@@ -26,7 +26,9 @@ class AgentloopCheckpointManager(CheckpointEngineManager):
         await self.wake_up_replicas()
         servers = [replica.server_address for replica in self.replicas]
         ranks = self.actor_wg.world_size
-        await _gather(self.actor_wg.execute_checkpoint_engine(["init_process_group"] * ranks, servers=[servers] * ranks))
+        await _gather(
+            self.actor_wg.execute_checkpoint_engine(["init_process_group"] * ranks, servers=[servers] * ranks)
+        )
         results = await _gather(self.actor_wg.update_weights(global_steps=global_steps, mode=BACKEND))
         metrics: dict[str, Any] = {}
         for result in results:

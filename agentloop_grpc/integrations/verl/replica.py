@@ -64,7 +64,9 @@ class AgentloopReplica(RolloutReplica):
         env: dict[str, str] = {}
         if self.workers:  # hybrid: on the node and GPUs of the replica's trainer workers
             node_id, devices = await self.workers[0].__ray_call__.remote(_node_and_devices)
-            others = [await w.__ray_call__.remote(_node_and_devices) for w in self.workers[1:self.gpus_per_replica_node]]
+            others = [
+                await w.__ray_call__.remote(_node_and_devices) for w in self.workers[1:self.gpus_per_replica_node]
+            ]
             devices = ",".join([devices, *(d for _node, d in others)])
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
             env["CUDA_VISIBLE_DEVICES"] = devices

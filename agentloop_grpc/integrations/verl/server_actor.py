@@ -8,7 +8,7 @@ sampling_params, ...) -> TokenOutput`` on the actor: it goes to the engine over 
 | verl call | EngineControl |
 |---|---|
 | ``wake_up`` | WakeUp (weights and KV cache), FlushCache (the cache was computed with the old weights) |
-| ``sleep`` | Sleep(KV_CACHE_AND_WEIGHTS) in hybrid mode, Sleep(KV_CACHE) colocated, nothing standalone (as verl's own) |
+| ``sleep`` | Sleep(KV_CACHE_AND_WEIGHTS) hybrid, Sleep(KV_CACHE) colocated, nothing standalone (as verl's own) |
 | ``abort_all_requests`` | Pause(ABORT): in-flight requests answer 'aborted' with their tokens so far; new ones wait |
 | ``resume_generation`` | Resume |
 | ``clear_kv_cache`` | FlushCache |
@@ -73,7 +73,8 @@ class EngineServerActor:
         if self._launch is not None:
             host = ray.util.get_node_ip_address()
             launch = dataclasses.replace(self._launch, host=host)
-            log_path = Path(self._log_dir or "/tmp/agentloop-verl") / f"engine-{ray.get_runtime_context().get_actor_id()}.log"
+            actor_id = ray.get_runtime_context().get_actor_id()
+            log_path = Path(self._log_dir or "/tmp/agentloop-verl") / f"engine-{actor_id}.log"
             self._process = ServerProcess(launch.command(0), log_path, env=self._env, terminate_with_parent=True,
                                           security=launch.client_security)
             self._address = await self._process.start(self._startup_timeout_s)

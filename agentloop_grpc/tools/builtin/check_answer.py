@@ -37,7 +37,9 @@ class CheckAnswer:
             parameters={
                 "type": "object",
                 "properties": {
-                    "answer": {"type": "string", "description": "The final answer, a number.", "pattern": NUMBER_PATTERN}
+                    "answer": {
+                        "type": "string", "description": "The final answer, a number.", "pattern": NUMBER_PATTERN
+                    }
                 },
                 "required": ["answer"],
                 "additionalProperties": False,
