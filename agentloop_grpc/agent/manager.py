@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agentloop_grpc.common.types import NamedTensor, PauseMode
 from agentloop_grpc.router import Fleet
@@ -27,6 +28,9 @@ from .spec import WeightUpdatePause, WorkerSpec, build_worker, load_codec
 from .tokenizer_check import check_engine_tokenizers
 from .trajectory import Trajectory
 from .weight_transfer import StreamTransfer, WeightTransfer, choose_weight_transfer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +64,7 @@ class AgentLoopManager:
         self.control: Fleet | None = None
         self._fleets: list[Fleet] = []
         self._tokenizer_checked = False
-        self._tokenizer = None  # the loops' tokenizer, loaded once for the check
+        self._tokenizer: PreTrainedTokenizerBase | None = None  # the loops' tokenizer, loaded once for the check
         self._weights: WeightTransfer | None = None  # chosen at the first update: a group needs serving engines
 
     async def __aenter__(self) -> AgentLoopManager:

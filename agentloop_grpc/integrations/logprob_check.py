@@ -98,7 +98,7 @@ class _GrammarReplay:
         self._grammar = grammar
         self._vocab = vocab_size
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
-        self._matcher = None
+        self._matcher: Any = None  # xgrammar is imported lazily: its GrammarMatcher has no name here
 
     def new_turn(self) -> None:
         self._matcher = None

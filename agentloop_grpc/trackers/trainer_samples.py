@@ -7,16 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformers import TrainerCallback
 
 from .base import SampleRow
 
+if TYPE_CHECKING:
+    from .tensorboard import TensorBoardTracker
+
 
 class TrainerSampleTables(TrainerCallback):
     def __init__(self, names: Sequence[str], tensorboard_dir: Path, rows: Callable[[], Sequence[SampleRow]]) -> None:
         self.names, self.tensorboard_dir, self.rows = tuple(names), tensorboard_dir, rows
-        self._board = None
+        self._board: TensorBoardTracker | None = None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:

@@ -36,6 +36,7 @@ from ..episode import BudgetExceeded, Episode
 from ..errors import INFRASTRUCTURE_ERRORS, REQUEST_ERRORS, LoopError
 from ..generation import Turn, generate_turn
 from ..images import Picture
+from ..interaction import Interaction
 from ..parsers import ParsedTurn, ToolCall
 from ..sample import Sample
 from ..trajectory import Termination, ToolCallMetrics, Trajectory
@@ -68,7 +69,7 @@ class _Run:
         self.episode = Episode(context, sample, ToolLoop.name, [context.tool_specs[n].openai() for n in names])
         self.instances: dict[str, str] = {}
         self.instance_lock = asyncio.Lock()
-        self.interaction = None
+        self.interaction: Interaction | None = None
         self.interaction_state: Any = None
         self.turn: Turn | None = None
         self.parsed: ParsedTurn | None = None

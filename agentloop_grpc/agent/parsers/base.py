@@ -61,7 +61,10 @@ def tool_call_blocks(text: str, read: Callable[[str, str], ToolCall | ParseError
     errors: list[ParseError] = []
     for match in _BLOCK.finditer(text):
         call_or_error = read(match.group(0), match.group(1))
-        (calls if isinstance(call_or_error, ToolCall) else errors).append(call_or_error)
+        if isinstance(call_or_error, ToolCall):
+            calls.append(call_or_error)
+        else:
+            errors.append(call_or_error)
     rest = _BLOCK.sub("", text)
     if _OPEN in rest:
         dangling = rest[rest.index(_OPEN) :]

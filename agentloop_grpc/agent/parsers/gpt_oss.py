@@ -65,7 +65,10 @@ class GptOssParser:
             if error is not None and not terminator:
                 error = ParseError(raw, f"the call to {name} is cut off before its JSON ends")
             call_or_error = error or arguments_object(raw, {"name": name, "arguments": value}, ("arguments",))
-            (calls if isinstance(call_or_error, ToolCall) else errors).append(call_or_error)
+            if isinstance(call_or_error, ToolCall):
+                calls.append(call_or_error)
+            else:
+                errors.append(call_or_error)
         return ParsedTurn(content="\n".join(c for c in content if c), calls=tuple(calls), errors=tuple(errors))
 
     def constraint(self, tools: Sequence[dict[str, Any]], max_calls: int) -> str:

@@ -50,7 +50,10 @@ class Llama3JsonParser:
                 break
             value, end = decoded
             call_or_error = arguments_object(body[start:end], value, _KEYS)
-            (calls if isinstance(call_or_error, ToolCall) else errors).append(call_or_error)
+            if isinstance(call_or_error, ToolCall):
+                calls.append(call_or_error)
+            else:
+                errors.append(call_or_error)
             position = _skip_space(body, end)
             if position < len(body) and body[position] != ";":
                 errors.append(ParseError(body[position:], "text follows a call; calls are separated by ';'"))
