@@ -128,15 +128,16 @@ async def serve(
     engine_server = await create_server(adapter, address, security, metrics)
     if on_listening is not None:
         on_listening(engine_server.port)
-    if metrics is not None:
+    if metrics is not None and metrics_port is not None:
         expose(metrics, address, metrics_port, on_metrics)
     loading = asyncio.create_task(start_adapter(engine_server))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if loading.done() and loading.exception() is not None:
+    failure = loading.exception() if loading.done() else None
+    if failure is not None:
         stopping.cancel()
         await engine_server.server.stop(0)
-        raise loading.exception()
+        raise failure
     await stopping
     log.info("shutting down: draining in-flight requests for up to %.0f s", drain_timeout_s)
     if not loading.done():

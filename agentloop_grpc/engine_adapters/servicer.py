@@ -52,7 +52,7 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         await self.lifecycle.begin_drain()
         await self.sync_health()
 
-    def _state(self) -> int:
+    def _state(self) -> engine_pb2.EngineState.ValueType:
         return convert.ENGINE_STATES[self.lifecycle.state]
 
     # -- TokenGenerate ---------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ async def serve_tools(
     tool_server = await create_tool_server(config, address, security, metrics)
     if on_listening is not None:
         on_listening(tool_server.port)
-    if metrics is not None:
+    if metrics is not None and metrics_port is not None:
         expose(metrics, address, metrics_port, on_metrics)
     await stop.wait()
     await tool_server.stop()

@@ -71,7 +71,7 @@ class AgentloopWorkerExtension:
     def agentloop_packed_modules(self) -> dict[str, list[str]]:
         """The model's fused parameters, e.g. ``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}`` (a class
         attribute vLLM models declare for LoRA and quantization; models without fused layers have none)."""
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]  (the worker this class extends)
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]  # the worker this class extends
         return {fused: list(members) for fused, members in getattr(model, "packed_modules_mapping", {}).items()}
 
     # -- background jobs -------------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class AgentloopWorkerExtension:
         """Start joining the weight group ``group`` (``WeightGroupSpec``'s fields) at rank ``rank_offset`` plus
         this worker's rank; the job's result is that rank."""
         spec = WeightGroupSpec(*group)
-        rank = spec.rank_offset + self.rank  # type: ignore[attr-defined]  (0..tp*pp-1 inside one engine)
+        rank = spec.rank_offset + self.rank  # type: ignore[attr-defined]  # 0..tp*pp-1 inside one engine
         groups = self._agentloop().groups
 
         def join() -> int:
