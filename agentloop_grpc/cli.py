@@ -175,7 +175,7 @@ class EngineCommand(Command):
             raise click_errors.UsageError(hint, ctx=error.ctx) from None
 
 
-def _config_error(message: str) -> None:
+def _config_error(message: str) -> typing.NoReturn:
     """End a command on a bad config or option in the style every command shares: ``error: ...``, exit 2."""
     typer.echo(f"error: {message}", err=True)
     sys.exit(2)

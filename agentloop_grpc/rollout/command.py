@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import typer
 import yaml
@@ -33,7 +33,7 @@ T = TypeVar("T")
 EXIT_TOO_MANY_FAILED = 3
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 

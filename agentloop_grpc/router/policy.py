@@ -47,7 +47,7 @@ def choose_server(
         lowest = min(loads.values())
         # hashing runs only when it decides something (every call pays for this function): a session that stays
         # needs no hash, and neither does a single least-loaded server
-        if current in loads and not _overloaded(loads[current], lowest, config):
+        if current is not None and current in loads and not _overloaded(loads[current], lowest, config):
             chosen = current
         else:
             # among equally loaded servers, hash the session: new sessions spread even when nothing is in flight
