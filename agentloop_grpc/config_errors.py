@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ def _yaml_message(path: str | Path, error: yaml.YAMLError) -> str:
     return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
-def _problem(detail: dict[str, Any], model: type[BaseModel] | None) -> str:
+def _problem(detail: Mapping[str, Any], model: type[BaseModel] | None) -> str:
     loc = tuple(detail["loc"])
     where = ".".join(str(part) for part in loc) or "(top level)"
     message = detail["msg"].removeprefix("Value error, ")

@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # importing transformers takes a second: `agentloop --help` a
     from transformers import PreTrainedTokenizerBase
 
 from .images import Picture
-from .trajectory import Drift
+from .trajectory import Drift, DriftKind
 
 _SENTINEL = "\u2063agentloop-sentinel\u2063"
 #: Characters of each text shown either side of a drift.
@@ -192,6 +192,7 @@ class ChatCodec:
         if pictures:  # texts compare with the pictures' expansions in both, as the recorded ids decode
             rendered_text = self.decode(rendered)
         recorded_text = self.decode(recorded)
+        kind: DriftKind
         if rendered_text.startswith(recorded_text):
             kind = "tokenization"
             position = next(i for i, token in enumerate(recorded) if i >= len(rendered) or rendered[i] != token)

@@ -109,9 +109,10 @@ def read_images(messages: Sequence[dict[str, Any]], where: str = "messages",
                 parts.append({"type": "image"})
             else:
                 parts.append({"type": "text", "text": part.get("text") or ""})
+        content: str | list[dict[str, str]] = parts
         if all(p["type"] == "text" for p in parts):  # text-only templates render strings only
-            parts = "".join(p["text"] for p in parts)
-        rendered.append({**message, "content": parts})
+            content = "".join(p["text"] for p in parts)
+        rendered.append({**message, "content": content})
     return rendered, pictures
 
 

@@ -128,7 +128,7 @@ def group_stats(trajectories: list[Trajectory]) -> dict[str, Any]:
         if t.group_id:
             members[t.group_id].append(t)
     expected = max((len(ts) for ts in members.values()), default=0)
-    groups = []
+    groups: list[dict[str, Any]] = []
     for group_id, ts in members.items():
         rewards = [t.reward for t in ts if not t.failed]
         groups.append({
