@@ -47,7 +47,9 @@ _DTYPE_CODES = {name: code for code, (name, _size) in wire.DTYPES.items()}
 
 
 class WeightTransfer(Protocol):
-    name: str
+    @property
+    def name(self) -> str:  # read-only: the transfers are frozen dataclasses
+        ...
 
     async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int) -> FanOutResult:
         """Apply ``tensors`` as ``weight_version`` on every server of ``fleet``."""

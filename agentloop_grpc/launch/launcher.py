@@ -115,7 +115,8 @@ class ServerProcess:
                 if self.process.returncode is not None:
                     raise LaunchError(f"the server at {self.address} exited while loading{self._tail()}")
                 with contextlib.suppress(grpc.aio.AioRpcError):
-                    reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                    # typeshed's HealthStub declares no methods
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)  # type: ignore[attr-defined]
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 if time.monotonic() > deadline:
@@ -232,7 +233,9 @@ class EngineLauncher:
         return write_discovery(path, servers, self.launch.client_security)
 
 
-def write_discovery(path: str | Path, servers: list[dict[str, object]], security: ClientSecurity | None = None) -> Path:
+def write_discovery(
+    path: str | Path, servers: Sequence[Mapping[str, object]], security: ClientSecurity | None = None
+) -> Path:
     """Write ``{"servers": [...], "security": {...}}``; each server entry has at least ``address``, and
     ``security`` (only when the servers need TLS or tokens) is a ``ClientSecurity``: the paths of the CA and the
     token files or the names of the token variables, never a secret (see ``router.discovery_addresses``)."""

@@ -154,7 +154,10 @@ class Endpoint:
         await asyncio.sleep(delay_s)
         while True:
             try:
-                async for response in self._health.Watch(health_pb2.HealthCheckRequest(service="")):
+                # typeshed's HealthStub declares no methods
+                async for response in self._health.Watch(  # type: ignore[attr-defined]
+                    health_pb2.HealthCheckRequest(service="")
+                ):
                     serving = response.status == _SERVING
                     if serving and not self.healthy:  # (re)connected or woken: a restart brings other weights
                         await self._refresh_info(self._config.control_timeout_s)
