@@ -39,6 +39,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from dataclasses import astuple, dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import vllm
@@ -78,6 +79,10 @@ log = logging.getLogger(__name__)
 _WORKER_EXTENSION = "agentloop_grpc.engine_adapters.vllm.worker.AgentloopWorkerExtension"
 _WAKE_TAGS = {Resource.WEIGHTS: "weights", Resource.KV_CACHE: "kv_cache"}
 _POLL_S = 0.015  # between polls of a worker's background weight job: one cheap utility call each
+#: How long vLLM lets its engine process exit after SIGTERM before it sends SIGKILL (vLLM's own default).
+_ENGINE_EXIT_GRACE_S = 5.0
+#: How long to wait for an engine process vLLM has already sent SIGKILL (a killed process exits at once).
+_KILLED_EXIT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,9 +190,11 @@ class VllmEngine:
         loaded = self._loaded
         if loaded is None:
             return
-        loaded.llm.shutdown()
+        processes = engine_processes(loaded.llm)
+        loaded.llm.shutdown(timeout=_ENGINE_EXIT_GRACE_S)
         # Drop AsyncLLM now: left to interpreter exit, its __del__ shuts down again with half-torn-down modules.
         self._loaded = None
+        await asyncio.to_thread(reap, processes)
 
     def _in_engine(self) -> int:
         """Requests vLLM has not finished (its output processor's count: a final output not yet read by our
@@ -399,6 +406,22 @@ class VllmEngine:
         (vLLM refuses the reset while running requests hold cached blocks otherwise)."""
         if not await llm.reset_prefix_cache(reset_running_requests=True):
             raise FailedPreconditionError("vLLM could not reset its prefix cache (requests are transferring KV)")
+
+
+def engine_processes(llm: AsyncLLM) -> list[BaseProcess]:
+    """The engine-core processes vLLM started for ``llm`` (none where the engine runs elsewhere)."""
+    resources = getattr(llm.engine_core, "resources", None)
+    manager = getattr(resources, "engine_manager", None)
+    return list(getattr(manager, "processes", ()))
+
+
+def reap(processes: Seq[BaseProcess]) -> None:
+    """Wait for each engine process vLLM shut down: vLLM reaps the ones that exit within its grace period but
+    only sends SIGKILL to the others and never waits for them, which leaves them zombies of this process."""
+    for process in processes:
+        process.join(_KILLED_EXIT_S)
+        if process.exitcode is None:
+            log.warning("vLLM's engine process %s (pid %s) outlived SIGKILL", process.name, process.pid)
 
 
 async def _translated_errors(stream: AsyncIterator) -> AsyncIterator:
