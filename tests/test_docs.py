@@ -101,7 +101,7 @@ def test_agentloop_command_lines_name_real_commands_and_options(name):
     import typer
     from typer.core import TyperGroup
 
-    from agentloop_grpc.cli import app
+    from agentloop_grpc.cli.commands import app
 
     path = README if name == "README" else _page(name)
     for block in fenced_blocks(path):

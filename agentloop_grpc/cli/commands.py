@@ -1,4 +1,4 @@
-"""The ``agentloop`` command line.
+"""The ``agentloop`` command group (``app``) and its engine, tools and model commands.
 
 ``agentloop engine serve [--adapter embedded] [--config FILE.yaml] [--set KEY=VALUE ...] --port 50051`` runs one
 engine server (one data-parallel group) of the adapter's config (``engine_adapters.config.EngineConfig``); with
@@ -15,21 +15,14 @@ import functools
 import importlib.metadata
 import inspect
 import logging
-import os
 import sys
 import typing
 from collections.abc import Callable
 from pathlib import Path
 
-# Before torch is imported (the embedded engine imports it lazily): libgomp's default spin-waiting makes engine
-# processes on one node stall each other, and this bound keeps a lone engine as fast and a contended one usable
-# (figures in agentloop_grpc/engine_adapters/embedded/NOTES.md).
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-
 import typer
 import yaml
 
-from agentloop_grpc.config_errors import describe
 from agentloop_grpc.engine_adapters.config import ENGINE_KINDS, EngineConfig, engine_config
 from agentloop_grpc.engine_adapters.config_flags import apply_setting
 from agentloop_grpc.engine_adapters.factory import make_adapter
@@ -39,7 +32,9 @@ from agentloop_grpc.extras import MissingExtraError
 from agentloop_grpc.serving.security import PortInUseError, ServerSecurity
 from agentloop_grpc.rollout.command import rollout as rollout_command
 from agentloop_grpc.train.command import train as train_command
-from agentloop_grpc.usage_errors import Command, CommandGroup, click_errors
+
+from .config_errors import describe
+from .usage_errors import Command, CommandGroup, click_errors
 
 app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_args_is_help=True, cls=CommandGroup)
 engine_app = typer.Typer(help="Engine servers (one per data-parallel group).", no_args_is_help=True)
@@ -408,11 +403,3 @@ def engine_launch(
 
 app.command("rollout", cls=Command)(rollout_command)
 app.command("train", cls=Command)(train_command)
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()
