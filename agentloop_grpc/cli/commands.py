@@ -17,7 +17,7 @@ import inspect
 import logging
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import typer
@@ -96,8 +96,7 @@ def with_server_security(command: Callable[..., None]) -> Callable[..., None]:
         try:
             security = ServerSecurity(**fields)
         except ValidationError as exc:
-            typer.echo(f"error: {exc.errors()[0]['msg']}", err=True)
-            sys.exit(2)
+            _config_error(exc.errors()[0]["msg"])
         command(**kwargs, security=security)
 
     kept = [p for p in signature.parameters.values() if p.name != "security"]
@@ -111,12 +110,20 @@ _METRICS_PORT = typer.Option(
 )
 
 
-def _announce_metrics(kind: str, host: str) -> Callable[[int], None]:
+def _serve_until_stopped(kind: str, host: str, detail: str, serving: Callable[..., Awaitable[None]]) -> None:
+    """Run ``serving(on_listening=..., on_metrics=...)`` until the server stops; once bound it prints
+    ``agentloop KIND listening on HOST:PORT`` and ``detail``, and its metrics address. A port in use, an unreadable
+    token or certificate (ValueError, OSError) or a missing module ends in one ``error:`` line, exit 2."""
     def announce(port: int) -> None:
+        print(f"agentloop {kind} listening on {host}:{port}{detail}", flush=True)
+
+    def announce_metrics(port: int) -> None:
         print(f"agentloop {kind} metrics at http://{host}:{port}/metrics", flush=True)
 
-    return announce
-
+    try:
+        asyncio.run(serving(on_listening=announce, on_metrics=announce_metrics))
+    except (PortInUseError, ValueError, ImportError, OSError) as exc:
+        _config_error(str(exc))
 
 
 #: Python logging levels a server command accepts (any case); anything else is a usage error listing these.
@@ -233,16 +240,8 @@ def engine_serve(
         engine = make_adapter(settings.kind, settings)
     except MissingExtraError as exc:  # the adapter's extra is not installed: say which one, not a traceback
         _config_error(str(exc))
-
-    def announce(bound_port: int) -> None:
-        print(f"agentloop engine listening on {host}:{bound_port} (adapter {settings.kind})", flush=True)
-
-    try:
-        asyncio.run(serve(engine, f"{host}:{port}", drain_timeout, on_listening=announce, security=security,
-                          metrics_port=metrics_port, on_metrics=_announce_metrics("engine", host)))
-    except (PortInUseError, ValueError, OSError) as exc:  # ValueError, OSError: a token or certificate unreadable
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    _serve_until_stopped("engine", host, f" (adapter {settings.kind})", functools.partial(
+        serve, engine, f"{host}:{port}", drain_timeout, security=security, metrics_port=metrics_port))
 
 
 @model_app.command("prepare", cls=Command)
@@ -283,16 +282,8 @@ def tools_serve(
         _config_error(describe(config, exc, ToolServerConfig))
     except (ValueError, OSError) as exc:
         _config_error(f"{config}: {exc}")
-
-    def announce(bound_port: int) -> None:
-        print(f"agentloop tools listening on {host}:{bound_port}", flush=True)
-
-    try:
-        asyncio.run(serve_tools(tool_config, f"{host}:{port}", on_listening=announce, security=security,
-                                metrics_port=metrics_port, on_metrics=_announce_metrics("tools", host)))
-    except (PortInUseError, ValueError, ImportError, OSError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    _serve_until_stopped("tools", host, "", functools.partial(
+        serve_tools, tool_config, f"{host}:{port}", security=security, metrics_port=metrics_port))
 
 
 @engine_app.command("launch", cls=EngineCommand)
@@ -347,8 +338,7 @@ def engine_launch(
             admin_token_file=security.admin_token_file, admin_token_env=security.admin_token_env,
         )
     except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        _config_error(str(exc))
     protected = client_security != ClientSecurity()
     try:
         launch = EngineLaunch(engine=engine, dp=dp, host=host, security=security if protected else None,
@@ -358,8 +348,7 @@ def engine_launch(
 
             resources = RayResources(cpus_per_server=cpus_per_server, gpus_per_server=gpus_per_server)
     except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        _config_error(str(exc))
 
     async def run() -> None:
         # handlers first: a SIGTERM at any point from here on (even while servers start) is a clean stop, never
