@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
+from agentloop_grpc.serving.metrics import ServerMetrics
 from agentloop_grpc.tools.client import GrpcToolClient
 from agentloop_grpc.tools.config import ToolServerConfig, load_config
 from agentloop_grpc.tools.server import ToolServer, create_tool_server
+
+from .gate_tool import gate
 
 BUILTIN = Path(__file__).resolve().parents[2] / "agentloop_grpc" / "tools" / "builtin.yaml"
 
@@ -36,3 +40,30 @@ async def tool_server(**limits) -> AsyncIterator[tuple[ToolServer, GrpcToolClien
 async def tools() -> AsyncIterator[GrpcToolClient]:
     async with tool_server() as (_, client):
         yield client
+
+
+@asynccontextmanager
+async def gated_server(name: str, running: int, queued: int, timeout_s: float = 30.0
+                       ) -> AsyncIterator[tuple[ToolServer, GrpcToolClient, ServerMetrics]]:
+    """A server hosting the gate tool (gate ``name``, opened on the way out) and the calculator, at these limits."""
+    config = ToolServerConfig.model_validate({
+        "tools": [{"function": "tests.tools.gate_tool:wait_at_gate"},
+                  {"function": "agentloop_grpc.tools.builtin.calculator:calculator"}],
+        "limits": {"max_concurrent_executions": running, "max_queued_executions": queued, "function_timeout_s": 60},
+    })
+    metrics = ServerMetrics()
+    server = await create_tool_server(config, "127.0.0.1:0", metrics=metrics)
+    client = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=timeout_s)
+    try:
+        yield server, client, metrics
+    finally:
+        gate(name).set()
+        await client.close()
+        await server.stop(grace_s=1)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for what another task does (bounded, so a broken server fails the test instead of hanging it)."""
+    async with asyncio.timeout(60):
+        while not condition():
+            await asyncio.sleep(0.01)

@@ -1,0 +1,91 @@
+"""A burst of tool calls waits instead of losing trajectories: the server queues past its running limit, the
+client retries a full server within the call's deadline, and a refusal that lasts to the deadline says overload."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+
+from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError, ToolServerOverloadedError
+from agentloop_grpc.tools.errors import FULL_METADATA
+from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
+
+from .conftest import gated_server, tool_server, until
+from .gate_tool import gate
+
+pytestmark = pytest.mark.fault
+
+
+async def test_a_burst_of_100_calls_on_100_instances_is_answered_in_full() -> None:
+    """At the default limits (64 running) 100 calls ending together gave 64 answers and 36 RESOURCE_EXHAUSTED,
+    each a trajectory lost to training."""
+    async with tool_server() as (server, client):
+        instances = await asyncio.gather(*(client.create_instance("calculator", f"t{i}") for i in range(100)))
+        results = await asyncio.gather(*(client.execute(i, json.dumps({"expression": "6*7"})) for i in instances),
+                                       return_exceptions=True)
+        assert [getattr(r, "content", r) for r in results] == ["42"] * 100
+        assert server.instances.running_executions == 0 and server.instances.queued_executions == 0
+
+
+def at_gate(client: GrpcToolClient, instance: str, name: str) -> asyncio.Task:
+    return asyncio.create_task(client.execute(instance, json.dumps({"name": name})))
+
+
+async def test_calls_past_the_running_limit_wait_in_a_bounded_queue_shown_in_the_metrics() -> None:
+    async with gated_server("queue", running=2, queued=3) as (server, client, metrics):
+        instances = [await client.create_instance("wait_at_gate", f"t{i}") for i in range(6)]
+        held = [at_gate(client, i, "queue") for i in instances[:5]]
+        await until(lambda: server.instances.queued_executions == 3)
+        assert server.instances.running_executions == 2
+        assert metrics.value("agentloop_tool_running_executions") == 2
+        assert metrics.value("agentloop_tool_queued_executions") == 3
+        assert metrics.value("agentloop_tool_max_queued_executions") == 3
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:  # no retries: the bare answer
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await tool_pb2_grpc.ToolExecuteStub(channel).Execute(
+                    tool_pb2.ExecuteRequest(instance_id=instances[5], arguments_json=json.dumps({"name": "queue"})),
+                    timeout=30)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "2 tool executions are running and 3 are queued" in refused.value.details()
+        assert FULL_METADATA in tuple(refused.value.trailing_metadata())
+        gate("queue").set()
+        assert [r.content for r in await asyncio.gather(*held)] == ["passed queue"] * 5
+        assert metrics.value("agentloop_tool_queued_executions") == 0
+
+
+async def test_the_client_retries_a_full_server_until_a_slot_frees() -> None:
+    async with gated_server("retry", running=1, queued=0) as (server, client, metrics):
+        holder = await client.create_instance("wait_at_gate", "holder")
+        calc = await client.create_instance("calculator", "waiter")
+        held = at_gate(client, holder, "retry")
+        await until(lambda: server.instances.running_executions == 1)
+        waiting = asyncio.create_task(client.execute(calc, json.dumps({"expression": "6*7"})))
+        refusals = lambda: metrics.value("agentloop_server_requests_total", method="Execute", code="RESOURCE_EXHAUSTED")
+        await until(lambda: refusals() >= 2)  # refused, backed off, refused again: still waiting, not failed
+        assert not waiting.done()
+        gate("retry").set()
+        assert (await waiting).content == "42" and (await held).content == "passed retry"
+
+
+async def test_a_refusal_that_lasts_to_the_deadline_is_reported_as_overload() -> None:
+    async with gated_server("deadline", running=1, queued=0, timeout_s=1.0) as (server, client, _):
+        holder = await client.create_instance("wait_at_gate", "holder")
+        calc = await client.create_instance("calculator", "late")
+        patient = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=60)
+        held = at_gate(patient, holder, "deadline")
+        try:
+            await until(lambda: server.instances.running_executions == 1)
+            with pytest.raises(ToolServerOverloadedError) as raised:
+                await client.execute(calc, json.dumps({"expression": "6*7"}))
+        finally:
+            gate("deadline").set()
+            await held
+            await patient.close()
+        assert isinstance(raised.value, ToolInfrastructureError)  # never trained on as the model's error
+        first, details = str(raised.value).split("\n")
+        assert first == "tool server overloaded: Execute refused as full until its deadline"
+        assert details.startswith("RESOURCE_EXHAUSTED") and "1 tool executions are running" in details
+        assert held.result().content == "passed deadline"
