@@ -28,6 +28,17 @@ def test_demo_config_is_valid():
 
     config = load_config(ROOT / "examples" / "demo.yaml")
     assert config.engines.launch.replicas == 2 and config.loop.constrain_tool_calls
+    # the task the untrained model solves sometimes (docs/benchmarks.md), in groups large enough to differ
+    assert config.dataset.arithmetic.kind == "one_step" and config.samples_per_prompt >= 4
+    assert config.loop.sampling.temperature > 0
+
+
+def test_the_word_problems_demo_config_is_valid():
+    from agentloop_grpc.rollout.config import load_config
+
+    config = load_config(ROOT / "examples" / "demo-word-problems.yaml")
+    assert config.dataset.arithmetic.kind == "word_problems" and config.loop.constrain_tool_calls
+    assert config.output_dir != load_config(ROOT / "examples" / "demo.yaml").output_dir
 
 
 def test_train_config_is_valid():
