@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agentloop_grpc.serving.metrics import ServerMetrics
@@ -17,6 +18,19 @@ from agentloop_grpc.tools.server import ToolServer, create_tool_server
 from .gate_tool import gate
 
 BUILTIN = Path(__file__).resolve().parents[2] / "agentloop_grpc" / "tools" / "builtin.yaml"
+
+
+def children(needle: str) -> set[int]:
+    """Pids of this process's live children whose command line holds ``needle``. A zombie (a child another test
+    left unreaped) or a child that exits while listed is passed over: it runs nothing, and reading it raised."""
+    found = set()
+    for child in psutil.Process().children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and needle in " ".join(child.cmdline()):
+                found.add(child.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
+            continue
+    return found
 
 
 @asynccontextmanager

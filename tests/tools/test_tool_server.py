@@ -7,7 +7,6 @@ import json
 import time
 
 import grpc
-import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -19,7 +18,7 @@ from agentloop_grpc.tools.server import create_tool_server
 from agentloop_grpc.tools.result import ToolErrorKind
 from agentloop_grpc.v1 import tool_pb2
 
-from .conftest import BUILTIN, tool_server
+from .conftest import BUILTIN, children, tool_server
 
 
 async def test_lists_the_three_builtins_as_openai_functions(tools) -> None:
@@ -109,7 +108,7 @@ async def test_the_instance_limit_answers_resource_exhausted_which_lasting_to_th
 
 async def test_in_process_client_has_the_same_interface_and_close_stops_its_workers() -> None:
     def workers() -> set[int]:
-        return {p.pid for p in psutil.Process().children() if "agentloop_grpc.tools.workers" in " ".join(p.cmdline())}
+        return children("agentloop_grpc.tools.workers")
 
     before = workers()
     client = InProcessToolClient(InstanceManager(build_tools(load_config(BUILTIN))))
