@@ -9,9 +9,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2
 
-from agentloop_grpc.serving.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
-from agentloop_grpc.serving.interceptors import server_interceptors
-from agentloop_grpc.serving.metrics import GaugesCollector, GaugeSample, ServerMetrics, expose
+from agentloop_grpc.serving.server import new_server, start_listening, stop_signal
+from agentloop_grpc.serving.metrics import GaugesCollector, GaugeSample, ServerMetrics
 from agentloop_grpc.serving.security import ServerSecurity, bind
 from agentloop_grpc.v1 import tool_pb2_grpc
 
@@ -66,8 +65,7 @@ async def create_tool_server(
     instances = InstanceManager(build_tools(config), config.limits)
     if metrics is not None:
         metrics.registry.register(tool_gauges(instances))
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=server_interceptors(security, metrics))
-    health = add_health_and_reflection(server, (SERVICE_NAME,))
+    server, health = new_server((SERVICE_NAME,), security, metrics)
     tool_pb2_grpc.add_ToolExecuteServicer_to_server(ToolExecuteServicer(instances), server)
     port = bind(server, address, security, TOOLS_EXPOSE)
     await server.start()
@@ -88,11 +86,7 @@ async def serve_tools(
     """Run until SIGTERM or SIGINT, then stop (in-flight calls get a grace period) and release every instance.
     With ``metrics_port``, Prometheus metrics are served on the same host at that port (0: a free one)."""
     stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on is a clean stop
-    metrics = ServerMetrics() if metrics_port is not None else None
-    tool_server = await create_tool_server(config, address, security, metrics)
-    if on_listening is not None:
-        on_listening(tool_server.port)
-    if metrics is not None:
-        expose(metrics, address, metrics_port, on_metrics)
+    tool_server = await start_listening(lambda metrics: create_tool_server(config, address, security, metrics),
+                                        address, metrics_port, on_listening, on_metrics)
     await stop.wait()
     await tool_server.stop()

@@ -75,6 +75,8 @@ def test_metrics_port_serves_prometheus_text(command: list[str]) -> None:
         assert "process_cpu_seconds_total" in text  # the default registry (where vLLM registers its metrics)
         if command[0] == "engine":
             assert 'agentloop_engine_state{state="running"} 1.0' in text
+        else:
+            assert "agentloop_tool_queued_executions 0.0" in text and "agentloop_tool_max_queued_executions" in text
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=60)
