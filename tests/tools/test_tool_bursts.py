@@ -9,11 +9,14 @@ import json
 import grpc
 import pytest
 
-from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError, ToolServerOverloadedError
+from agentloop_grpc.tools.client import (GrpcToolClient, InProcessToolClient, ToolInfrastructureError,
+                                         ToolServerOverloadedError)
+from agentloop_grpc.tools.config import ToolLimits, build_tools, load_config
 from agentloop_grpc.tools.errors import FULL_METADATA
+from agentloop_grpc.tools.instances import InstanceManager
 from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
 
-from .conftest import gated_server, tool_server, until
+from .conftest import BUILTIN, gated_server, tool_server, until
 from .gate_tool import gate
 
 pytestmark = pytest.mark.fault
@@ -89,3 +92,14 @@ async def test_a_refusal_that_lasts_to_the_deadline_is_reported_as_overload() ->
         assert first == "tool server overloaded: Execute refused as full until its deadline"
         assert details.startswith("RESOURCE_EXHAUSTED") and "1 tool executions are running" in details
         assert held.result().content == "passed deadline"
+
+
+async def test_the_in_process_client_reports_a_full_manager_as_overload_not_a_request_error() -> None:
+    """It turned every server error into ToolRequestError, so a full server read as the caller's bug."""
+    client = InProcessToolClient(InstanceManager(build_tools(load_config(BUILTIN)), ToolLimits(max_instances=1)))
+    try:
+        await client.create_instance("calculator", "t")
+        with pytest.raises(ToolServerOverloadedError, match="(?s)tool server overloaded: create .*1 tool instances"):
+            await client.create_instance("calculator", "t")
+    finally:
+        await client.close()
