@@ -105,6 +105,9 @@ class GrpcToolClient:
                     await asyncio.sleep(wait)
                     backoff = min(2 * backoff, MAX_BACKOFF_S)
                     continue
+                if refusals and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # too little time left once in
+                    raise ToolServerOverloadedError(method, error.details() or "", refusals,
+                                                    time.monotonic() - started) from error
                 message = f"{method}: {error.code().name}: {error.details()}"
                 if error.code() in _REQUEST_CODES or (method == "CreateInstance"
                                                       and error.code() == grpc.StatusCode.NOT_FOUND):

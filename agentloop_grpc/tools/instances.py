@@ -158,8 +158,10 @@ class InstanceManager:
         return instance
 
     async def execute(self, instance_id: str, arguments_json: str,
-                      loop_state: LoopSnapshot | None = None) -> ToolResult:
-        """Run one call; ``loop_state`` reaches only a tool whose spec wants it (which then needs it)."""
+                      loop_state: LoopSnapshot | None = None, queue_wait_s: float | None = None) -> ToolResult:
+        """Run one call; ``loop_state`` reaches only a tool whose spec wants it (which then needs it). A call that
+        waits longer than ``queue_wait_s`` for a running place is refused as ToolServerFullError, having run
+        nothing (the caller's deadline would pass in the queue)."""
         instance = self._get(instance_id)
         arguments = _decode("arguments_json", arguments_json)
         name = instance.tool.spec.name
@@ -181,7 +183,8 @@ class InstanceManager:
         self._admitted += 1
         try:
             # the instance first: a call waiting behind its own instance's call holds no slot another could use
-            async with instance.lock, self._slots:
+            async with instance.lock:
+                await self._take_slot(queue_wait_s)
                 self._running += 1
                 started = time.monotonic()
                 try:
@@ -193,11 +196,22 @@ class InstanceManager:
                     result = exception_result(error)
                 finally:
                     self._running -= 1
+                    self._slots.release()
                 result.metrics.setdefault("seconds", time.monotonic() - started)
         finally:
             self._admitted -= 1
             instance.last_used = time.monotonic()
         return result
+
+    async def _take_slot(self, wait_s: float | None) -> None:
+        try:
+            async with asyncio.timeout(wait_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise ToolServerFullError(
+                f"waited {wait_s:.1f} s in the queue for one of {self._limits.max_concurrent_executions} running "
+                f"tool executions ({self.queued_executions} queued) until the call's deadline was near"
+            ) from None
 
     async def reward(self, instance_id: str) -> RewardResult:
         instance = self._get(instance_id)

@@ -12,6 +12,16 @@ from .errors import FULL_METADATA, ToolServerFullError
 from .instances import InstanceManager, loop_snapshot
 
 SERVICE_NAME = tool_pb2.DESCRIPTOR.services_by_name["ToolExecute"].full_name
+#: How long before its deadline a queued call is refused (at most; a quarter of a short deadline), so the refusal
+#: reaches the client in time to say "overloaded" instead of DEADLINE_EXCEEDED.
+QUEUE_DEADLINE_MARGIN_S = 1.0
+
+
+def queue_wait(time_remaining: float | None) -> float | None:
+    """How long a call with ``time_remaining`` until its deadline may wait in the queue (None: no deadline)."""
+    if time_remaining is None:
+        return None
+    return max(time_remaining - min(QUEUE_DEADLINE_MARGIN_S, time_remaining / 4), 0.0)
 
 
 def _marks_full(handler):
@@ -49,7 +59,8 @@ class ToolExecuteServicer(tool_pb2_grpc.ToolExecuteServicer):
         state = request.loop_state
         loop_state = (loop_snapshot(state.trajectory_id, state.turn, state.messages_json)
                       if request.HasField("loop_state") else None)
-        result = await self._instances.execute(request.instance_id, request.arguments_json, loop_state)
+        result = await self._instances.execute(request.instance_id, request.arguments_json, loop_state,
+                                               queue_wait(context.time_remaining()))
         return convert.result_to_proto(result)
 
     @map_errors

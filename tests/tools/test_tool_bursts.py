@@ -94,6 +94,26 @@ async def test_a_refusal_that_lasts_to_the_deadline_is_reported_as_overload() ->
         assert held.result().content == "passed deadline"
 
 
+async def test_a_call_queued_until_near_its_deadline_is_refused_as_overload_not_a_timeout() -> None:
+    """A queued call whose deadline passed in the queue read DEADLINE_EXCEEDED, a cause the report could not tell
+    from a hung tool; the server refuses it as full just before, having run nothing."""
+    async with gated_server("near", running=1, queued=5, timeout_s=4.0) as (server, client, metrics):
+        holder = await client.create_instance("wait_at_gate", "holder")
+        calc = await client.create_instance("calculator", "queued")
+        patient = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=60)
+        held = at_gate(patient, holder, "near")
+        try:
+            await until(lambda: server.instances.running_executions == 1)
+            with pytest.raises(ToolServerOverloadedError, match="^tool server overloaded: Execute refused"):
+                await client.execute(calc, json.dumps({"expression": "6*7"}))
+            assert metrics.value("agentloop_server_requests_total", method="Execute", code="RESOURCE_EXHAUSTED") >= 1
+            assert server.instances.queued_executions == 0
+        finally:
+            gate("near").set()
+            await held
+            await patient.close()
+
+
 async def test_the_in_process_client_reports_a_full_manager_as_overload_not_a_request_error() -> None:
     """It turned every server error into ToolRequestError, so a full server read as the caller's bug."""
     client = InProcessToolClient(InstanceManager(build_tools(load_config(BUILTIN)), ToolLimits(max_instances=1)))
