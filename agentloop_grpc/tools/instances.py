@@ -180,11 +180,13 @@ class InstanceManager:
                 f"{self.running_executions} tool executions are running and {self.queued_executions} are queued "
                 f"(the limits: {limits.max_concurrent_executions} and {limits.max_queued_executions})"
             )
+        loop = asyncio.get_running_loop()
+        give_up = None if queue_wait_s is None else loop.time() + queue_wait_s
         self._admitted += 1
         try:
             # the instance first: a call waiting behind its own instance's call holds no slot another could use
             async with instance.lock:
-                await self._take_slot(queue_wait_s)
+                await self._take_slot(give_up)
                 self._running += 1
                 started = time.monotonic()
                 try:
@@ -203,14 +205,15 @@ class InstanceManager:
             instance.last_used = time.monotonic()
         return result
 
-    async def _take_slot(self, wait_s: float | None) -> None:
+    async def _take_slot(self, give_up: float | None) -> None:
+        """A running place, or ToolServerFullError once the event loop's clock reaches ``give_up``."""
         try:
-            async with asyncio.timeout(wait_s):
+            async with asyncio.timeout_at(give_up):
                 await self._slots.acquire()
         except TimeoutError:
             raise ToolServerFullError(
-                f"waited {wait_s:.1f} s in the queue for one of {self._limits.max_concurrent_executions} running "
-                f"tool executions ({self.queued_executions} queued) until the call's deadline was near"
+                f"waited in the queue for one of {self._limits.max_concurrent_executions} running tool executions "
+                f"({self.queued_executions} queued) until the call's deadline was near"
             ) from None
 
     async def reward(self, instance_id: str) -> RewardResult:
