@@ -19,6 +19,7 @@ import sys
 import typing
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 import yaml
@@ -81,27 +82,44 @@ _SECURITY_OPTIONS = {
 }
 
 
-def with_server_security(command: Callable[..., None]) -> Callable[..., None]:
-    """Give ``command`` the security options above; it receives them as ``security: ServerSecurity`` (a bad
-    combination exits 2 with the reason before the command runs)."""
-    signature = inspect.signature(command)
-    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=str)
-               for name, (_field, option) in _SECURITY_OPTIONS.items()]
+_Decorator = Callable[[Callable[..., None]], Callable[..., None]]
 
-    @functools.wraps(command)
-    def run(**kwargs) -> None:
-        from pydantic import ValidationError
 
-        fields = {field: kwargs.pop(name) for name, (field, _option) in _SECURITY_OPTIONS.items()}
-        try:
-            security = ServerSecurity(**fields)
-        except ValidationError as exc:
-            _config_error(exc.errors()[0]["msg"])
-        command(**kwargs, security=security)
+def _options_into(param: str, options: dict[str, tuple[Any, Any]], build: Callable[..., Any]) -> _Decorator:
+    """A decorator: the command's keyword parameter ``param`` becomes the command-line ``options`` (name ->
+    (type, typer option)), and the command receives ``build(**their values)`` as ``param``."""
 
-    kept = [p for p in signature.parameters.values() if p.name != "security"]
-    run.__signature__ = signature.replace(parameters=[*kept, *options])  # what typer reads the options from
-    return run
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command)
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+                 for name, (kind, option) in options.items()]
+
+        @functools.wraps(command)
+        def run(**kwargs) -> None:
+            values = {name: kwargs.pop(name) for name in options}
+            command(**kwargs, **{param: build(**values)})
+
+        kept = [p for p in signature.parameters.values() if p.name != param]
+        run.__signature__ = signature.replace(parameters=[*kept, *added])  # what typer reads the options from
+        return run
+
+    return decorate
+
+
+def _server_security(**options: str | None) -> ServerSecurity:
+    """The ServerSecurity of the security options; a bad combination exits 2 with the reason."""
+    from pydantic import ValidationError
+
+    try:
+        return ServerSecurity(**{_SECURITY_OPTIONS[name][0]: value for name, value in options.items()})
+    except ValidationError as exc:
+        _config_error(exc.errors()[0]["msg"])
+
+
+#: Give a command the security options above; it receives them as ``security: ServerSecurity`` (a bad combination
+#: exits 2 with the reason before the command runs).
+with_server_security = _options_into(
+    "security", {name: (str, option) for name, (_field, option) in _SECURITY_OPTIONS.items()}, _server_security)
 
 
 _METRICS_PORT = typer.Option(
@@ -214,24 +232,29 @@ def _engine_config(adapter: AdapterKind | None, path: Path | None, overrides: li
         _config_error(str(exc))
 
 
+#: Give an engine command the engine options above; it receives the config they describe as
+#: ``settings: EngineConfig`` (a bad field exits 2 before the command runs).
+with_engine_config = _options_into("settings", {
+    "adapter": (AdapterKind, _ENGINE_OPTIONS["adapter"]), "path": (Path, _ENGINE_OPTIONS["config"]),
+    "overrides": (list[str], _ENGINE_OPTIONS["overrides"]), "model": (str, _ENGINE_OPTIONS["model"]),
+}, _engine_config)
+
+
 @engine_app.command("serve", cls=EngineCommand)
 @with_server_security
+@with_engine_config
 def engine_serve(
-    adapter: AdapterKind = _ENGINE_OPTIONS["adapter"],
-    config: Path = _ENGINE_OPTIONS["config"],
-    overrides: list[str] = _ENGINE_OPTIONS["overrides"],
-    model: str = _ENGINE_OPTIONS["model"],
     host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 to accept other machines)."),
     port: int = typer.Option(50051, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
     drain_timeout: float = typer.Option(30.0, min=0, help="Seconds in-flight requests get to finish on SIGTERM."),
     metrics_port: int = _METRICS_PORT,
     log_level: LogLevel = _LOG_LEVEL,
     *,
+    settings: EngineConfig,
     security: ServerSecurity,
 ) -> None:
     """Serve one engine over agentloop.v1 (TokenGenerate, EngineControl, health, reflection)."""
     _configure_logging(log_level)
-    settings = _engine_config(adapter, config, overrides, model)
     try:  # before listening: the server announces itself first and loads its model after
         check_model(settings)
     except ModelNotFoundError as exc:
@@ -288,11 +311,8 @@ def tools_serve(
 
 @engine_app.command("launch", cls=EngineCommand)
 @with_server_security
+@with_engine_config
 def engine_launch(
-    adapter: AdapterKind = _ENGINE_OPTIONS["adapter"],
-    config: Path = _ENGINE_OPTIONS["config"],
-    overrides: list[str] = _ENGINE_OPTIONS["overrides"],
-    model: str = _ENGINE_OPTIONS["model"],
     dp: int = typer.Option(1, min=1, help="Data-parallel replicas (one server process each; dp_rank, dp_size set)."),
     host: str = typer.Option("127.0.0.1", help="Address the servers bind."),
     discovery_file: Path = typer.Option(Path("discovery.json"), help="Where to write the servers' addresses."),
@@ -311,16 +331,16 @@ def engine_launch(
     ),
     tls_client_key: str = typer.Option(None, "--tls-client-key", help="mTLS: the key of --tls-client-cert."),
     *,
+    settings: EngineConfig,
     security: ServerSecurity,
 ) -> None:
     """Start one engine server per DP group (on this node, or over a Ray cluster with --ray), wait until all serve,
     write the discovery file; stop them all on Ctrl-C or SIGTERM. Every server gets the engine config of --adapter,
     --config and --set (embedded: threads default to the cores / dp). With TLS or tokens, the discovery file says
     how to reach the servers (certificate and token paths, variable names), never a secret."""
-    engine = _engine_config(adapter, config, overrides, model)
     if not use_ray:  # over Ray the servers run on other nodes, whose files this one cannot see
         try:
-            check_model(engine)
+            check_model(settings)
         except ModelNotFoundError as exc:
             _config_error(str(exc))
     from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, LaunchError
@@ -341,7 +361,7 @@ def engine_launch(
         _config_error(str(exc))
     protected = client_security != ClientSecurity()
     try:
-        launch = EngineLaunch(engine=engine, dp=dp, host=host, security=security if protected else None,
+        launch = EngineLaunch(engine=settings, dp=dp, host=host, security=security if protected else None,
                               client_security=client_security if protected else None)
         if use_ray:
             from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources
@@ -368,7 +388,7 @@ def engine_launch(
         try:
             path = launcher.write_discovery(discovery_file)
             where = " over Ray placement groups" if use_ray else ""
-            print(f"agentloop engine launch: {dp} {engine.kind} server(s) serving{where}: "
+            print(f"agentloop engine launch: {dp} {settings.kind} server(s) serving{where}: "
                   f"{', '.join(launcher.addresses)}; discovery file {path}", flush=True)
             await stop.wait()
         finally:
