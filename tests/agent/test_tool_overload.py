@@ -3,17 +3,12 @@ until its deadline is an infrastructure failure whose cause says overload."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 import pytest
 
 from agentloop_grpc.agent import AgentLoopWorker, Sample
 from agentloop_grpc.rollout.report_data import error_causes
-from agentloop_grpc.tools.client import GrpcToolClient
 
-from ..tools.conftest import gated_server, tool_server, until
-from ..tools.gate_tool import gate
+from ..tools.conftest import gated_server, slots_held, tool_server
 from .conftest import call, loop_context
 
 pytestmark = pytest.mark.fault
@@ -34,17 +29,8 @@ async def test_a_batch_whose_tool_calls_come_together_loses_no_trajectory(codec)
 
 async def test_a_tool_server_full_until_the_deadline_is_reported_as_overload(codec) -> None:
     async with gated_server("loop", running=1, queued=0, timeout_s=1.0) as (server, tools, _):
-        patient = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=60)  # holds the one slot past the deadline
-        holder = asyncio.create_task(patient.execute(await patient.create_instance("wait_at_gate", "holder"),
-                                                     json.dumps({"name": "loop"})))
-        try:
-            await until(lambda: server.instances.running_executions == 1)
-            async with loop_context(codec, REPLIES, tools=tools) as (_, loops, _s):
-                [trajectory] = await AgentLoopWorker(loops).run([Sample(sample_id="s", messages=QUESTION)])
-        finally:
-            gate("loop").set()
-            await holder
-            await patient.close()
+        async with slots_held(server, "loop"), loop_context(codec, REPLIES, tools=tools) as (_, loops, _s):
+            [trajectory] = await AgentLoopWorker(loops).run([Sample(sample_id="s", messages=QUESTION)])
     assert trajectory.failed and trajectory.infrastructure_failure
     assert error_causes([trajectory]) == [{
         "cause": "tool server overloaded: Execute refused as full until its deadline", "infrastructure": True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -81,3 +82,22 @@ async def until(condition: Callable[[], bool]) -> None:
     async with asyncio.timeout(60):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+@asynccontextmanager
+async def slots_held(server: ToolServer, name: str, count: int = 1) -> AsyncIterator[None]:
+    """``count`` calls waiting at gate ``name``, made by a client whose deadline outlasts the test's calls, running
+    until the way out, which opens the gate and waits for them."""
+    patient = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=60)
+    held = []
+    try:
+        for i in range(count):
+            instance = await patient.create_instance("wait_at_gate", f"holder-{i}")
+            held.append(asyncio.create_task(patient.execute(instance, json.dumps({"name": name}))))
+        await until(lambda: server.instances.running_executions == count)
+        yield
+    finally:
+        gate(name).set()
+        results = await asyncio.gather(*held)
+        await patient.close()
+    assert [r.content for r in results] == [f"passed {name}"] * count

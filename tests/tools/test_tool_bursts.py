@@ -16,7 +16,7 @@ from agentloop_grpc.tools.errors import FULL_METADATA
 from agentloop_grpc.tools.instances import InstanceManager
 from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
 
-from .conftest import BUILTIN, gated_server, tool_server, until
+from .conftest import BUILTIN, gated_server, slots_held, tool_server, until
 from .gate_tool import gate
 
 pytestmark = pytest.mark.fault
@@ -61,57 +61,38 @@ async def test_calls_past_the_running_limit_wait_in_a_bounded_queue_shown_in_the
 
 async def test_the_client_retries_a_full_server_until_a_slot_frees() -> None:
     async with gated_server("retry", running=1, queued=0) as (server, client, metrics):
-        holder = await client.create_instance("wait_at_gate", "holder")
         calc = await client.create_instance("calculator", "waiter")
-        held = at_gate(client, holder, "retry")
-        await until(lambda: server.instances.running_executions == 1)
-        waiting = asyncio.create_task(client.execute(calc, json.dumps({"expression": "6*7"})))
-        refusals = lambda: metrics.value("agentloop_server_requests_total", method="Execute", code="RESOURCE_EXHAUSTED")
-        await until(lambda: refusals() >= 2)  # refused, backed off, refused again: still waiting, not failed
-        assert not waiting.done()
-        gate("retry").set()
-        assert (await waiting).content == "42" and (await held).content == "passed retry"
+        async with slots_held(server, "retry"):
+            waiting = asyncio.create_task(client.execute(calc, json.dumps({"expression": "6*7"})))
+            refusals = lambda: metrics.value("agentloop_server_requests_total", method="Execute",
+                                             code="RESOURCE_EXHAUSTED")
+            await until(lambda: refusals() >= 2)  # refused, backed off, refused again: still waiting, not failed
+            assert not waiting.done()
+        assert (await waiting).content == "42"
 
 
 async def test_a_refusal_that_lasts_to_the_deadline_is_reported_as_overload() -> None:
     async with gated_server("deadline", running=1, queued=0, timeout_s=1.0) as (server, client, _):
-        holder = await client.create_instance("wait_at_gate", "holder")
         calc = await client.create_instance("calculator", "late")
-        patient = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=60)
-        held = at_gate(patient, holder, "deadline")
-        try:
-            await until(lambda: server.instances.running_executions == 1)
+        async with slots_held(server, "deadline"):
             with pytest.raises(ToolServerOverloadedError) as raised:
                 await client.execute(calc, json.dumps({"expression": "6*7"}))
-        finally:
-            gate("deadline").set()
-            await held
-            await patient.close()
-        assert isinstance(raised.value, ToolInfrastructureError)  # never trained on as the model's error
-        first, details = str(raised.value).split("\n")
-        assert first == "tool server overloaded: Execute refused as full until its deadline"
-        assert details.startswith("RESOURCE_EXHAUSTED") and "1 tool executions are running" in details
-        assert held.result().content == "passed deadline"
+    assert isinstance(raised.value, ToolInfrastructureError)  # never trained on as the model's error
+    first, details = str(raised.value).split("\n")
+    assert first == "tool server overloaded: Execute refused as full until its deadline"
+    assert details.startswith("RESOURCE_EXHAUSTED") and "1 tool executions are running" in details
 
 
 async def test_a_call_queued_until_near_its_deadline_is_refused_as_overload_not_a_timeout() -> None:
     """A queued call whose deadline passed in the queue read DEADLINE_EXCEEDED, a cause the report could not tell
     from a hung tool; the server refuses it as full just before, having run nothing."""
     async with gated_server("near", running=1, queued=5, timeout_s=4.0) as (server, client, metrics):
-        holder = await client.create_instance("wait_at_gate", "holder")
         calc = await client.create_instance("calculator", "queued")
-        patient = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=60)
-        held = at_gate(patient, holder, "near")
-        try:
-            await until(lambda: server.instances.running_executions == 1)
+        async with slots_held(server, "near"):
             with pytest.raises(ToolServerOverloadedError, match="^tool server overloaded: Execute refused"):
                 await client.execute(calc, json.dumps({"expression": "6*7"}))
             assert metrics.value("agentloop_server_requests_total", method="Execute", code="RESOURCE_EXHAUSTED") >= 1
             assert server.instances.queued_executions == 0
-        finally:
-            gate("near").set()
-            await held
-            await patient.close()
 
 
 async def test_the_in_process_client_reports_a_full_manager_as_overload_not_a_request_error() -> None:
