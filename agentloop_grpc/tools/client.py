@@ -38,10 +38,14 @@ class ToolServerOverloadedError(ToolInfrastructureError):
     """The tool server refused the call as full until its deadline: overload, neither the tool's nor the model's
     failure."""
 
-    def __init__(self, method: str, details: str, refusals: int, waited_s: float) -> None:
+    def __init__(self, what: str, details: str) -> None:
         # the first line is the cause a report groups by, so it holds no figures
-        super().__init__(f"tool server overloaded: {method} refused as full until its deadline\n"
-                         f"RESOURCE_EXHAUSTED {refusals} times in {waited_s:.1f} s: {details}")
+        super().__init__(f"tool server overloaded: {what}\n{details}")
+
+    @classmethod
+    def refused(cls, method: str, details: str, refusals: int, started: float) -> ToolServerOverloadedError:
+        return cls(f"{method} refused as full until its deadline",
+                   f"RESOURCE_EXHAUSTED {refusals} times in {time.monotonic() - started:.1f} s: {details}")
 
 
 class ToolRequestError(Exception):
@@ -100,14 +104,14 @@ class GrpcToolClient:
                     refusals += 1
                     wait = backoff * random.uniform(0.5, 1.0)  # jitter: a burst refused together retries apart
                     if time.monotonic() + wait >= deadline:
-                        raise ToolServerOverloadedError(method, error.details() or "", refusals,
-                                                        time.monotonic() - started) from error
+                        raise ToolServerOverloadedError.refused(method, error.details() or "", refusals,
+                                                                started) from error
                     await asyncio.sleep(wait)
                     backoff = min(2 * backoff, MAX_BACKOFF_S)
                     continue
                 if refusals and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # too little time left once in
-                    raise ToolServerOverloadedError(method, error.details() or "", refusals,
-                                                    time.monotonic() - started) from error
+                    raise ToolServerOverloadedError.refused(method, error.details() or "", refusals,
+                                                            started) from error
                 message = f"{method}: {error.code().name}: {error.details()}"
                 if error.code() in _REQUEST_CODES or (method == "CreateInstance"
                                                       and error.code() == grpc.StatusCode.NOT_FOUND):
@@ -152,7 +156,7 @@ class InProcessToolClient:
         try:
             return await coroutine
         except ToolServerFullError as error:  # the queue is in this process: nothing to wait for but its limit
-            raise ToolServerOverloadedError(coroutine.__name__, str(error), 1, 0.0) from error
+            raise ToolServerOverloadedError(f"{coroutine.__name__} refused as full (in process)", str(error)) from error
         except ToolServerError as error:
             raise ToolRequestError(str(error)) from error
 

@@ -9,8 +9,12 @@ import json
 import grpc
 import pytest
 
-from agentloop_grpc.tools.client import (GrpcToolClient, InProcessToolClient, ToolInfrastructureError,
-                                         ToolServerOverloadedError)
+from agentloop_grpc.tools.client import (
+    GrpcToolClient,
+    InProcessToolClient,
+    ToolInfrastructureError,
+    ToolServerOverloadedError,
+)
 from agentloop_grpc.tools.config import ToolLimits, build_tools, load_config
 from agentloop_grpc.tools.errors import FULL_METADATA
 from agentloop_grpc.tools.instances import InstanceManager
@@ -64,9 +68,8 @@ async def test_the_client_retries_a_full_server_until_a_slot_frees() -> None:
         calc = await client.create_instance("calculator", "waiter")
         async with slots_held(server, "retry"):
             waiting = asyncio.create_task(client.execute(calc, json.dumps({"expression": "6*7"})))
-            refusals = lambda: metrics.value("agentloop_server_requests_total", method="Execute",
-                                             code="RESOURCE_EXHAUSTED")
-            await until(lambda: refusals() >= 2)  # refused, backed off, refused again: still waiting, not failed
+            refused = ("agentloop_server_requests_total", {"method": "Execute", "code": "RESOURCE_EXHAUSTED"})
+            await until(lambda: metrics.value(refused[0], **refused[1]) >= 2)  # refused, backed off, refused again
             assert not waiting.done()
         assert (await waiting).content == "42"
 
