@@ -39,6 +39,12 @@ def test_importing_the_cli_leaves_the_environment_alone_and_running_it_bounds_th
     assert (lines[0], lines[-1]) == ("None", "10000")
 
 
+def test_what_runs_before_main_loads_no_torch():
+    # main() sets GOMP_SPINCOUNT, which libgomp reads once, when torch loads: torch must not be loaded before it
+    result = _python("import sys\nimport agentloop_grpc.cli\nprint('torch' in sys.modules)\n")
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
+
+
 def test_python_dash_m_runs_the_command_group():
     result = subprocess.run([sys.executable, "-m", "agentloop_grpc.cli", "--version"], capture_output=True,
                             text=True, timeout=120, cwd=ROOT)
