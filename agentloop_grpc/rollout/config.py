@@ -181,7 +181,8 @@ class RolloutConfig(AgentRunConfig):
         "this share (1.0: only when every trajectory failed; a run with none counts as all failed). The outputs are "
         "written either way."
     )
-    prompt_length: int | None = Field(None, ge=1, description="Pad prompts to this length in batch.pt (default: longest).")
+    prompt_length: int | None = Field(None, ge=1, description="Pad prompts to this length in batch.pt (default: "
+                                      "longest).")
     response_length: int | None = Field(None, ge=1, description="Pad responses to this length (default: longest).")
 
 
