@@ -93,6 +93,19 @@ class Endpoint:
         last = self.in_flight
         self._metrics.in_flight.labels(self.address).set_function(lambda: last)
 
+    async def take_slot(self, deadline: float) -> bool:
+        """Take one of the call slots, waiting until ``deadline`` (``time.monotonic``) at most; whether one was
+        taken. The caller gives it back with ``stream_slots.release()``."""
+        if not self.stream_slots.locked():  # a free slot is taken at once: no timer for the common case
+            await self.stream_slots.acquire()
+            return True
+        try:
+            async with asyncio.timeout(deadline - time.monotonic()):
+                await self.stream_slots.acquire()
+        except TimeoutError:  # the deadline passed with every slot still taken: no slot is held
+            return False
+        return True
+
     def begin_request(self, call: grpc.aio.Call) -> None:
         """A generate call started here (one started after the server was lost is cancelled at once)."""
         self.in_flight += 1
