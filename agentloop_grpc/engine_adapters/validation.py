@@ -81,6 +81,17 @@ STRUCTURED_EMPTY = "structured_output is set but names no constraint (json_schem
 MEDIA_UNSUPPORTED = "media: this server's model takes no images"
 MEDIA_TOO_MANY = "media has {count} images; at most {bound} are allowed per request (max_images_per_request)"
 MEDIA_IMAGE_INVALID = "media[{index}]: {reason}"
+# Checks only an engine can make (it alone knows its image token and how it expands a picture); engines raise them.
+IMAGE_TOKEN_STRAY = (
+    "prompt_ids[{index}] is the image token ({token}) outside every media span; an image's placeholder ids must be "
+    "the span of one media item"
+)
+MEDIA_NOT_EXPANDED = (
+    "media[{index}]: the span [{start}, {end}) is not {engine}'s expansion of this image (the ids differ from prompt "
+    "position {differs}; with {engine}'s expansion the prompt has {expanded} ids, this one {length}); send the model "
+    "processor's expansion of the image"
+)
+ENGINE_REJECTED = "{engine} rejected the request: {reason}"
 PATH_TOO_LONG = "path has {length} bytes; at most {bound} bytes are allowed (it starts {prefix})"
 PATH_UNREADABLE = "path {path} cannot be read: {reason}"
 HEADER_TOO_DEEP = "{file} is not a safetensors file: its header nests more than {bound} levels deep"
@@ -94,6 +105,16 @@ _REGEX_CLASS = re.compile(r"\[\^?\]?[^\]]*\]")
 
 def _fail(template: str, **values: object) -> InvalidRequestError:
     return InvalidRequestError(template.format(**values))
+
+
+def invalid(template: str, **values: object) -> InvalidRequestError:
+    """The InvalidRequestError of one catalogue entry, for the checks only an engine can make."""
+    return _fail(template, **values)
+
+
+def media_unsupported() -> UnsupportedError:
+    """A request with images at a server whose model takes none (UNIMPLEMENTED: another server may take them)."""
+    return UnsupportedError(MEDIA_UNSUPPORTED)
 
 
 def quote(text: str, limit: int = QUOTE_CHARS) -> str:

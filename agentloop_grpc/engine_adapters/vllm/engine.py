@@ -61,14 +61,14 @@ from agentloop_grpc.common.errors import (
     EngineUnavailableError,
     FailedPreconditionError,
     InvalidRequestError,
-    UnsupportedError,
 )
 from agentloop_grpc.common.types import (
     GenerateComplete, GenerateEvent, GenerateRequest, LoadInfo, NamedTensor, Resource, ServerFacts,
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 from ..image_placeholders import check_no_stray_image_token
-from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling
+from .. import validation
+from ..validation import MAX_TOP_LOGPROBS
 from ..weight_groups import refused_elsewhere
 from . import images, outputs, sampling, weights
 from .config import VllmEngineConfig
@@ -215,9 +215,7 @@ class VllmEngine:
     # -- generation ------------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        loaded = self._loaded
-        check_prompt(request.prompt_ids, loaded.facts)  # the servicer validated; direct callers are checked too
-        check_sampling(request.sampling, loaded.facts)
+        loaded = self._loaded  # the request is valid (convert.py); only what vLLM alone knows is checked here
         if self._in_engine() >= self.config.max_running + self.config.max_waiting:
             raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
         params = sampling.to_vllm(request)
@@ -226,7 +224,7 @@ class VllmEngine:
         if not request.media:
             prompt = TokensPrompt(prompt_token_ids=request.prompt_ids.tolist())
         elif loaded.image_token_id is None:
-            raise UnsupportedError("media: this server's model takes no images")
+            raise validation.media_unsupported()
         else:  # decoding the pictures takes a while: other requests go on meanwhile
             prompt = await asyncio.to_thread(images.tokens_prompt, request.prompt_ids, request.media,
                                              loaded.image_token_id)
@@ -432,10 +430,10 @@ async def _translated_errors(stream: AsyncIterator) -> AsyncIterator:
         async for output in stream:
             yield output
     except VLLMClientError as error:
-        raise InvalidRequestError(f"vLLM rejected the request: {error}") from error
+        raise validation.invalid(validation.ENGINE_REJECTED, engine="vLLM", reason=error) from error
     except EngineGenerateError as error:
         if isinstance(error.__cause__, (ValueError, TypeError)):
-            raise InvalidRequestError(f"vLLM rejected the request: {error.__cause__}") from error
+            raise validation.invalid(validation.ENGINE_REJECTED, engine="vLLM", reason=error.__cause__) from error
         raise
     except EngineDeadError as error:
         raise EngineUnavailableError("the vLLM engine process died; retry on another server") from error
