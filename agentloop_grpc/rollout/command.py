@@ -25,7 +25,7 @@ from agentloop_grpc.trackers import TrackerError
 
 from .config import load_config
 from .dataset import DatasetError
-from .run import RolloutError, RunRecord, error_causes, run_rollout, summarize
+from .run import LoopConfigError, RolloutError, RunRecord, error_causes, run_rollout, summarize
 
 T = TypeVar("T")
 
@@ -79,6 +79,8 @@ def rollout(
         kept = len(record.trajectories)
         typer.echo(f"interrupted: servers stopped; {kept} finished trajectories kept in {record.output_dir}", err=True)
         raise typer.Exit(130) from None
+    except LoopConfigError as error:
+        _fail(str(error))
     except (DatasetError, RolloutError, LaunchError, TokenizerMismatchError, TrackerError) as error:
         _fail(str(error).splitlines()[0] if isinstance(error, DatasetError) else str(error), 1)
     progress.summary(summarize(record), str(record.output_dir), report=settings.report)

@@ -47,6 +47,10 @@ class RolloutError(RuntimeError):
     """A run could not start or go on; the message is one sentence for the user."""
 
 
+class LoopConfigError(RolloutError):
+    """A loop the config or a dataset row names could not run: a bad config, found before anything starts."""
+
+
 @dataclass
 class LoadSample:
     time: float
@@ -71,24 +75,24 @@ class RunRecord:
 
 
 def check_loops(config: AgentRunConfig, samples: Sequence[Sample]) -> None:
-    """RolloutError when a custom loop's path imports nothing, a sample names a loop no worker will have, or a
+    """LoopConfigError when a custom loop's path imports nothing, a sample names a loop no worker will have, or a
     custom loop cannot be built or has no async run: found here, before any server starts, not as one failed
     trajectory per sample (or a worker's traceback) after the servers started."""
     for name, component in config.loops.items():
         try:
             component.resolve()
         except (ImportError, AttributeError, ValueError) as error:
-            raise RolloutError(f"loops.{name}: {component.path} cannot be imported ({type(error).__name__}: "
+            raise LoopConfigError(f"loops.{name}: {component.path} cannot be imported ({type(error).__name__}: "
                                f"{error})") from None
     for sample in samples:
         if sample.loop not in config.loop_names:
-            raise RolloutError(f"sample {sample.sample_id} names the loop {sample.loop!r}, which is neither built "
+            raise LoopConfigError(f"sample {sample.sample_id} names the loop {sample.loop!r}, which is neither built "
                                f"in nor under loops; known: {config.loop_names}")
     if config.loops:
         try:
             build_loops(config.loops, _unconnected_context(config))
         except ValueError as error:
-            raise RolloutError(str(error)) from None
+            raise LoopConfigError(str(error)) from None
 
 
 class _NoEngines:

@@ -15,7 +15,7 @@ import typer
 from agentloop_grpc.launch.launcher import LaunchError
 from agentloop_grpc.rollout.command import _fail, end_on_failures, load_settings, needs_extra
 from agentloop_grpc.rollout.dataset import DatasetError
-from agentloop_grpc.rollout.run import RolloutError
+from agentloop_grpc.rollout.run import LoopConfigError, RolloutError
 
 from .config import load_train_config
 
@@ -45,6 +45,8 @@ def train(
     except KeyboardInterrupt:
         typer.echo(f"interrupted: servers stopped; per-step metrics so far in {settings.output_dir}", err=True)
         raise typer.Exit(130) from None
+    except LoopConfigError as error:
+        _fail(str(error))
     except (DatasetError, LaunchError, RolloutError) as error:
         _fail(str(error).splitlines()[0], 1)
     s = record.summary
