@@ -31,6 +31,7 @@ from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, gener
 
 from .config import RouterConfig
 from .metrics import RouterMetrics
+from .replies import ServerInfo, server_info
 from .versions import WeightVersions
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class Endpoint:
         self.stream_slots = asyncio.Semaphore(config.max_streams_per_server)
         self.in_flight = 0
         self.reported_load = 0
-        self.info: engine_pb2.GetServerInfoResponse | None = None
+        self.info: ServerInfo | None = None
         self._watch_task: asyncio.Task | None = None
         self._poll_task: asyncio.Task | None = None
         # the Router's generate calls here, and those it cancelled because the server stopped answering
@@ -178,7 +179,7 @@ class Endpoint:
             await asyncio.sleep(self._config.health_retry_interval_s)
 
     async def _refresh_info(self, timeout_s: float) -> None:
-        self.info = await self.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=timeout_s)
+        self.info = server_info(await self.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=timeout_s))
         self._versions.report(self.address, self.info.weight_version)
 
     async def _poll_load(self) -> None:
