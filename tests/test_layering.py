@@ -15,7 +15,7 @@ SERVER = ("agentloop_grpc.engine_adapters", "agentloop_grpc.serving", "agentloop
           "agentloop_grpc.tools.servicer")
 #: Client and agent code: what a trainer or an agent loop imports.
 CLIENT = ("agentloop_grpc.router", "agentloop_grpc.agent", "agentloop_grpc.integrations", "agentloop_grpc.common",
-          "agentloop_grpc.security", "agentloop_grpc.channels", "agentloop_grpc.tools.client")
+          "agentloop_grpc.client_security", "agentloop_grpc.channels", "agentloop_grpc.tools.client")
 #: The command line: the ``agentloop`` group and its error printing.
 CLI = ("agentloop_grpc.cli",)
 #: What may import it: the CLI itself and the commands it adds (rollout's and train's).

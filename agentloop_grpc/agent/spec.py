@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from agentloop_grpc.router import Fleet, Router, RouterConfig
-from agentloop_grpc.security import ClientSecurity
+from agentloop_grpc.client_security import ClientSecurity
 
 from .chat import ChatCodec
 from .config import AgentLoopConfig

@@ -30,7 +30,7 @@ from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model
 from agentloop_grpc.engine_adapters.server import serve, stop_signal
 from agentloop_grpc.extras import MissingExtraError
-from agentloop_grpc.serving.security import PortInUseError, ServerSecurity
+from agentloop_grpc.serving.server_security import PortInUseError, ServerSecurity
 from agentloop_grpc.rollout.command import rollout as rollout_command
 from agentloop_grpc.train.command import train as train_command
 
@@ -344,7 +344,7 @@ def engine_launch(
         except ModelNotFoundError as exc:
             _config_error(str(exc))
     from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, LaunchError
-    from agentloop_grpc.security import ClientSecurity
+    from agentloop_grpc.client_security import ClientSecurity
 
     absolute = lambda path: str(Path(path).absolute()) if path else None  # noqa: E731  (servers run elsewhere)
     security = security.model_copy(update={

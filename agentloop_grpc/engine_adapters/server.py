@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from agentloop_grpc.serving.metrics import GaugesCollector, GaugeSample, ServerMetrics
-from agentloop_grpc.serving.security import ServerSecurity, bind
+from agentloop_grpc.serving.server_security import ServerSecurity, bind
 from agentloop_grpc.serving.server import new_server, start_listening, stop_signal
 from agentloop_grpc.v1 import engine_pb2_grpc, generation_pb2_grpc
 

@@ -35,8 +35,8 @@ from agentloop_grpc.engine_adapters.config import EngineConfig, engine_config
 from agentloop_grpc.engine_adapters.config_flags import settings
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model
-from agentloop_grpc.security import ClientSecurity
-from agentloop_grpc.serving.security import ServerSecurity
+from agentloop_grpc.client_security import ClientSecurity
+from agentloop_grpc.serving.server_security import ServerSecurity
 
 _LISTENING = re.compile(r"listening on (\S+)")
 

@@ -16,7 +16,7 @@ from agentloop_grpc.engine_adapters.config import EngineConfig
 from agentloop_grpc.engine_adapters.config_base import LocalModelConfig
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.router import RouterConfig
-from agentloop_grpc.security import ClientSecurity
+from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.trackers.config import REPORT_TO_HELP, TrackerName, TrackerSettings, check_report_to
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection
 
 from .interceptors import server_interceptors
 from .metrics import ServerMetrics, expose
-from .security import ServerSecurity
+from .server_security import ServerSecurity
 
 # UpdateWeights messages carry tensor slices; clients should keep them under this size.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

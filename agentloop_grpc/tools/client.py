@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import grpc
 
 from agentloop_grpc.channels import open_channel
-from agentloop_grpc.security import ClientSecurity
+from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
 
 from . import convert

@@ -10,7 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from agentloop_grpc.serving.metrics import GaugeSample, GaugesCollector, ServerMetrics
-from agentloop_grpc.serving.security import ServerSecurity, bind
+from agentloop_grpc.serving.server_security import ServerSecurity, bind
 from agentloop_grpc.serving.server import new_server, start_listening, stop_signal
 from agentloop_grpc.v1 import tool_pb2_grpc
 

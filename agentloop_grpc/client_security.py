@@ -1,58 +1,23 @@
 """Client-side security: TLS that verifies the server (and shows a client certificate for mTLS) and the bearer
 tokens sent with every call.
 
-A config names where each secret is (a file, or an environment variable), never the secret itself, so configs
-can be written to discovery files, YAML and logs. The admin token goes with control calls (UpdateWeights, Sleep,
-WakeUp, Pause, Resume, FlushCache, Abort(all)); every other call carries the user token (or the admin token when
-no user token is given: a server accepts its admin token wherever it accepts the user token).
+A config names where each secret is (``common.auth.TokenSources``). The admin token goes with control calls
+(``common.auth.CONTROL_METHODS``: weight updates and weight groups, Sleep, WakeUp, Pause, Resume, FlushCache, and
+Abort(all)); every other call carries the user token (or the admin token when no user token is given: a server
+accepts its admin token wherever it accepts the user token).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-#: The metadata key of the bearer token (lower case, as HTTP/2 requires).
-AUTHORIZATION = "authorization"
-
-#: RPCs that change what a server does for every caller: they need the admin token where one is configured.
-CONTROL_METHODS = frozenset(
-    f"/agentloop.v1.EngineControl/{name}"
-    for name in (
-        "Sleep", "WakeUp", "Pause", "Resume", "UpdateWeights", "LoadWeights", "JoinWeightGroup", "ReceiveWeights",
-        "LeaveWeightGroup", "FlushCache",
-    )
-)
-#: Abort is a control call only when it aborts every request (``AbortRequest.all``).
-ABORT_METHOD = "/agentloop.v1.TokenGenerate/Abort"
+from agentloop_grpc.common.auth import AUTHORIZATION, TokenSources, is_control_call
 
 
-def read_secret(file: str | None, env: str | None, what: str) -> str | None:
-    """The secret in ``file`` (stripped) or in environment variable ``env``; None when neither is given."""
-    if file is not None and env is not None:
-        raise ValueError(f"{what}: give a file or an environment variable, not both")
-    if file is not None:
-        value = Path(file).read_text().strip()
-        if not value:
-            raise ValueError(f"{what}: the file {file} is empty")
-        return value
-    if env is not None:
-        value = os.environ.get(env, "").strip()
-        if not value:
-            raise ValueError(f"{what}: the environment variable {env} is not set")
-        return value
-    return None
-
-
-def is_control_call(method: str, request: object | None) -> bool:
-    """Whether ``method`` (``/package.Service/Method``) with ``request`` is a control call."""
-    return method in CONTROL_METHODS or (method == ABORT_METHOD and bool(getattr(request, "all", False)))
-
-
-class ClientSecurity(BaseModel):
+class ClientSecurity(TokenSources):
     """How a client reaches servers that require TLS and/or tokens (every field optional: plain by default)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -66,10 +31,6 @@ class ClientSecurity(BaseModel):
     server_name: str | None = Field(
         None, description="Check the server certificate against this name instead of the address's host."
     )
-    token_file: str | None = Field(None, description="File holding the bearer token sent with every call.")
-    token_env: str | None = Field(None, description="Environment variable holding the bearer token.")
-    admin_token_file: str | None = Field(None, description="File holding the admin token sent with control calls.")
-    admin_token_env: str | None = Field(None, description="Environment variable holding the admin token.")
 
     @model_validator(mode="before")
     @classmethod
@@ -82,10 +43,6 @@ class ClientSecurity(BaseModel):
     def _consistent(self) -> ClientSecurity:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("security: cert_file and key_file go together (the client certificate for mTLS)")
-        if self.token_file is not None and self.token_env is not None:
-            raise ValueError("security: give token_file or token_env, not both")
-        if self.admin_token_file is not None and self.admin_token_env is not None:
-            raise ValueError("security: give admin_token_file or admin_token_env, not both")
         return self
 
     def credentials(self) -> grpc.ChannelCredentials | None:
@@ -94,11 +51,6 @@ class ClientSecurity(BaseModel):
             return None
         read = lambda path: Path(path).read_bytes() if path else None  # noqa: E731
         return grpc.ssl_channel_credentials(read(self.ca_file), read(self.key_file), read(self.cert_file))
-
-    def tokens(self) -> tuple[str | None, str | None]:
-        """(user token, admin token) as read now; a missing file or variable is a ValueError."""
-        return (read_secret(self.token_file, self.token_env, "token"),
-                read_secret(self.admin_token_file, self.admin_token_env, "admin token"))
 
 
 class _Tokens:
