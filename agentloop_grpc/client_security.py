@@ -68,40 +68,28 @@ class _Tokens:
         return details._replace(metadata=metadata)
 
 
-class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
-    def __init__(self, tokens: _Tokens) -> None:
-        self._tokens = tokens
-
+# One subclass per call kind, each adding the header to its kind's calls (a stream's messages are not read).
+class _UnaryUnary(_Tokens, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):
-        return await continuation(self._tokens.details(client_call_details, request), request)
+        return await continuation(self.details(client_call_details, request), request)
 
 
-class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
-    def __init__(self, tokens: _Tokens) -> None:
-        self._tokens = tokens
-
+class _UnaryStream(_Tokens, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
-        return await continuation(self._tokens.details(client_call_details, request), request)
+        return await continuation(self.details(client_call_details, request), request)
 
 
-class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
-    def __init__(self, tokens: _Tokens) -> None:
-        self._tokens = tokens
-
+class _StreamUnary(_Tokens, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
-        return await continuation(self._tokens.details(client_call_details, None), request_iterator)
+        return await continuation(self.details(client_call_details, None), request_iterator)
 
 
-class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
-    def __init__(self, tokens: _Tokens) -> None:
-        self._tokens = tokens
-
+class _StreamStream(_Tokens, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
-        return await continuation(self._tokens.details(client_call_details, None), request_iterator)
+        return await continuation(self.details(client_call_details, None), request_iterator)
 
 
 def token_interceptors(user: str | None, admin: str | None) -> list[grpc.aio.ClientInterceptor]:
     """Client interceptors adding ``authorization: Bearer ...`` to every call (one per call kind: grpc.aio files
     an interceptor under its first matching kind only)."""
-    tokens = _Tokens(user, admin)
-    return [_UnaryUnary(tokens), _UnaryStream(tokens), _StreamUnary(tokens), _StreamStream(tokens)]
+    return [kind(user, admin) for kind in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]
