@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from .security import ClientSecurity, token_interceptors
+from .client_security import ClientSecurity, token_interceptors
 
 _PING_AFTER_MS = 5_000
 _PING_TIMEOUT_MS = 5_000

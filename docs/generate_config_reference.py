@@ -17,7 +17,7 @@ from agentloop_grpc.engine_adapters.sglang.config import ActorNaming, SglangEngi
 from agentloop_grpc.engine_adapters.vllm.config import VllmEngineConfig
 from agentloop_grpc.rollout.config import ArithmeticDataset, Dataset, Engines, LaunchEngines, RolloutConfig, Tools
 from agentloop_grpc.router import RouterConfig
-from agentloop_grpc.security import ClientSecurity
+from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.trackers.config import MlflowSettings, TensorBoardSettings, TrackerSettings, WandbSettings
 from agentloop_grpc.train.config import GrpoSettings, TrainConfig
 

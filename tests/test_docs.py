@@ -28,6 +28,17 @@ def test_demo_config_is_valid():
 
     config = load_config(ROOT / "examples" / "demo.yaml")
     assert config.engines.launch.replicas == 2 and config.loop.constrain_tool_calls
+    # the task the untrained model solves sometimes (docs/benchmarks.md), in groups large enough to differ
+    assert config.dataset.arithmetic.kind == "one_step" and config.samples_per_prompt >= 4
+    assert config.loop.sampling.temperature > 0
+
+
+def test_the_word_problems_demo_config_is_valid():
+    from agentloop_grpc.rollout.config import load_config
+
+    config = load_config(ROOT / "examples" / "demo-word-problems.yaml")
+    assert config.dataset.arithmetic.kind == "word_problems" and config.loop.constrain_tool_calls
+    assert config.output_dir != load_config(ROOT / "examples" / "demo.yaml").output_dir
 
 
 def test_train_config_is_valid():
@@ -101,7 +112,7 @@ def test_agentloop_command_lines_name_real_commands_and_options(name):
     import typer
     from typer.core import TyperGroup
 
-    from agentloop_grpc.cli import app
+    from agentloop_grpc.cli.commands import app
 
     path = README if name == "README" else _page(name)
     for block in fenced_blocks(path):

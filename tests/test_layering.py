@@ -1,5 +1,5 @@
-"""The layering holds: client and agent code never import server code, tools never import engine code, and no
-engine adapter imports another. Read from the source (every ``import`` and ``from ... import``, lazy ones too)."""
+"""The layering holds: client and agent code never import server code, tools never import engine code, no
+engine adapter imports another, and only commands import the CLI package. Read from the source (every ``import`` and ``from ... import``, lazy ones too)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ SERVER = ("agentloop_grpc.engine_adapters", "agentloop_grpc.serving", "agentloop
           "agentloop_grpc.tools.servicer")
 #: Client and agent code: what a trainer or an agent loop imports.
 CLIENT = ("agentloop_grpc.router", "agentloop_grpc.agent", "agentloop_grpc.integrations", "agentloop_grpc.common",
-          "agentloop_grpc.security", "agentloop_grpc.channels", "agentloop_grpc.tools.client")
+          "agentloop_grpc.client_security", "agentloop_grpc.channels", "agentloop_grpc.tools.client")
+#: The command line: the ``agentloop`` group and its error printing.
+CLI = ("agentloop_grpc.cli",)
+#: What may import it: the CLI itself and the commands it adds (rollout's and train's).
+COMMANDS = (*CLI, "agentloop_grpc.rollout.command", "agentloop_grpc.train.command")
 
 
 def module_name(path: Path) -> str:
@@ -54,6 +58,7 @@ def edges(source: tuple[str, ...], target: tuple[str, ...]) -> list[str]:
 
 def test_the_modules_are_found() -> None:
     assert "agentloop_grpc.router.router" in MODULES and "agentloop_grpc.engine_adapters.servicer" in MODULES
+    assert "agentloop_grpc.cli.commands" in MODULES
 
 
 def test_client_and_agent_code_never_import_server_code() -> None:
@@ -68,3 +73,9 @@ def test_tools_never_import_engine_code() -> None:
 def test_no_adapter_imports_another(adapter: str) -> None:
     others = tuple(f"agentloop_grpc.engine_adapters.{a}" for a in ADAPTERS if a != adapter)
     assert edges((f"agentloop_grpc.engine_adapters.{adapter}",), others) == []
+
+
+def test_only_commands_import_the_cli() -> None:
+    # a library module importing the CLI would drag typer and every command into a trainer's process
+    assert sorted(f"{m} -> {i}" for m, names in MODULES.items() if not within(m, COMMANDS)
+                  for i in names if within(i, CLI)) == []

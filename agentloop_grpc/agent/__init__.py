@@ -1,7 +1,8 @@
 """The agent-loop runtime: loops, tool-call parsing, token-exact trajectories, workers and the manager.
 
 ``AgentLoopManager.generate(samples)`` is the trainer's entry point; ``Trajectory`` what comes back; ``to_batch``
-the padded tensors; ``write_parquet`` the record. See ARCHITECTURE.md ("Agent loop runtime").
+the padded tensors; ``write_parquet`` the record. See docs/agent-loops.md, and docs/architecture.md for where the
+runtime sits.
 """
 
 from .batch import TrainerBatch, to_batch

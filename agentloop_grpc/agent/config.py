@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -11,21 +11,28 @@ from agentloop_grpc.common.types import SamplingParams
 
 from .parsers import ParserName
 
+INT32_MAX = 2**31 - 1
+#: A seed plus its offset wraps below 2**63: engines take signed 64-bit seeds.
+SEED_MAX = 2**63 - 1
+
 
 class SamplingConfig(BaseModel):
     """Sampling of one assistant turn (logprobs are always requested: trajectories need them)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # bounds are the wire's (int32 ids, an unsigned seed) and the engines': a value out of them is refused here,
+    # by name, before a loop starts, rather than failing every trajectory's first generate
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 is greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass kept.")
-    top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 keeps all.")
+    top_k: int = Field(-1, ge=-1, le=INT32_MAX, description="Keep the k most likely tokens; -1 keeps all.")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Drop tokens below min_p times the top probability.")
     repetition_penalty: float = Field(1.0, gt=0.0, description="1.0 is off.")
     seed: int | None = Field(
-        None, ge=0, description="Base seed; each generation adds a stable offset (sample, turn) so runs repeat."
+        None, ge=0, le=SEED_MAX,
+        description="Base seed; each generation adds a stable offset (sample, turn) so runs repeat.",
     )
-    stop_token_ids: tuple[int, ...] = Field(
+    stop_token_ids: tuple[Annotated[int, Field(ge=0, le=INT32_MAX)], ...] = Field(
         (), description="Extra ids that end a turn (the template's eos always does)."
     )
 
@@ -38,7 +45,7 @@ class SamplingConfig(BaseModel):
             top_k=self.top_k,
             min_p=self.min_p,
             repetition_penalty=self.repetition_penalty,
-            seed=None if self.seed is None else (self.seed + seed_offset) % (2**63),
+            seed=None if self.seed is None else (self.seed + seed_offset) % (SEED_MAX + 1),
             stop_token_ids=self.stop_token_ids,
             logprobs=True,
         )

@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.router import Fleet, Router, RouterConfig
-from agentloop_grpc.security import ClientSecurity
 
 from .chat import ChatCodec
 from .config import AgentLoopConfig
@@ -121,7 +121,7 @@ def build_loops(loops: Mapping[str, ComponentSpec], context: LoopContext) -> dic
     for name, component in loops.items():
         try:
             loop = component.call(context)
-        except (ImportError, AttributeError, TypeError, ValueError) as error:
+        except Exception as error:  # a user's constructor may raise anything: the message still names the loop
             raise ValueError(f"loops.{name}: {component.path} could not be built ({type(error).__name__}: "
                              f"{error})") from error
         if not inspect.iscoroutinefunction(getattr(loop, "run", None)):

@@ -11,24 +11,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
-from agentloop_grpc.v1 import engine_pb2
+from agentloop_grpc.common.types import EngineState
+from agentloop_grpc.router import ServerInfo
 
 
 class TokenizerMismatchError(ValueError):
     """An engine server's tokenizer is not the loops' tokenizer."""
 
 
-def check_engine_tokenizers(tokenizer, infos: Mapping[str, object], model_dir: str | None) -> int:
+def check_engine_tokenizers(tokenizer, infos: Mapping[str, ServerInfo], model_dir: str | None) -> int:
     """Raise TokenizerMismatchError naming the first server whose tokenizer differs; return servers checked.
 
-    ``infos`` maps server addresses to GetServerInfoResponse messages (servers that did not answer are left out:
+    ``infos`` maps server addresses to what they answered GetServerInfo (``Fleet.server_info``; servers that did not answer are left out:
     they are the router's business, not a mismatch); a server still loading has no tokenizer yet and is skipped.
     """
     ours = tokenizer_fingerprint(tokenizer)
     source = model_dir or "the default model"
     checked = 0
     for address, info in sorted(infos.items()):
-        if info.state == engine_pb2.ENGINE_STATE_LOADING:
+        if info.state is EngineState.LOADING:
             continue
         checked += 1
         if info.engine_kind == "fake" or not info.tokenizer_fingerprint:

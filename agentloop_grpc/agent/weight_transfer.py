@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from agentloop_grpc.common import wire
 from agentloop_grpc.common.addresses import is_loopback
 from agentloop_grpc.common.safetensors_format import write_safetensors
 from agentloop_grpc.common.types import NamedTensor
@@ -35,7 +34,6 @@ from agentloop_grpc.common.weight_layout import (
     WeightGroupSpec,
 )
 from agentloop_grpc.router import FanOutResult, Fleet
-from agentloop_grpc.v1 import engine_pb2
 
 if TYPE_CHECKING:
     from agentloop_grpc.common.weight_group import WeightGroupLeader
@@ -43,7 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WeightTransferKind = Literal["auto", "collective", "stream", "path"]
-_DTYPE_CODES = {name: code for code, (name, _size) in wire.DTYPES.items()}
 
 
 class WeightTransfer(Protocol):
@@ -163,9 +160,8 @@ class CollectiveTransfer:
             await self.form(fleet)
         specs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in tensors]
         layout = BucketLayout.of(specs, self.bucket_bytes)
-        announced = [engine_pb2.TensorSpec(name=s.name, dtype=_DTYPE_CODES[s.dtype], shape=s.shape) for s in specs]
         receiving = asyncio.ensure_future(fleet.receive_weights(
-            self._group, announced, self.bucket_bytes, weight_version, servers=self._members
+            self._group, specs, self.bucket_bytes, weight_version, servers=self._members
         ))
         try:
             await asyncio.to_thread(self._send, layout, [t.data for t in tensors])

@@ -85,8 +85,14 @@ class StructuredOutput:
 
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
-    """One validated generation request. ``prompt_ids`` may be given as any sequence of ints; it is kept as
-    PromptIds (the int32 ids as they came off the wire, see ``prompt.py``)."""
+    """One generation request. From the wire, the servicer builds it once its validation catalogue
+    (``engine_adapters/validation.py``) checked every field (ids in the vocabulary, sampling in bounds); this class
+    checks none of that, so a caller building one in process (tests, an adapter used without gRPC) passes valid
+    values.
+
+    ``prompt_ids`` is kept as PromptIds (the int32 ids as they came off the wire, see ``prompt.py``); any other
+    iterable of ints (a list, a tuple, a NumPy array: tests and in-process callers) is packed into one, and a value
+    that is not an int32 integer is a ValueError."""
 
     request_id: str
     prompt_ids: PromptIds

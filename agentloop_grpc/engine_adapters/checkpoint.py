@@ -18,6 +18,8 @@ from agentloop_grpc.common.safetensors_format import SAFETENSORS_DTYPES
 from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.common.weight_layout import TensorSpec
 
+from . import validation
+
 #: A safetensors header larger than this is refused (the format's own limit).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -26,10 +28,15 @@ def checkpoint_files(path: str) -> list[Path]:
     """The safetensors files ``path`` names: the file itself, or a folder's ``*.safetensors`` (not recursive)."""
     if not path:
         raise InvalidRequestError("path is required (a safetensors file or a folder of them, as the server sees it)")
+    validation.check_path(path)
     where = Path(path)
-    if where.is_file():
+    try:
+        is_file, is_dir = where.is_file(), where.is_dir()
+    except OSError as error:  # is_file answers False only for a path that does not exist
+        raise validation.unreadable_path(path, error) from error
+    if is_file:
         return [where]
-    if where.is_dir():
+    if is_dir:
         files = sorted(where.glob("*.safetensors"))
         if not files:
             raise InvalidRequestError(f"path {path!r} is a folder without *.safetensors files")
@@ -85,7 +92,11 @@ def _read_file(file: Path, with_data: bool) -> list[NamedTensor]:
 
 
 def _mapped(file: Path) -> mmap.mmap:
-    with file.open("rb") as handle:
+    try:
+        handle = file.open("rb")
+    except OSError as error:
+        raise validation.unreadable_path(str(file), error) from error
+    with handle:
         try:
             return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError as error:  # an empty file cannot be mapped
@@ -102,6 +113,10 @@ def _header(file: Path, mapped: mmap.mmap) -> tuple[dict, int]:
         header = json.loads(mapped[8 : 8 + length])
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise InvalidRequestError(f"{file} is not a safetensors file: its header is not JSON ({error})") from error
+    except RecursionError as error:  # the decoder recurses per level: far deeper than any safetensors header
+        raise InvalidRequestError(
+            validation.HEADER_TOO_DEEP.format(file=file, bound=validation.SAFETENSORS_HEADER_NESTING)
+        ) from error
     if not isinstance(header, dict):
         raise InvalidRequestError(f"{file} is not a safetensors file: its header is not a JSON object")
     return header, 8 + length
@@ -113,7 +128,9 @@ def _tensor(file: Path, mapped: mmap.mmap, start: int, name: str, entry, with_da
         shape = tuple(int(d) for d in entry["shape"])
         begin, end = (int(o) for o in entry["data_offsets"])
     except (KeyError, TypeError, ValueError) as error:
-        raise InvalidRequestError(f"tensor {name!r} in {file}: unsupported or malformed entry {entry!r}") from error
+        raise InvalidRequestError(
+            f"tensor {validation.quote(name)} in {file}: unsupported or malformed entry {validation.quote(repr(entry))}"
+        ) from error
     fits = begin >= 0 and all(d >= 0 for d in shape) and end - begin == math.prod(shape) * itemsize
     if not fits or start + end > len(mapped):
         raise InvalidRequestError(f"tensor {name!r} in {file}: bytes [{begin}, {end}) do not hold shape {list(shape)}")

@@ -204,6 +204,7 @@ def load_to_proto(load: LoadInfo) -> generation_pb2.GetLoadResponse:
 
 def weight_group_from_proto(request: engine_pb2.JoinWeightGroupRequest) -> WeightGroupSpec:
     """JoinWeightGroup's spec (the lifecycle checks it against the engine's ranks)."""
+    validation.check_weight_group_timeout(request.timeout_s, DEFAULT_TIMEOUT_S)
     return WeightGroupSpec(
         name=request.group_name,
         master_address=request.master_address,

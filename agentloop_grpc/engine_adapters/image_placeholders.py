@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.media import MediaInput, stray_image_token
 from agentloop_grpc.common.prompt import PromptIds
+
+from . import validation
 
 
 def collapse_images(prompt_ids: Sequence[int], media: Sequence[MediaInput], image_token_id: int) -> list[int]:
@@ -32,7 +33,4 @@ def check_no_stray_image_token(prompt_ids: PromptIds, media: Sequence[MediaInput
     """InvalidRequestError naming the first ``image_token_id`` of ``prompt_ids`` outside every span of ``media``."""
     index = stray_image_token(prompt_ids.numpy(), image_token_id, media)
     if index is not None:
-        raise InvalidRequestError(
-            f"prompt_ids[{index}] is the image token ({image_token_id}) outside every media span; an image's "
-            f"placeholder ids must be the span of one media item"
-        )
+        raise validation.invalid(validation.IMAGE_TOKEN_STRAY, index=index, token=image_token_id)

@@ -4,7 +4,9 @@ It owns the state ladder (LOADING, RUNNING, PAUSED, SLEEPING, DRAINING), the res
 weight version, the admission gate of Pause (new requests wait at it: they are not refused), the in-flight
 registry (one entry per request id: a duplicate is refused) and the rules between them: no Generate while
 loading, asleep or draining; no Sleep while requests are in flight; no weight update while the weights are
-released or to a version not above the current one. The adapter (``protocol.py``) only does its engine's part.
+released or to a version not above the current one. ``generate`` is the one admit -> run -> complete path (the
+servicer translates it to protobuf) and the one owner of abort-on-exit. The adapter (``protocol.py``) only does its
+engine's part.
 
 Pause modes: ABORT aborts everything in flight; KEEP freezes the engine (its requests continue token-exactly on
 Resume); WAIT lets the requests in the engine finish. In every mode requests that arrive meanwhile wait at the
@@ -53,7 +55,8 @@ _NOT_SERVING = {EngineState.LOADING: "loading", EngineState.SLEEPING: "asleep", 
 
 @dataclass(slots=True)
 class Admission:
-    """One request between admission and its end; ``finished`` is set once its completion was delivered."""
+    """One request between admission and its end; ``finished`` is set once it has its completion (nothing left to
+    abort in the engine)."""
 
     request: GenerateRequest
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
@@ -143,11 +146,31 @@ class EngineLifecycle:
 
     # -- requests --------------------------------------------------------------------------------------------
 
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """``request``'s chunks, then its completion (validated by the caller): the one Generate path, the
+        servicer's and in-process callers'. Closing the stream before its completion (client gone, deadline
+        passed) aborts the request in the engine. The request leaves the registry before its completion is
+        yielded, so a caller may stop reading there and reuse the id at once."""
+        complete: GenerateComplete | None = None
+        async with self._admitted(request) as admission:
+            if not admission.in_engine:
+                complete = self._aborted_at_gate(request)
+            else:
+                async with contextlib.aclosing(self.adapter.generate(request)) as events:
+                    async for event in events:
+                        if isinstance(event, GenerateComplete):
+                            complete = event
+                            break
+                        yield event
+            admission.finished = complete is not None
+        if complete is None:
+            raise RuntimeError(f"the adapter ended request {request.request_id!r} without a completion")
+        yield complete
+
     @contextlib.asynccontextmanager
-    async def admitted(self, request: GenerateRequest) -> AsyncIterator[Admission]:
-        """Register ``request`` and wait at the gate; inside, the caller runs ``adapter.generate`` unless
-        ``admission.aborted`` is set (aborted at the gate) and sets ``finished`` once the completion was
-        delivered. However it ends, an unfinished request is aborted in the engine and the entry released."""
+    async def _admitted(self, request: GenerateRequest) -> AsyncIterator[Admission]:
+        """Register ``request`` and wait at the gate; ``admission.in_engine`` says whether it passed (else it was
+        aborted there). However it ends, an unfinished request is aborted in the engine and the entry released."""
         self.serving_facts()
         if request.request_id in self._in_flight:
             raise DuplicateRequestError(f"request_id {quote(request.request_id)} is already in flight on this server")
@@ -181,7 +204,7 @@ class EngineLifecycle:
                     wait.cancel()
         return not admission.aborted.is_set()
 
-    def aborted_at_gate(self, request: GenerateRequest) -> GenerateComplete:
+    def _aborted_at_gate(self, request: GenerateRequest) -> GenerateComplete:
         """The completion of a request aborted before it reached the engine."""
         return GenerateComplete(
             finish_reason=FinishReason.ABORT,
@@ -189,25 +212,6 @@ class EngineLifecycle:
             completion_tokens=0,
             weight_version=self.weight_version,
         )
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        """The in-process Generate: ``request``'s chunks, then its completion (validated by the caller). The
-        request leaves the registry before its completion is yielded: a caller may stop reading there."""
-        complete: GenerateComplete | None = None
-        async with self.admitted(request) as admission:
-            if not admission.in_engine:
-                complete = self.aborted_at_gate(request)
-            else:
-                async with contextlib.aclosing(self.adapter.generate(request)) as events:
-                    async for event in events:
-                        if isinstance(event, GenerateComplete):
-                            complete = event
-                            break
-                        yield event
-            admission.finished = complete is not None
-        if complete is None:
-            raise RuntimeError(f"the adapter ended request {request.request_id!r} without a completion")
-        yield complete
 
     async def abort(self, request_ids: Sequence[str] | None) -> list[str]:
         """Abort the named requests in flight (None: all), at the gate or in the engine; return their ids."""

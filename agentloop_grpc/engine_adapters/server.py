@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import grpc
 
 from agentloop_grpc.common.types import EngineState
-from agentloop_grpc.serving.interceptors import server_interceptors
-from agentloop_grpc.serving.metrics import GaugeSample, GaugesCollector, ServerMetrics, expose
-from agentloop_grpc.serving.security import ServerSecurity, bind
-from agentloop_grpc.serving.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
+from agentloop_grpc.serving.metrics import GaugeSample, GaugesCollector, ServerMetrics
+from agentloop_grpc.serving.server import new_server, start_listening, stop_signal
+from agentloop_grpc.serving.server_security import ServerSecurity, bind
 from agentloop_grpc.v1 import engine_pb2_grpc, generation_pb2_grpc
 
 from .lifecycle import EngineLifecycle
@@ -95,8 +94,7 @@ async def create_server(
     lifecycle = EngineLifecycle(adapter)
     if metrics is not None:
         metrics.registry.register(engine_gauges(lifecycle))
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=server_interceptors(security, metrics))
-    health_servicer = add_health_and_reflection(server, SERVICE_NAMES)
+    server, health_servicer = new_server(SERVICE_NAMES, security, metrics)
     servicer = EngineServicer(lifecycle, health_servicer)
     generation_pb2_grpc.add_TokenGenerateServicer_to_server(servicer, server)
     engine_pb2_grpc.add_EngineControlServicer_to_server(servicer, server)
@@ -124,17 +122,12 @@ async def serve(
     """Run an engine server until SIGTERM or SIGINT, then drain and return. With ``metrics_port``, Prometheus
     metrics are served on the same host at that port (0: a free one, told to ``on_metrics``)."""
     stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on drains, never kills
-    metrics = ServerMetrics() if metrics_port is not None else None
-    engine_server = await create_server(adapter, address, security, metrics)
-    if on_listening is not None:
-        on_listening(engine_server.port)
-    if metrics is not None and metrics_port is not None:
-        expose(metrics, address, metrics_port, on_metrics)
+    engine_server = await start_listening(lambda metrics: create_server(adapter, address, security, metrics),
+                                          address, metrics_port, on_listening, on_metrics)
     loading = asyncio.create_task(start_adapter(engine_server))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    failure = loading.exception() if loading.done() else None
-    if failure is not None:
+    if loading.done() and (failure := loading.exception()) is not None:
         stopping.cancel()
         await engine_server.server.stop(0)
         raise failure

@@ -1,9 +1,10 @@
 """EngineServicer: serves any EngineAdapter as agentloop.v1 TokenGenerate and EngineControl.
 
-A thin layer between the wire and ``lifecycle.py`` (which owns the state, the gate and the in-flight registry):
-it validates requests before the adapter sees them (``convert.py``, ``validation.py``), groups tokens into fewer
-messages when the caller's StreamOptions ask for it (``grouping.py``) and keeps the standard health service in
-step with the engine's state. Errors are EngineError subclasses, mapped to status codes in ``serving/status.py``.
+A thin layer between the wire and ``lifecycle.py`` (which owns the state, the gate, the in-flight registry and the
+one Generate path, aborting a request whose caller went away): it validates requests before the adapter sees them
+(``convert.py``, ``validation.py``), groups tokens into fewer messages when the caller's StreamOptions ask for it
+(``grouping.py``) and keeps the standard health service in step with the engine's state. Errors are EngineError
+subclasses, mapped to status codes in ``serving/status.py``.
 """
 
 from __future__ import annotations
@@ -72,28 +73,19 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         on_chunk: Callable[[TokenChunk], Awaitable[None]],
         on_complete: Callable[[GenerateComplete, TokenChunk | None], Awaitable[None]],
     ) -> None:
-        """Run ``domain``, handing its chunks to ``on_chunk`` as ``grouper`` groups them, then its completion
-        and the tokens still held (``grouper.tail()``) to ``on_complete``.
+        """Run ``domain`` through the lifecycle, handing its chunks to ``on_chunk`` as ``grouper`` groups them,
+        then its completion and the tokens still held (``grouper.tail()``) to ``on_complete``.
 
         Generate writes each as a message of its stream; GenerateUnary fills its one answer in place."""
-        lifecycle = self.lifecycle
-        async with lifecycle.admitted(domain) as admission:
-            if not admission.in_engine:  # aborted while waiting at Pause's gate
-                admission.finished = True
-                await on_complete(lifecycle.aborted_at_gate(domain), None)
-                return
-            async with contextlib.aclosing(lifecycle.adapter.generate(domain)) as events:
-                async for event in events:
-                    if isinstance(event, GenerateComplete):
-                        admission.finished = True
-                        await on_complete(event, grouper.tail() if grouper else None)
-                        return
-                    if grouper is None:
-                        await on_chunk(event)
-                        continue
+        async with contextlib.aclosing(self.lifecycle.generate(domain)) as events:
+            async for event in events:
+                if isinstance(event, GenerateComplete):
+                    await on_complete(event, grouper.tail() if grouper else None)
+                elif grouper is None:
+                    await on_chunk(event)
+                else:
                     for ready in grouper.add(event):
                         await on_chunk(ready)
-        raise RuntimeError(f"the adapter ended request {domain.request_id!r} without a completion")
 
     @map_errors
     async def Generate(self, request, context):

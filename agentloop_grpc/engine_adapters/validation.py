@@ -37,6 +37,12 @@ MAX_NESTING = 64
 MAX_NUMBER_CHARS = 100
 #: Characters of an input an error message quotes at most.
 QUOTE_CHARS = 64
+#: Bytes of a path LoadWeights reads (Linux's PATH_MAX).
+MAX_PATH_BYTES = 4096
+#: Levels a safetensors header nests: name -> entry -> shape (or __metadata__ -> key -> value).
+SAFETENSORS_HEADER_NESTING = 3
+#: Seconds a weight group may wait to form and for each broadcast: a day, far beyond any real trainer's step.
+MAX_WEIGHT_GROUP_TIMEOUT_S = 24 * 3600.0
 
 # The catalogue. Keep one entry per rule; tests match on these texts.
 REQUEST_ID_REQUIRED = "request_id is required (a unique id per call; Abort uses it)"
@@ -75,6 +81,21 @@ STRUCTURED_EMPTY = "structured_output is set but names no constraint (json_schem
 MEDIA_UNSUPPORTED = "media: this server's model takes no images"
 MEDIA_TOO_MANY = "media has {count} images; at most {bound} are allowed per request (max_images_per_request)"
 MEDIA_IMAGE_INVALID = "media[{index}]: {reason}"
+# Checks only an engine can make (it alone knows its image token and how it expands a picture); engines raise them.
+IMAGE_TOKEN_STRAY = (
+    "prompt_ids[{index}] is the image token ({token}) outside every media span; an image's placeholder ids must be "
+    "the span of one media item"
+)
+MEDIA_NOT_EXPANDED = (
+    "media[{index}]: the span [{start}, {end}) is not {engine}'s expansion of this image (the ids differ from prompt "
+    "position {differs}; with {engine}'s expansion the prompt has {expanded} ids, this one {length}); send the model "
+    "processor's expansion of the image"
+)
+ENGINE_REJECTED = "{engine} rejected the request: {reason}"
+PATH_TOO_LONG = "path has {length} bytes; at most {bound} bytes are allowed (it starts {prefix})"
+PATH_UNREADABLE = "path {path} cannot be read: {reason}"
+HEADER_TOO_DEEP = "{file} is not a safetensors file: its header nests more than {bound} levels deep"
+WEIGHT_GROUP_TIMEOUT_INVALID = "timeout_s = {value} must be finite and in (0, {bound}] seconds (0: {default})"
 
 _ROOT_RULE = re.compile(r"^\s*root\s*::=", re.MULTILINE)
 # What in a regex holds parentheses that open no group: escapes, then character classes (a leading ] is literal).
@@ -84,6 +105,16 @@ _REGEX_CLASS = re.compile(r"\[\^?\]?[^\]]*\]")
 
 def _fail(template: str, **values: object) -> InvalidRequestError:
     return InvalidRequestError(template.format(**values))
+
+
+def invalid(template: str, **values: object) -> InvalidRequestError:
+    """The InvalidRequestError of one catalogue entry, for the checks only an engine can make."""
+    return _fail(template, **values)
+
+
+def media_unsupported() -> UnsupportedError:
+    """A request with images at a server whose model takes none (UNIMPLEMENTED: another server may take them)."""
+    return UnsupportedError(MEDIA_UNSUPPORTED)
 
 
 def quote(text: str, limit: int = QUOTE_CHARS) -> str:
@@ -100,6 +131,27 @@ def check_id(field: str, value: str) -> None:
     length = _utf8_len(value)
     if length > MAX_ID_BYTES:
         raise _fail(ID_TOO_LONG, field=field, length=length, bound=MAX_ID_BYTES, prefix=quote(value))
+
+
+def check_path(path: str) -> None:
+    """A path the server reads (LoadWeights) within MAX_PATH_BYTES: the OS refuses longer ones."""
+    length = _utf8_len(path)
+    if length > MAX_PATH_BYTES:
+        raise _fail(PATH_TOO_LONG, length=length, bound=MAX_PATH_BYTES, prefix=quote(path))
+
+
+def unreadable_path(path: str, error: OSError) -> InvalidRequestError:
+    """The error for a path the OS refuses to look at (a name too long, a folder not searchable)."""
+    return _fail(PATH_UNREADABLE, path=quote(path), reason=error.strerror or error)
+
+
+def check_weight_group_timeout(timeout_s: float, default_s: float) -> None:
+    """JoinWeightGroup's timeout_s: 0 (the default) or a finite number of seconds up to a day (NaN compares false
+    to every bound, so it is named here rather than waited on)."""
+    if timeout_s == 0:
+        return
+    if not (0 < timeout_s <= MAX_WEIGHT_GROUP_TIMEOUT_S):
+        raise _fail(WEIGHT_GROUP_TIMEOUT_INVALID, value=timeout_s, bound=MAX_WEIGHT_GROUP_TIMEOUT_S, default=default_s)
 
 
 def check_request_id(request_id: str) -> None:

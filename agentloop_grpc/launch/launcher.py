@@ -13,6 +13,7 @@ The same ``ServerProcess`` starts tool servers (``agentloop tools serve``).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import ctypes
@@ -25,18 +26,18 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentloop_grpc.channels import open_channel
+from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.engine_adapters.config import EngineConfig, engine_config
 from agentloop_grpc.engine_adapters.config_flags import settings
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model
-from agentloop_grpc.security import ClientSecurity
-from agentloop_grpc.serving.security import ServerSecurity
+from agentloop_grpc.serving.server_security import ServerSecurity
 
 _LISTENING = re.compile(r"listening on (\S+)")
 
@@ -188,8 +189,30 @@ class EngineLaunch:
         return args + list(self.extra_args)
 
 
-class EngineLauncher:
-    """Start ``launch.dp`` engine servers; ``async with`` stops them. ``addresses`` once started."""
+class Launcher(abc.ABC):
+    """What a launcher of engine servers does, here or on a Ray cluster: ``async with`` starts them and stops them
+    whatever happens; ``addresses`` once started."""
+
+    @property
+    @abc.abstractmethod
+    def addresses(self) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def start(self) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def stop(self) -> None: ...
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.stop()
+
+
+class EngineLauncher(Launcher):
+    """Start ``launch.dp`` engine servers as local processes."""
 
     def __init__(self, launch: EngineLaunch, log_dir: str | Path, grace_s: float = 10.0) -> None:
         self.launch = launch
@@ -203,13 +226,6 @@ class EngineLauncher:
     @property
     def addresses(self) -> list[str]:
         return [s.address for s in self.servers if s.address]
-
-    async def __aenter__(self) -> EngineLauncher:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self.stop()
 
     async def start(self) -> list[str]:
         try:  # before any process spawns: a server announces itself first and finds a bad model only after

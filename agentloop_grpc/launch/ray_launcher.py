@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 
-from .launcher import EngineLaunch, LaunchError, ServerProcess, write_discovery
+from .launcher import EngineLaunch, Launcher, LaunchError, ServerProcess, write_discovery
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class ServerHost:
         return self.server.process.pid if self.server.process else None
 
 
-class RayEngineLauncher:
+class RayEngineLauncher(Launcher):
     """Start ``launch.dp`` servers over the Ray cluster this process is connected to (``ray.init`` first);
     ``async with`` stops them. See the module docstring."""
 
@@ -100,13 +100,6 @@ class RayEngineLauncher:
     @property
     def addresses(self) -> list[str]:
         return [s["address"] for s in self.servers]
-
-    async def __aenter__(self) -> RayEngineLauncher:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self.stop()
 
     async def start(self) -> list[str]:
         import ray

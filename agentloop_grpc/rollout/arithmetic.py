@@ -1,9 +1,10 @@
 """Arithmetic tasks, generated from a seed (nothing is downloaded); the ground truth is computed here, exactly.
 
-- ``word_problems`` (the demo): each problem chains two or three integer steps through a small story ("Ana has
-  12 apples. She buys 3 bags of 7 apples each. ..."); the untrained 135M model solves none of them.
-- ``one_step`` (``make train``): "What is 14 + 9?" with operands and operations chosen by the config; the
-  untrained model solves some of them (``agentloop_grpc/train/NOTES.md``), so GRPO groups differ.
+- ``word_problems`` (``examples/demo-word-problems.yaml``): each problem chains two or three integer steps through
+  a small story ("Ana has 12 apples. She buys 3 bags of 7 apples each. ..."); the untrained 135M model solves none
+  of them.
+- ``one_step`` (``make demo`` and ``make train``): "What is 14 + 9?" with operands and operations chosen by the
+  config; the untrained model solves some of them (``agentloop_grpc/train/NOTES.md``), so GRPO groups differ.
 
 A model that calls the calculator with the right expression and submits the result with ``check_answer`` is
 rewarded.

@@ -12,11 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from agentloop_grpc.agent.config import AgentLoopConfig
 from agentloop_grpc.agent.loops.base import BUILTIN_LOOPS
 from agentloop_grpc.agent.spec import ComponentSpec, CustomLoops
+from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.engine_adapters.config import EngineConfig
 from agentloop_grpc.engine_adapters.config_base import LocalModelConfig
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.router import RouterConfig
-from agentloop_grpc.security import ClientSecurity
 from agentloop_grpc.trackers.config import REPORT_TO_HELP, TrackerName, TrackerSettings, check_report_to
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
@@ -119,45 +119,29 @@ class Dataset(BaseModel):
         return self
 
 
-class RolloutConfig(BaseModel):
-    """A whole rollout: which engines and tools, which prompts, how loops run, where outputs go."""
+class AgentRunConfig(BaseModel):
+    """What a rollout and a training run share: the engines and tools, the prompts, the loops, the routing and the
+    trackers. The loops rows may name are checked here, so a config naming a loop no worker has is refused."""
 
     model_config = _STRICT
 
-    engines: Engines = Field(description="Engine servers.")
+    engines: Engines = Field(description="Engine servers (launched ones: the model `agentloop train` trains is "
+                             "theirs).")
     tools: Tools = Field(default_factory=Tools, description="Tool servers.")
     dataset: Dataset = Field(description="Prompts.")
-    samples_per_prompt: int = Field(1, ge=1, le=1024, description="Trajectories per prompt (a GRPO group).")
     loop: AgentLoopConfig = Field(default_factory=AgentLoopConfig, description="Loop limits and sampling.")
-    router: RouterConfig = Field(default_factory=RouterConfig, description="Routing over the engine servers.")
-    reward: ComponentSpec | None = Field(None, description="Reward function (default: tool rewards + interaction).")
-    interactions: dict[str, ComponentSpec] = Field(default_factory=dict, description="Interactions by name.")
     loops: CustomLoops = Field(
         default_factory=dict, description="Loops of your own by name, beside single_turn and tool (rows and "
         "dataset.default_loop name them): path module:Class, built once per worker as Class(context, **kwargs), "
         "kwargs being the loop's own config.")
+    router: RouterConfig = Field(default_factory=RouterConfig, description="Routing over the engine servers.")
     workers: int = Field(1, ge=1, description="Agent-loop workers.")
-    ray: bool = Field(False, description="Run the workers as Ray actors (local Ray, or the cluster Ray is on).")
-    max_concurrency: int = Field(256, ge=1, description="Loops in flight per worker.")
-    output_dir: str = Field("runs/rollout", description="Where trajectories, trace, batch and report go.")
-    trace: bool = Field(True, description="Write the per-turn trace (trace.jsonl).")
-    report: bool = Field(True, description="Write report.html with plots.")
-    report_to: tuple[TrackerName, ...] | None = Field(None, description=REPORT_TO_HELP)
-    trackers: TrackerSettings = Field(default_factory=TrackerSettings, description="Run name, project and "
-                                      "per-tracker settings of report_to (docs/trackers.md).")
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="Serve the Router's Prometheus metrics at http://127.0.0.1:PORT/metrics "
-        "while the rollout runs (0: a free port, printed). With several or Ray workers, the control router's."
-    )
-    max_failed_share: float = Field(
-        1.0, gt=0, le=1, description="`agentloop rollout` exits 3 when failed trajectories / all trajectories reaches "
-        "this share (1.0: only when every trajectory failed; a run with none counts as all failed). The outputs are "
-        "written either way."
-    )
-    prompt_length: int | None = Field(
-        None, ge=1, description="Pad prompts to this length in batch.pt (default: longest)."
-    )
-    response_length: int | None = Field(None, ge=1, description="Pad responses to this length (default: longest).")
+    report_to: tuple[TrackerName, ...] | None = Field(
+        None, description=REPORT_TO_HELP + " `agentloop train` passes it to TRL's report_to; the rollout metrics "
+        "join TRL's logs.")
+    trackers: TrackerSettings = Field(
+        default_factory=TrackerSettings, description="Run name, project and per-tracker settings of report_to "
+        "(docs/trackers.md; `agentloop train` logs every step, whatever log_every says).")
 
     @property
     def loop_names(self) -> list[str]:
@@ -170,11 +154,36 @@ class RolloutConfig(BaseModel):
         return check_report_to(value)
 
     @model_validator(mode="after")
-    def _default_loop_exists(self) -> RolloutConfig:
+    def _default_loop_exists(self) -> AgentRunConfig:
         if self.dataset.default_loop not in self.loop_names:
             raise ValueError(f"dataset.default_loop: no loop named {self.dataset.default_loop!r}; known: "
                              f"{self.loop_names} (add yours under loops)")
         return self
+
+
+class RolloutConfig(AgentRunConfig):
+    """A whole rollout: which engines and tools, which prompts, how loops run, where outputs go."""
+
+    samples_per_prompt: int = Field(1, ge=1, le=1024, description="Trajectories per prompt (a GRPO group).")
+    reward: ComponentSpec | None = Field(None, description="Reward function (default: tool rewards + interaction).")
+    interactions: dict[str, ComponentSpec] = Field(default_factory=dict, description="Interactions by name.")
+    ray: bool = Field(False, description="Run the workers as Ray actors (local Ray, or the cluster Ray is on).")
+    max_concurrency: int = Field(256, ge=1, description="Loops in flight per worker.")
+    output_dir: str = Field("runs/rollout", description="Where trajectories, trace, batch and report go.")
+    trace: bool = Field(True, description="Write the per-turn trace (trace.jsonl).")
+    report: bool = Field(True, description="Write report.html with plots.")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve the Router's Prometheus metrics at http://127.0.0.1:PORT/metrics "
+        "while the rollout runs (0: a free port, printed). With several or Ray workers, the control router's."
+    )
+    max_failed_share: float = Field(
+        1.0, gt=0, le=1, description="`agentloop rollout` exits 3 when failed trajectories / all trajectories reaches "
+        "this share (1.0: only when every trajectory failed; a run with none counts as all failed). The outputs are "
+        "written either way."
+    )
+    prompt_length: int | None = Field(None, ge=1, description="Pad prompts to this length in batch.pt (default: "
+                                      "longest).")
+    response_length: int | None = Field(None, ge=1, description="Pad responses to this length (default: longest).")
 
 
 def load_config(path: str | Path) -> RolloutConfig:

@@ -1,12 +1,13 @@
 """One rollout, start to finish: start what the config asks for, run every sample, write the outputs.
 
-Steps: (1) read the dataset and check that every loop it names exists and imports (before anything starts, so a
-bad file or a misspelt loop fails fast); (2) engines: launch replicas or use running servers, and check they
-answer; (3) tools: launch a server or use a running one; (4) the manager runs the samples with a live progress
-display while a sampler records each server's load, and the trackers of report_to get the metrics every
-``trackers.log_every`` trajectories; (5) outputs: trajectories.parquet, trace.jsonl, batch.pt, summary.json,
-report.html, and the summary and a samples table to the trackers. Servers this run started are stopped on the
-way out, also on Ctrl-C, and the trajectories finished before an interruption are still written.
+Steps: (1) read the dataset and check that every loop it names exists, and that every custom loop imports and
+builds (before anything starts, so a bad file, a misspelt loop or a loop that cannot run fails fast); (2)
+engines: launch replicas or use running servers, and check they answer; (3) tools: launch a server or use a
+running one; (4) the manager runs the samples with a live progress display while a sampler records each server's
+load, and the trackers of report_to get the metrics every ``trackers.log_every`` trajectories; (5) outputs:
+trajectories.parquet, trace.jsonl, batch.pt, summary.json, report.html, and the summary and a samples table to
+the trackers. Servers this run started are stopped on the way out, also on Ctrl-C, and the trajectories finished
+before an interruption are still written.
 """
 
 from __future__ import annotations
@@ -14,22 +15,34 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from agentloop_grpc.agent import AgentLoopManager, Sample, Trajectory, WorkerSpec, to_batch, write_parquet
+from agentloop_grpc.agent import (
+    AgentLoopManager,
+    LoopContext,
+    Sample,
+    Trajectory,
+    WorkerSpec,
+    to_batch,
+    write_parquet,
+)
 from agentloop_grpc.agent.metrics import RolloutMetrics
+from agentloop_grpc.agent.spec import build_loops, load_codec
 from agentloop_grpc.agent.trajectory import drift_summary
 from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
 from agentloop_grpc.router import NoHealthyServerError
+from agentloop_grpc.router.call import GenerateCall
 from agentloop_grpc.router.discovery import discovery_addresses
+from agentloop_grpc.router.result import GenerateResult
 from agentloop_grpc.serving.metrics import serve_metrics
 from agentloop_grpc.trackers import flatten, open_trackers
 from agentloop_grpc.trackers.rollout import RolloutTracking
 
-from .config import Engines, RolloutConfig, Tools
+from .config import AgentRunConfig, Engines, RolloutConfig, Tools
 from .dataset import read_rows, to_samples
 from .error_causes import top_causes
 from .progress import Progress
@@ -37,6 +50,10 @@ from .progress import Progress
 
 class RolloutError(RuntimeError):
     """A run could not start or go on; the message is one sentence for the user."""
+
+
+class LoopConfigError(RolloutError):
+    """A loop the config or a dataset row names could not run: a bad config, found before anything starts."""
 
 
 @dataclass
@@ -62,19 +79,45 @@ class RunRecord:
     trackers: list[str] = field(default_factory=list)
 
 
-def check_loops(config: RolloutConfig, samples: list[Sample]) -> None:
-    """RolloutError when a sample names a loop no worker will have, or a custom loop's path imports nothing: found
-    here, not as one failed trajectory per sample after the servers started."""
+def check_loops(config: AgentRunConfig, samples: Sequence[Sample]) -> None:
+    """LoopConfigError when a custom loop's path imports nothing, a sample names a loop no worker will have, or a
+    custom loop cannot be built or has no async run: found here, before any server starts, not as one failed
+    trajectory per sample (or a worker's traceback) after the servers started."""
     for name, component in config.loops.items():
         try:
             component.resolve()
         except (ImportError, AttributeError, ValueError) as error:
-            raise RolloutError(f"loops.{name}: {component.path} cannot be imported ({type(error).__name__}: "
+            raise LoopConfigError(f"loops.{name}: {component.path} cannot be imported ({type(error).__name__}: "
                                f"{error})") from None
     for sample in samples:
         if sample.loop not in config.loop_names:
-            raise RolloutError(f"sample {sample.sample_id} names the loop {sample.loop!r}, which is neither built "
+            raise LoopConfigError(f"sample {sample.sample_id} names the loop {sample.loop!r}, which is neither built "
                                f"in nor under loops; known: {config.loop_names}")
+    if config.loops:
+        try:
+            build_loops(config.loops, _unconnected_context(config))
+        except ValueError as error:
+            raise LoopConfigError(str(error)) from None
+
+
+class _NoEngines:
+    """The generator of the context loops are built on before any server starts (a constructor may keep it,
+    never call it)."""
+
+    async def generate(self, call: GenerateCall) -> GenerateResult:
+        raise RuntimeError("no engine server is connected while the loops are checked")
+
+
+def _unconnected_context(config: AgentRunConfig) -> LoopContext:
+    """A worker's context as far as it exists before the servers start: the codec and the loop config, no
+    engines, tools or interactions."""
+    model_dir = config.engines.launch.model_folder if config.engines.launch else None
+    try:
+        codec = load_codec(model_dir, config.loop)
+    except (OSError, ValueError) as error:
+        raise RolloutError(f"the loops cannot be checked: the tokenizer of {model_dir or 'the default model'} "
+                           f"does not load ({error})") from None
+    return LoopContext(generator=_NoEngines(), codec=codec, config=config.loop)
 
 
 async def start_engines(engines: Engines, stack: AsyncExitStack, out: Path) -> tuple[list[str], str | None]:
@@ -202,8 +245,6 @@ def write_outputs(config: RolloutConfig, record: RunRecord, tracking: RolloutTra
     if not record.trajectories:
         return
     write_parquet(record.trajectories, out / "trajectories.parquet")
-    from agentloop_grpc.agent.spec import load_codec
-
     codec = load_codec(config.engines.launch.model_folder if config.engines.launch else None)
     pad = codec.tokenizer.pad_token_id if codec.tokenizer.pad_token_id is not None else codec.tokenizer.eos_token_id
     if any(not t.failed for t in record.trajectories):
@@ -252,9 +293,3 @@ def error_causes(trajectories: list[Trajectory], top: int = 5) -> list[tuple[str
     """The failed trajectories' error causes (errors that differ only in numbers or ids are one), most common first,
     at most ``top`` of them."""
     return top_causes((t.error for t in trajectories if t.failed), top)
-
-
-def failed_share(record: RunRecord) -> float:
-    """Failed trajectories over all of them; a run that produced none counts as wholly failed."""
-    ts = record.trajectories
-    return sum(t.failed for t in ts) / len(ts) if ts else 1.0

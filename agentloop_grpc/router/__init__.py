@@ -2,7 +2,8 @@
 
 ``Router`` is the entry point for generation: ``generate`` / ``stream`` a ``GenerateCall``, get a
 ``GenerateResult``. Its ``Fleet`` (``router.fleet``, or a Fleet of its own for a caller that only steers the
-engines) holds the servers and fans control calls out to them. ``RouterConfig`` holds the knobs;
+engines) holds the servers and fans control calls out to them, each server's answer in domain types
+(``FanOutResult``: ``ServerInfo``, ``WeightsApplied``, ...). ``RouterConfig`` holds the knobs;
 ``RequestError`` / ``InfrastructureError`` tell the caller's fault from the infrastructure's.
 """
 
@@ -11,6 +12,7 @@ from .config import RouterConfig
 from .errors import InfrastructureError, NoHealthyServerError, RequestError, RouterError
 from .fanout import FanOutResult
 from .fleet import Fleet
+from .replies import ServerInfo, WeightsApplied
 from .result import GenerateResult
 from .router import Router
 
@@ -25,4 +27,6 @@ __all__ = [
     "Router",
     "RouterConfig",
     "RouterError",
+    "ServerInfo",
+    "WeightsApplied",
 ]

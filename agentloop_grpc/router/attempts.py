@@ -1,33 +1,96 @@
-"""The pieces of a generate call's attempts that need no Router: each attempt's request, whether tokens received
-before a failure already end the generation, and the tokens received so far."""
+"""The pieces of a generate call's attempts that need no Router: the call's progress over its attempts, each
+attempt's request, and whether tokens received before a failure already end the generation."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from agentloop_grpc.common import wire
 from agentloop_grpc.common.types import FinishReason, SamplingParams
 from agentloop_grpc.v1 import generation_pb2
 
 from .call import GenerateCall
+from .result import GenerateResult
 
 
-class Received:
-    """Every attempt's tokens, in order, with aligned logprobs, alternatives and weight versions."""
+class Progress:
+    """One generate call over its attempts: its ids and deadline, every attempt's tokens in order (with aligned
+    logprobs, alternatives and weight versions), the servers that served it and those that just failed it."""
 
-    __slots__ = ("logprobs", "token_ids", "top_logprobs", "weight_versions")
+    __slots__ = (
+        "_first_token",
+        "base_id",
+        "call",
+        "deadline",
+        "failed",
+        "failovers",
+        "logprobs",
+        "prompt",
+        "servers",
+        "started",
+        "token_ids",
+        "top_logprobs",
+        "weight_versions",
+    )
 
-    def __init__(self) -> None:
+    def __init__(
+        self, call: GenerateCall, base_id: str, timeout_s: float, first_token: Callable[[float], None]
+    ) -> None:
+        self.call = call
+        self.base_id = base_id
+        self.prompt = wire.prompt_to_raw(call.prompt_ids)
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout_s
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.top_logprobs: list[tuple[tuple[int, float], ...]] = []
         self.weight_versions: list[int] = []
+        self.servers: list[str] = []
+        self.failed: set[str] = set()
+        self.failovers = 0
+        self._first_token: Callable[[float], None] | None = first_token  # observed once, then None
+
+    def attempt_id(self, attempt: int) -> str:
+        """The request id of attempt ``attempt`` (from 1): a resumed attempt's differs, so an Abort of the lost
+        one cannot end it."""
+        return self.base_id if attempt == 1 else f"{self.base_id}.{attempt}"
+
+    def left_s(self) -> float:
+        """Seconds left before the deadline (a sliver at least: gRPC takes no zero timeout)."""
+        return max(0.001, self.deadline - time.monotonic())
 
     def add(self, chunk: generation_pb2.TokenChunk) -> None:
+        """Add a received message's tokens (every attempt's, in order)."""
         ids = chunk.token_ids
         self.token_ids.extend(ids)
         self.logprobs.extend(chunk.logprobs)
         if chunk.top_logprobs:
             self.top_logprobs.extend(tuple(zip(alt.token_ids, alt.logprobs, strict=True)) for alt in chunk.top_logprobs)
         self.weight_versions.extend([chunk.weight_version] * len(ids))
+        if self._first_token is not None and self.token_ids:
+            self._first_token(time.monotonic() - self.started)
+            self._first_token = None
+
+    def result(
+        self, finish_reason: FinishReason, matched: int | None, cached: int, images: int, seconds: float
+    ) -> GenerateResult:
+        return GenerateResult(
+            request_id=self.base_id,
+            session_id=self.call.session_id,
+            token_ids=tuple(self.token_ids),
+            logprobs=tuple(self.logprobs),
+            top_logprobs=tuple(self.top_logprobs),
+            weight_versions=tuple(self.weight_versions),
+            finish_reason=finish_reason,
+            matched_stop_token_id=matched,
+            prompt_tokens=len(self.prompt) // 4,
+            cached_prompt_tokens=cached,
+            servers=tuple(self.servers),
+            failovers=self.failovers,
+            seconds=seconds,
+            prompt_images=images,
+        )
 
 
 def attempt_request(

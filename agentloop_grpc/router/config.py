@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentloop_grpc.security import ClientSecurity
+from agentloop_grpc.client_security import ClientSecurity
 
 
 class RouterConfig(BaseModel):

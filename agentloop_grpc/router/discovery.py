@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentloop_grpc.security import ClientSecurity
+from agentloop_grpc.client_security import ClientSecurity
 
 from .config import RouterConfig
 

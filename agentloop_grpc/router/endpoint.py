@@ -31,6 +31,7 @@ from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, gener
 
 from .config import RouterConfig
 from .metrics import RouterMetrics
+from .replies import ServerInfo, server_info
 from .versions import WeightVersions
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class Endpoint:
         self.stream_slots = asyncio.Semaphore(config.max_streams_per_server)
         self.in_flight = 0
         self.reported_load = 0
-        self.info: engine_pb2.GetServerInfoResponse | None = None
+        self.info: ServerInfo | None = None
         self._watch_task: asyncio.Task | None = None
         self._poll_task: asyncio.Task | None = None
         # the Router's generate calls here, and those it cancelled because the server stopped answering
@@ -92,6 +93,19 @@ class Endpoint:
         # the gauge keeps its last reading, not a reference to this closed endpoint (and its channel)
         last = self.in_flight
         self._metrics.in_flight.labels(self.address).set_function(lambda: last)
+
+    async def take_slot(self, deadline: float) -> bool:
+        """Take one of the call slots, waiting until ``deadline`` (``time.monotonic``) at most; whether one was
+        taken. The caller gives it back with ``stream_slots.release()``."""
+        if not self.stream_slots.locked():  # a free slot is taken at once: no timer for the common case
+            await self.stream_slots.acquire()
+            return True
+        try:
+            async with asyncio.timeout(deadline - time.monotonic()):
+                await self.stream_slots.acquire()
+        except TimeoutError:  # the deadline passed with every slot still taken: no slot is held
+            return False
+        return True
 
     def begin_request(self, call: grpc.aio.Call) -> None:
         """A generate call started here (one started after the server was lost is cancelled at once)."""
@@ -168,7 +182,7 @@ class Endpoint:
             await asyncio.sleep(self._config.health_retry_interval_s)
 
     async def _refresh_info(self, timeout_s: float) -> None:
-        self.info = await self.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=timeout_s)
+        self.info = server_info(await self.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=timeout_s))
         self._versions.report(self.address, self.info.weight_version)
 
     async def _poll_load(self) -> None:

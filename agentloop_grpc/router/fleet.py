@@ -2,8 +2,9 @@
 
 One Endpoint per server (channel, health watch, load polls, liveness: endpoint.py), the fleet's weight version
 and the servers held out below it (versions.py), and control calls (sleep, wake, pause, resume, flush, weight
-updates, abort) sent to every server concurrently, each server's outcome reported apart (fanout.py). A trainer
-that only steers the engines holds a Fleet; a Router holds one to route generate calls over.
+updates, abort) sent to every server concurrently, each server's outcome reported apart, its answer in domain
+types (fanout.py, replies.py). A trainer that only steers the engines holds a Fleet; a Router holds one to route
+generate calls over.
 """
 
 from __future__ import annotations
@@ -12,17 +13,31 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from agentloop_grpc.common import wire
-from agentloop_grpc.common.types import ALL_RESOURCES, NamedTensor, PauseMode, Resource
+from agentloop_grpc.common.types import ALL_RESOURCES, EngineState, NamedTensor, PauseMode, PauseResult, Resource
+from agentloop_grpc.common.weight_layout import TensorSpec
 from agentloop_grpc.v1 import engine_pb2, generation_pb2
 
 from .config import RouterConfig
 from .discovery import discovery_addresses, discovery_config
 from .endpoint import Endpoint
 from .errors import NoHealthyServerError
-from .fanout import FanOutResult, weight_update_messages
+from .fanout import FanOutResult, Reply, tensor_specs, weight_update_messages
 from .metrics import RouterMetrics
+from .replies import (
+    ServerInfo,
+    WeightsApplied,
+    aborted,
+    engine_state,
+    memory_released,
+    nothing,
+    pause_result,
+    ranks,
+    server_info,
+    weights_applied,
+)
 from .versions import WeightVersions
 
 
@@ -123,66 +138,81 @@ class Fleet:
     # -- fan-out control -------------------------------------------------------------------------------------
 
     async def _fan_out(
-        self, call: Callable[[Endpoint], Awaitable[object]], only: Collection[str] | None = None
-    ) -> FanOutResult:
+        self, call: Callable[[Endpoint], Awaitable[Any]], reply: Callable[[Any], Reply],
+        only: Collection[str] | None = None,
+    ) -> FanOutResult[Reply]:
+        """``call`` on every server (those in ``only``), each answer read by ``reply`` into domain types."""
         endpoints = [e for a, e in self._endpoints.items() if only is None or a in only]
         outcomes = await asyncio.gather(*(call(e) for e in endpoints), return_exceptions=True)
-        result = FanOutResult()
+        result: FanOutResult[Reply] = FanOutResult()
         for endpoint, outcome in zip(endpoints, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 result.errors[endpoint.address] = outcome
             else:
-                result.responses[endpoint.address] = outcome
+                result.responses[endpoint.address] = reply(outcome)
         return result
 
-    async def abort(self, request_ids: Mapping[str, Sequence[str]]) -> FanOutResult:
-        """Abort requests (server address -> request ids) on their servers; their streams end with ABORT."""
+    async def abort(self, request_ids: Mapping[str, Sequence[str]]) -> FanOutResult[tuple[str, ...]]:
+        """Abort requests (server address -> request ids) on their servers; their streams end with ABORT. Each
+        server answers the ids it aborted (those still in flight)."""
         return await self._fan_out(
             lambda e: e.generate.Abort(
                 generation_pb2.AbortRequest(request_ids=request_ids[e.address]), timeout=self.config.control_timeout_s
             ),
-            only=request_ids,
+            aborted, only=request_ids,
         )
 
-    async def abort_all(self) -> FanOutResult:
-        """Abort every in-flight request on every server (other clients' too)."""
+    async def abort_all(self) -> FanOutResult[tuple[str, ...]]:
+        """Abort every in-flight request on every server (other clients' too); each answers the ids it aborted."""
         return await self._fan_out(
-            lambda e: e.generate.Abort(generation_pb2.AbortRequest(all=True), timeout=self.config.control_timeout_s)
+            lambda e: e.generate.Abort(generation_pb2.AbortRequest(all=True), timeout=self.config.control_timeout_s),
+            aborted,
         )
 
-    async def server_info(self) -> FanOutResult:
+    async def server_info(self) -> FanOutResult[ServerInfo]:
         result = await self._fan_out(
-            lambda e: e.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=self.config.control_timeout_s)
+            lambda e: e.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=self.config.control_timeout_s),
+            server_info,
         )
         self._report_versions(result)
         return result
 
-    async def sleep(self, level: int = 1) -> FanOutResult:
-        """Release the KV cache (level 1), or the KV cache and the weights (level 2)."""
+    async def sleep(self, level: int = 1) -> FanOutResult[bool]:
+        """Release the KV cache (level 1), or the KV cache and the weights (level 2); each server answers whether
+        the memory was released (an engine that cannot release it still sleeps)."""
         request = engine_pb2.SleepRequest(level=wire.SLEEP_LEVELS[level])
-        return await self._fan_out(lambda e: e.control.Sleep(request, timeout=self.config.control_timeout_s))
-
-    async def wake_up(self, resources: Iterable[Resource] = ALL_RESOURCES) -> FanOutResult:
-        request = engine_pb2.WakeUpRequest(tags=[wire.RESOURCE_TAGS[r] for r in resources])
-        return await self._fan_out(lambda e: e.control.WakeUp(request, timeout=self.config.control_timeout_s))
-
-    async def pause(self, mode: PauseMode = PauseMode.ABORT) -> FanOutResult:
-        request = engine_pb2.PauseRequest(mode=wire.PAUSE_MODES[mode])
-        return await self._fan_out(lambda e: e.control.Pause(request, timeout=self.config.control_timeout_s))
-
-    async def resume(self) -> FanOutResult:
         return await self._fan_out(
-            lambda e: e.control.Resume(engine_pb2.ResumeRequest(), timeout=self.config.control_timeout_s)
+            lambda e: e.control.Sleep(request, timeout=self.config.control_timeout_s), memory_released
         )
 
-    async def flush_cache(self) -> FanOutResult:
+    async def wake_up(self, resources: Iterable[Resource] = ALL_RESOURCES) -> FanOutResult[EngineState | None]:
+        """Restore what Sleep released; each server answers its state."""
+        request = engine_pb2.WakeUpRequest(tags=[wire.RESOURCE_TAGS[r] for r in resources])
         return await self._fan_out(
-            lambda e: e.control.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.config.control_timeout_s)
+            lambda e: e.control.WakeUp(request, timeout=self.config.control_timeout_s), engine_state
+        )
+
+    async def pause(self, mode: PauseMode = PauseMode.ABORT) -> FanOutResult[PauseResult]:
+        request = engine_pb2.PauseRequest(mode=wire.PAUSE_MODES[mode])
+        return await self._fan_out(
+            lambda e: e.control.Pause(request, timeout=self.config.control_timeout_s), pause_result
+        )
+
+    async def resume(self) -> FanOutResult[EngineState | None]:
+        return await self._fan_out(
+            lambda e: e.control.Resume(engine_pb2.ResumeRequest(), timeout=self.config.control_timeout_s),
+            engine_state,
+        )
+
+    async def flush_cache(self) -> FanOutResult[None]:
+        return await self._fan_out(
+            lambda e: e.control.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.config.control_timeout_s),
+            nothing,
         )
 
     async def update_weights(
         self, tensors: Iterable[NamedTensor], weight_version: int | None = None, flush_cache: bool = True
-    ) -> FanOutResult:
+    ) -> FanOutResult[WeightsApplied]:
         """Stream the same tensors to every server concurrently; each applies them atomically on the commit. The
         version the servers answer becomes the fleet's: a server that missed it is held out until it has it."""
         messages = weight_update_messages(tensors, weight_version, flush_cache, self.config.weight_chunk_bytes)
@@ -194,29 +224,32 @@ class Fleet:
 
             return await endpoint.control.UpdateWeights(stream(), timeout=self.config.control_timeout_s)
 
-        result = await self._fan_out(send)
+        result = await self._fan_out(send, weights_applied)
         self._report_versions(result)
         return result
 
     async def load_weights(
         self, path: str, weight_version: int | None = None, flush_cache: bool = True
-    ) -> FanOutResult:
+    ) -> FanOutResult[WeightsApplied]:
         """Have every server load the safetensors checkpoint at ``path`` (a file or folder each server can read,
         e.g. on shared storage): one small call each, the bytes never cross gRPC. Versions as ``update_weights``."""
         request = engine_pb2.LoadWeightsRequest(path=path, flush_cache=flush_cache)
         if weight_version is not None:
             request.weight_version = weight_version
-        result = await self._fan_out(lambda e: e.control.LoadWeights(request, timeout=self.config.control_timeout_s))
+        result = await self._fan_out(
+            lambda e: e.control.LoadWeights(request, timeout=self.config.control_timeout_s), weights_applied
+        )
         self._report_versions(result)
         return result
 
     async def join_weight_group(
         self, group: str, master_address: str, master_port: int, world_size: int,
         rank_offsets: Mapping[str, int], backend: str = "gloo", timeout_s: float = 0.0,
-    ) -> FanOutResult:
+    ) -> FanOutResult[tuple[int, ...]]:
         """Have each server (the keys of ``rank_offsets``) join the weight-transfer group the trainer hosts at
         ``master_address:master_port``, its workers from its rank offset on. The calls return once the group
-        formed, so the trainer joins as rank 0 while they wait (``agent/weight_transfer.py``)."""
+        formed, so the trainer joins as rank 0 while they wait (``agent/weight_transfer.py``); each answers its
+        ranks in the group."""
 
         def join(endpoint: Endpoint):
             request = engine_pb2.JoinWeightGroupRequest(
@@ -226,34 +259,37 @@ class Fleet:
             # the call waits for the group to form (up to timeout_s), then answers
             return endpoint.control.JoinWeightGroup(request, timeout=timeout_s + self.config.control_timeout_s)
 
-        return await self._fan_out(join, only=rank_offsets.keys())
+        return await self._fan_out(join, ranks, only=rank_offsets.keys())
 
     async def receive_weights(
-        self, group: str, tensors: Sequence[engine_pb2.TensorSpec], bucket_bytes: int,
+        self, group: str, tensors: Sequence[TensorSpec], bucket_bytes: int,
         weight_version: int | None = None, flush_cache: bool = True, servers: Collection[str] | None = None,
-    ) -> FanOutResult:
+    ) -> FanOutResult[WeightsApplied]:
         """Announce an update to the servers of ``group`` (``servers``; None: all); each receives what the trainer
         broadcasts next and applies it (versions as ``update_weights``)."""
         request = engine_pb2.ReceiveWeightsRequest(
-            group_name=group, tensors=tensors, bucket_bytes=bucket_bytes, flush_cache=flush_cache
+            group_name=group, tensors=tensor_specs(tensors), bucket_bytes=bucket_bytes, flush_cache=flush_cache
         )
         if weight_version is not None:
             request.weight_version = weight_version
         result = await self._fan_out(
-            lambda e: e.control.ReceiveWeights(request, timeout=self.config.control_timeout_s), only=servers
+            lambda e: e.control.ReceiveWeights(request, timeout=self.config.control_timeout_s), weights_applied,
+            only=servers,
         )
         self._report_versions(result)
         return result
 
-    async def leave_weight_group(self, group: str, servers: Collection[str] | None = None) -> FanOutResult:
+    async def leave_weight_group(self, group: str, servers: Collection[str] | None = None) -> FanOutResult[None]:
         request = engine_pb2.LeaveWeightGroupRequest(group_name=group)
         return await self._fan_out(
-            lambda e: e.control.LeaveWeightGroup(request, timeout=self.config.control_timeout_s), only=servers
+            lambda e: e.control.LeaveWeightGroup(request, timeout=self.config.control_timeout_s), nothing,
+            only=servers,
         )
 
-    def _report_versions(self, result: FanOutResult) -> None:
+    def _report_versions(self, result: FanOutResult[ServerInfo] | FanOutResult[WeightsApplied]) -> None:
         """Record the weight versions in the answers of a fan-out (GetServerInfo, UpdateWeights, LoadWeights)."""
         self._versions.report_all({
             address: response.weight_version for address, response in result.responses.items()
             if address in self._endpoints
         })
+

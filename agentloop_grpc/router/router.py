@@ -27,10 +27,10 @@ from pathlib import Path
 import grpc
 
 from agentloop_grpc.common import wire
-from agentloop_grpc.common.types import SamplingParams, TokenChunk
+from agentloop_grpc.common.types import FinishReason, SamplingParams, TokenChunk
 from agentloop_grpc.v1 import generation_pb2
 
-from .attempts import Received, attempt_request, ended_before_resume
+from .attempts import Progress, attempt_request, ended_before_resume
 from .call import GenerateCall
 from .config import RouterConfig
 from .discovery import discovery_addresses, discovery_config
@@ -132,8 +132,9 @@ class Router:
         Raises RequestError for a request the engine refuses (never retried), InfrastructureError when no
         server could finish it (servers down, retries exhausted, deadline passed).
         """
-        unary = self._fits_one_message(call.sampling)
-        events = self._attempts(call, None if unary else self._grouped, unary)
+        if self._fits_one_message(call.sampling):
+            return await self._unary_attempts(call)
+        events = self._stream_attempts(call, self._grouped)
         result = None
         async with contextlib.aclosing(events):
             # run the generator to its end rather than leaving at the result: closing a generator suspended at
@@ -165,118 +166,123 @@ class Router:
         options = None
         if min_chunk_tokens or final_only:
             options = generation_pb2.StreamOptions(min_chunk_tokens=min_chunk_tokens, final_only=final_only)
-        return self._attempts(call, options, unary=False)
+        return self._stream_attempts(call, options)
 
-    async def _attempts(
-        self, call: GenerateCall, stream_options: generation_pb2.StreamOptions | None, unary: bool
+    async def _unary_attempts(self, call: GenerateCall) -> GenerateResult:
+        """``generate`` as GenerateUnary calls: each attempt's tokens arrive with its answer; a retried attempt
+        resumes from the tokens received."""
+        progress = self._progress(call)
+        for attempt in range(1, self.config.max_attempts + 1):
+            # 1. a server for this attempt; a resumed one may find the lost attempt had in fact finished
+            endpoint, default_budget, ended = await self._next_server(progress, attempt)
+            if ended is not None:
+                return ended
+            # 2. the request, built before a slot is taken (filled in place: copying a whole request into its
+            # wrapper costs more)
+            attempt_id = progress.attempt_id(attempt)
+            request = generation_pb2.GenerateUnaryRequest()
+            attempt_request(
+                attempt_id, call, progress.prompt, progress.token_ids, None, request.request, default_budget
+            )
+            await self._take_slot(endpoint, progress)
+            rpc = endpoint.generate.GenerateUnary(request, timeout=progress.left_s())
+            # 3. the answer: every token, then the completion; 4. a retryable failure leaves the block without
+            # one, and another attempt follows
+            with _Attempt(self, endpoint, progress, attempt, attempt_id, rpc, unary=True) as outcome:
+                response = await rpc
+                for chunk in response.chunks:
+                    progress.add(chunk)
+                progress.add(response.complete.tokens)
+                outcome.complete = response.complete
+            if outcome.complete is not None:
+                return self._completed(progress, endpoint, outcome.complete)
+            await self._backoff(attempt)
+        raise InfrastructureError(f"generate {progress.base_id} exhausted its attempts")
+
+    async def _stream_attempts(
+        self, call: GenerateCall, stream_options: generation_pb2.StreamOptions | None
     ) -> AsyncIterator[TokenChunk | GenerateResult]:
-        """The attempt loop of ``generate`` and ``stream``: each attempt is a Generate stream, or (``unary``) one
-        GenerateUnary call, whose tokens arrive with its answer; a retried one resumes from the tokens received."""
-        started = time.monotonic()
-        deadline = started + (call.timeout_s or self.config.generate_timeout_s)
-        base_id = call.request_id or self._new_request_id()
-        prompt = wire.prompt_to_raw(call.prompt_ids)
-        received = Received()
-        tokens = received.token_ids
-        servers: list[str] = []
-        failovers = 0
-        failed: set[str] = set()
-        first_token_seen = False
-
-        def absorb(chunk: generation_pb2.TokenChunk) -> None:
-            """Add a received message's tokens to the result (every attempt's, in order)."""
-            nonlocal first_token_seen
-            received.add(chunk)
-            if not first_token_seen and tokens:
-                first_token_seen = True
-                self.metrics.first_token_seconds.observe(time.monotonic() - started)
-
+        """``stream`` and a streamed ``generate``: each attempt a Generate stream whose tokens are yielded as they
+        arrive; a retried attempt resumes from the tokens received."""
+        progress = self._progress(call)
         for attempt in range(1, self.config.max_attempts + 1):
             # 1. a server for this attempt; a resumed one may find the lost stream had in fact finished
-            endpoint = await self._pick(call.session_id, deadline, avoid=failed)
-            eos = endpoint.info.eos_token_ids if endpoint.info is not None else None
-            default_budget = endpoint.info.default_max_new_tokens if endpoint.info is not None else 0
-            ended = ended_before_resume(tokens, call.sampling, eos, default_budget) if attempt > 1 else None
-            if ended is not None:  # only its final message was missing
-                finish_reason, matched = ended
-                cached = 0
-                images = len(call.media)  # a server that produced tokens read every image (or refused the call)
-                break
-            # 2. the request: the prompt extended by the tokens received, with the budget left
-            attempt_id = base_id if attempt == 1 else f"{base_id}.{attempt}"
-            servers.append(endpoint.address)
-            await endpoint.stream_slots.acquire()  # bounded calls per channel: beyond, requests wait here
-            timeout = max(0.001, deadline - time.monotonic())
-            if unary:  # filled in place: copying a whole request into its wrapper costs more
-                request = generation_pb2.GenerateUnaryRequest()
-                attempt_request(attempt_id, call, prompt, tokens, None, request.request, default_budget)
-                rpc = endpoint.generate.GenerateUnary(request, timeout=timeout)
-            else:
-                request = generation_pb2.GenerateRequest()
-                attempt_request(attempt_id, call, prompt, tokens, stream_options, request, default_budget)
-                rpc = endpoint.generate.Generate(request, timeout=timeout)
-            self._begin_attempt(endpoint, call.session_id, attempt_id, rpc, unary)
-            # 3. the tokens, as they arrive; then the completion
-            complete = None
-            try:
-                if unary:
-                    response = await rpc
-                    for chunk in response.chunks:
-                        absorb(chunk)
-                    complete = response.complete
-                    absorb(complete.tokens)
-                else:
-                    # read() rather than ``async for``: one async-generator layer less per message
-                    while (message := await rpc.read()) is not grpc.aio.EOF:
-                        if message.HasField("complete"):
-                            complete = message.complete
-                            if complete.tokens.token_ids:  # tokens grouped into the final message
-                                absorb(complete.tokens)
-                                yield wire.chunk_from_proto(complete.tokens)
-                            break
-                        absorb(message.chunk)
-                        yield wire.chunk_from_proto(message.chunk)
-                    if complete is None:
-                        ended_early = f"{endpoint.address} ended the stream of {attempt_id} without a result"
-                        raise InfrastructureError(ended_early)
-            # 4. a retryable failure: another attempt, resuming from the tokens received
-            except grpc.aio.AioRpcError as error:
-                failovers += self._attempt_failed(error, endpoint, base_id, attempt, deadline, failed, bool(tokens))
-            except asyncio.CancelledError:  # the server stopped answering and its calls were cancelled: fail over
-                if not endpoint.abandoned(rpc):
-                    raise
-                hung = endpoint.hung_error()
-                failovers += self._attempt_failed(hung, endpoint, base_id, attempt, deadline, failed, bool(tokens))
-            finally:
-                self._end_attempt(endpoint, call.session_id, attempt_id, rpc, finished=complete is not None)
-            if complete is not None:
-                finish_reason = wire.FINISH_REASONS_FROM_PROTO[complete.finish_reason]
-                matched = complete.matched_stop_token_id if complete.HasField("matched_stop_token_id") else None
-                cached = complete.cached_prompt_tokens
-                images = complete.prompt_images
-                self.fleet.produced_with(endpoint.address, complete.weight_version)
-                break
+            endpoint, default_budget, ended = await self._next_server(progress, attempt)
+            if ended is not None:
+                yield ended
+                return
+            # 2. the request, built before a slot is taken: a request that cannot be built holds none
+            attempt_id = progress.attempt_id(attempt)
+            request = generation_pb2.GenerateRequest()
+            attempt_request(
+                attempt_id, call, progress.prompt, progress.token_ids, stream_options, request, default_budget
+            )
+            await self._take_slot(endpoint, progress)
+            rpc = endpoint.generate.Generate(request, timeout=progress.left_s())
+            # 3. the tokens, as they arrive; then the completion; 4. a retryable failure leaves the block without
+            # one, and another attempt follows, resuming from the tokens received
+            with _Attempt(self, endpoint, progress, attempt, attempt_id, rpc, unary=False) as outcome:
+                # read() rather than ``async for``: one async-generator layer less per message
+                while (message := await rpc.read()) is not grpc.aio.EOF:
+                    if message.HasField("complete"):
+                        outcome.complete = message.complete
+                        if message.complete.tokens.token_ids:  # tokens grouped into the final message
+                            progress.add(message.complete.tokens)
+                            yield wire.chunk_from_proto(message.complete.tokens)
+                        break
+                    progress.add(message.chunk)
+                    yield wire.chunk_from_proto(message.chunk)
+                if outcome.complete is None:
+                    raise InfrastructureError(f"{endpoint.address} ended the stream of {attempt_id} without a result")
+            if outcome.complete is not None:
+                yield self._completed(progress, endpoint, outcome.complete)
+                return
             await self._backoff(attempt)
-        else:
-            raise InfrastructureError(f"generate {base_id} exhausted its attempts")
-        elapsed = time.monotonic() - started
+        raise InfrastructureError(f"generate {progress.base_id} exhausted its attempts")
+
+    def _progress(self, call: GenerateCall) -> Progress:
+        timeout_s = call.timeout_s or self.config.generate_timeout_s
+        base_id = call.request_id or self._new_request_id()
+        return Progress(call, base_id, timeout_s, self.metrics.first_token_seconds.observe)
+
+    async def _next_server(
+        self, progress: Progress, attempt: int
+    ) -> tuple[Endpoint, int, GenerateResult | None]:
+        """The server of the next attempt and its default budget (0: none known); with the result when the tokens
+        received before a failure already end the generation (only its final message was missing)."""
+        endpoint = await self._pick(progress.call.session_id, progress.deadline, avoid=progress.failed)
+        info = endpoint.info
+        eos = info.eos_token_ids if info is not None else None
+        default_budget = info.default_max_new_tokens if info is not None else 0
+        if attempt > 1:
+            ended = ended_before_resume(progress.token_ids, progress.call.sampling, eos, default_budget)
+            if ended is not None:
+                # a server that produced tokens read every image (or would have refused the call)
+                return endpoint, default_budget, self._result(progress, *ended, 0, len(progress.call.media))
+        return endpoint, default_budget, None
+
+    async def _take_slot(self, endpoint: Endpoint, progress: Progress) -> None:
+        """One of the endpoint's call slots, waited for until the call's deadline at most."""
+        if not await endpoint.take_slot(progress.deadline):
+            raise InfrastructureError(
+                f"generate {progress.base_id} reached its deadline waiting for a stream slot on {endpoint.address} "
+                f"(all {self.config.max_streams_per_server} taken: RouterConfig.max_streams_per_server)"
+            )
+
+    def _completed(
+        self, progress: Progress, endpoint: Endpoint, complete: generation_pb2.GenerateComplete
+    ) -> GenerateResult:
+        self.fleet.produced_with(endpoint.address, complete.weight_version)
+        matched = complete.matched_stop_token_id if complete.HasField("matched_stop_token_id") else None
+        finish_reason = wire.FINISH_REASONS_FROM_PROTO[complete.finish_reason]
+        return self._result(progress, finish_reason, matched, complete.cached_prompt_tokens, complete.prompt_images)
+
+    def _result(
+        self, progress: Progress, finish_reason: FinishReason, matched: int | None, cached: int, images: int
+    ) -> GenerateResult:
+        elapsed = time.monotonic() - progress.started
         self.metrics.generate_seconds.observe(elapsed)
-        yield GenerateResult(
-            request_id=base_id,
-            session_id=call.session_id,
-            token_ids=tuple(tokens),
-            logprobs=tuple(received.logprobs),
-            top_logprobs=tuple(received.top_logprobs),
-            weight_versions=tuple(received.weight_versions),
-            finish_reason=finish_reason,
-            matched_stop_token_id=matched,
-            prompt_tokens=len(prompt) // 4,
-            cached_prompt_tokens=cached,
-            servers=tuple(servers),
-            failovers=failovers,
-            seconds=elapsed,
-            prompt_images=images,
-        )
+        return progress.result(finish_reason, matched, cached, images, elapsed)
 
     def _new_request_id(self) -> str:
         """This Router's random prefix and a counter: unique across Routers and processes as a uuid4 per call
@@ -284,20 +290,22 @@ class Router:
         return f"{self._request_id_prefix}-{next(self._request_counter)}"
 
     def _begin_attempt(
-        self, endpoint: Endpoint, session_id: str, attempt_id: str, call: grpc.aio.Call, unary: bool
+        self, endpoint: Endpoint, progress: Progress, attempt_id: str, call: grpc.aio.Call, unary: bool
     ) -> None:
         """An attempt holding one of the endpoint's call slots has started ``call``."""
         endpoint.begin_request(call)
-        self._active.setdefault(session_id, {})[attempt_id] = endpoint
+        progress.servers.append(endpoint.address)
+        self._active.setdefault(progress.call.session_id, {})[attempt_id] = endpoint
         self._attempt_counters[unary].inc()
 
     def _end_attempt(
-        self, endpoint: Endpoint, session_id: str, attempt_id: str, call: grpc.aio.Call, finished: bool
+        self, endpoint: Endpoint, progress: Progress, attempt_id: str, call: grpc.aio.Call, finished: bool
     ) -> None:
         """An attempt is over (finished, failed, cancelled or closed early): free its slot, and free the engine of
         it unless it finished."""
         endpoint.stream_slots.release()
         endpoint.end_request(call)
+        session_id = progress.call.session_id
         active = self._active.get(session_id, {})
         active.pop(attempt_id, None)
         if not active:
@@ -307,34 +315,28 @@ class Router:
             self._spawn(self._abort_on(endpoint, [attempt_id]))
 
     def _attempt_failed(
-        self,
-        error: grpc.aio.AioRpcError,
-        endpoint: Endpoint,
-        base_id: str,
-        attempt: int,
-        deadline: float,
-        failed: set[str],
-        resumed: bool,
-    ) -> int:
-        """Raise unless the failure is worth another attempt; the failovers it counts (1 when tokens had been
-        received: the next attempt resumes from them)."""
+        self, error: grpc.aio.AioRpcError, endpoint: Endpoint, progress: Progress, attempt: int
+    ) -> None:
+        """Raise unless the failure is worth another attempt; count a failover when tokens had been received (the
+        next attempt resumes from them)."""
         code = error.code()
+        base_id = progress.base_id
         if code not in _RETRYABLE:
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise InfrastructureError(f"generate {base_id} exceeded its deadline") from error
             raise RequestError(code, error.details() or "", endpoint.address) from error
         self.metrics.retries.labels(code.name).inc()
-        failed.add(endpoint.address)
+        progress.failed.add(endpoint.address)
         if code == grpc.StatusCode.UNAVAILABLE:
             endpoint.mark_unavailable()
-        if resumed:
+        if progress.token_ids:
             self.metrics.failovers.inc()
+            progress.failovers += 1
         log.warning("generate %s: %s from %s (attempt %d)", base_id, code.name, endpoint.address, attempt)
-        if attempt == self.config.max_attempts or time.monotonic() >= deadline:
+        if attempt == self.config.max_attempts or time.monotonic() >= progress.deadline:
             raise InfrastructureError(
                 f"generate {base_id} failed on {attempt} attempts; last: {code.name} from {endpoint.address}"
             ) from error
-        return int(resumed)
 
     async def _backoff(self, attempt: int) -> None:
         await asyncio.sleep(min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (attempt - 1)))
@@ -349,3 +351,37 @@ class Router:
             await endpoint.generate.Abort(generation_pb2.AbortRequest(request_ids=request_ids), timeout=5)
         except grpc.aio.AioRpcError as error:  # the server is gone: nothing left to abort there
             log.debug("abort on %s failed: %s", endpoint.address, error.code().name)
+
+
+class _Attempt:
+    """One attempt's RPC, as a ``with`` block: it counts as in flight on its server while inside; on leaving, its
+    call slot is freed (and the engine freed of it unless it completed), and a retryable failure is swallowed so
+    that the caller's loop tries again."""
+
+    __slots__ = ("_endpoint", "_number", "_progress", "_request_id", "_router", "_rpc", "_unary", "complete")
+
+    def __init__(
+        self, router: Router, endpoint: Endpoint, progress: Progress, number: int, request_id: str,
+        rpc: grpc.aio.Call, unary: bool,
+    ) -> None:
+        self._router, self._endpoint, self._progress, self._number = router, endpoint, progress, number
+        self._request_id, self._rpc, self._unary = request_id, rpc, unary
+        self.complete: generation_pb2.GenerateComplete | None = None
+
+    def __enter__(self) -> _Attempt:
+        self._router._begin_attempt(self._endpoint, self._progress, self._request_id, self._rpc, self._unary)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
+        router, endpoint = self._router, self._endpoint
+        try:
+            if isinstance(error, grpc.aio.AioRpcError):  # any other code raises: the request's fault, or the deadline
+                router._attempt_failed(error, endpoint, self._progress, self._number)
+                return True
+            if isinstance(error, asyncio.CancelledError) and endpoint.abandoned(self._rpc):
+                # the server stopped answering and its calls were cancelled: fail over as from a dead server
+                router._attempt_failed(endpoint.hung_error(), endpoint, self._progress, self._number)
+                return True
+            return False  # none, the caller's cancellation or a closed stream: it goes on as it was
+        finally:
+            router._end_attempt(endpoint, self._progress, self._request_id, self._rpc, self.complete is not None)

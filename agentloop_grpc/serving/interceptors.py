@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from .metrics import MetricsInterceptor, ServerMetrics
-from .security import ServerSecurity
+from .server_security import ServerSecurity
 
 
 def server_interceptors(

@@ -1,13 +1,20 @@
-"""What starts any of our servers: channel options, health and reflection, and the stop signal."""
+"""What starts any of our servers: channel options, interceptors, health and reflection, the stop signal, and
+the order in which a server tells its port and serves its metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from .interceptors import server_interceptors
+from .metrics import ServerMetrics, expose
+from .server_security import ServerSecurity
 
 # UpdateWeights messages carry tensor slices; clients should keep them under this size.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -37,6 +44,40 @@ def add_health_and_reflection(server: grpc.aio.Server, service_names: tuple[str,
         (*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
     )
     return health_servicer
+
+
+def new_server(service_names: tuple[str, ...], security: ServerSecurity | None,
+               metrics: ServerMetrics | None) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """A server with our options and interceptors (tokens, metrics), and health and reflection for
+    ``service_names``; the caller adds its servicers, binds and starts it."""
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=server_interceptors(security, metrics))
+    return server, add_health_and_reflection(server, service_names)
+
+
+class _Listening(Protocol):
+    port: int
+
+
+Started = TypeVar("Started", bound=_Listening)
+
+
+async def start_listening(
+    create: Callable[[ServerMetrics | None], Awaitable[Started]],
+    address: str,
+    metrics_port: int | None,
+    on_listening: Callable[[int], None] | None,
+    on_metrics: Callable[[int], None] | None,
+) -> Started:
+    """``create(metrics)`` a started server, tell its port, then serve its Prometheus metrics on the same host at
+    ``metrics_port`` (0: a free one, told to ``on_metrics``; None: no metrics): whoever waits for the port learns
+    it before anything else can fail."""
+    metrics = ServerMetrics() if metrics_port is not None else None
+    started = await create(metrics)
+    if on_listening is not None:
+        on_listening(started.port)
+    if metrics is not None and metrics_port is not None:
+        expose(metrics, address, metrics_port, on_metrics)
+    return started
 
 
 def stop_signal() -> asyncio.Event:

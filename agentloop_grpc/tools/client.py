@@ -3,27 +3,49 @@
 Infrastructure failures (server down, deadline exceeded, instance lost, server bug) raise
 ToolInfrastructureError: the trajectory is marked and excluded from training. A tool's own failure is a normal
 ToolResult with ``error_kind`` set, which the model reads.
+
+A server too full to take a call (its execution queue or its instances at their limits) refuses it having run
+nothing; the gRPC client backs off and tries again until the call's deadline, so a burst waits instead of losing
+trajectories, and only a refusal that lasts to the deadline raises ToolServerOverloadedError (an infrastructure
+failure whose message starts "tool server overloaded", so a rollout's report names the cause).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
+import time
 from typing import Any, Protocol
 
 import grpc
 
 from agentloop_grpc.channels import open_channel
-from agentloop_grpc.common.errors import EngineError
-from agentloop_grpc.security import ClientSecurity
+from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
 
 from . import convert
+from .errors import FULL_METADATA, ToolServerError, ToolServerFullError
 from .instances import InstanceManager
 from .result import LoopSnapshot, RewardResult, ToolResult, ToolSpec
 
 
 class ToolInfrastructureError(Exception):
     """The tool infrastructure failed (not the tool's work)."""
+
+
+class ToolServerOverloadedError(ToolInfrastructureError):
+    """The tool server refused the call as full until its deadline: overload, neither the tool's nor the model's
+    failure."""
+
+    def __init__(self, what: str, details: str) -> None:
+        # the first line is the cause a report groups by, so it holds no figures
+        super().__init__(f"tool server overloaded: {what}\n{details}")
+
+    @classmethod
+    def refused(cls, method: str, details: str, refusals: int, started: float) -> ToolServerOverloadedError:
+        return cls(f"{method} refused as full until its deadline",
+                   f"RESOURCE_EXHAUSTED {refusals} times in {time.monotonic() - started:.1f} s: {details}")
 
 
 class ToolRequestError(Exception):
@@ -33,9 +55,7 @@ class ToolRequestError(Exception):
 class ToolClient(Protocol):
     async def list_tools(self) -> list[ToolSpec]: ...
 
-    async def create_instance(
-        self, tool_name: str, trajectory_id: str, kwargs: dict[str, Any] | None = None
-    ) -> str: ...
+    async def create_instance(self, tool_name: str, trajectory_id: str, kwargs: dict[str, Any] | None = None) -> str: ...
 
     async def execute(self, instance_id: str, arguments_json: str, call_id: str = "",
                       loop_state: LoopSnapshot | None = None) -> ToolResult:
@@ -48,6 +68,16 @@ class ToolClient(Protocol):
 
 
 _REQUEST_CODES = {grpc.StatusCode.INVALID_ARGUMENT}
+#: The first wait before retrying a call the server refused as full; each refusal doubles it, up to the cap.
+FIRST_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 2.0
+
+
+def _refused_as_full(error: grpc.aio.AioRpcError) -> bool:
+    """The server refused the call having run nothing (not a RESOURCE_EXHAUSTED of gRPC's own, which may come
+    after the tool ran)."""
+    return error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and FULL_METADATA in tuple(
+        error.trailing_metadata() or ())
 
 
 class GrpcToolClient:
@@ -63,14 +93,30 @@ class GrpcToolClient:
         await self._channel.close()
 
     async def _call(self, method: str, request):
-        try:
-            return await getattr(self._stub, method)(request, timeout=self._timeout)
-        except grpc.aio.AioRpcError as error:
-            message = f"{method}: {error.code().name}: {error.details()}"
-            gone = method == "CreateInstance" and error.code() == grpc.StatusCode.NOT_FOUND
-            if error.code() in _REQUEST_CODES or gone:
-                raise ToolRequestError(message) from error
-            raise ToolInfrastructureError(message) from error
+        started = time.monotonic()
+        deadline = started + self._timeout
+        refusals, backoff = 0, FIRST_BACKOFF_S
+        while True:
+            try:
+                return await getattr(self._stub, method)(request, timeout=deadline - time.monotonic())
+            except grpc.aio.AioRpcError as error:
+                if _refused_as_full(error):
+                    refusals += 1
+                    wait = backoff * random.uniform(0.5, 1.0)  # jitter: a burst refused together retries apart
+                    if time.monotonic() + wait >= deadline:
+                        raise ToolServerOverloadedError.refused(method, error.details() or "", refusals,
+                                                                started) from error
+                    await asyncio.sleep(wait)
+                    backoff = min(2 * backoff, MAX_BACKOFF_S)
+                    continue
+                if refusals and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # too little time left once in
+                    raise ToolServerOverloadedError.refused(method, error.details() or "", refusals,
+                                                            started) from error
+                message = f"{method}: {error.code().name}: {error.details()}"
+                if error.code() in _REQUEST_CODES or (method == "CreateInstance"
+                                                      and error.code() == grpc.StatusCode.NOT_FOUND):
+                    raise ToolRequestError(message) from error
+                raise ToolInfrastructureError(message) from error
 
     async def list_tools(self) -> list[ToolSpec]:
         response = await self._call("ListTools", tool_pb2.ListToolsRequest())
@@ -90,8 +136,7 @@ class GrpcToolClient:
         return convert.result_from_proto(await self._call("Execute", request))
 
     async def calc_reward(self, instance_id: str) -> RewardResult:
-        request = tool_pb2.CalcRewardRequest(instance_id=instance_id)
-        return convert.reward_from_proto(await self._call("CalcReward", request))
+        return convert.reward_from_proto(await self._call("CalcReward", tool_pb2.CalcRewardRequest(instance_id=instance_id)))
 
     async def release(self, instance_id: str) -> None:
         await self._call("ReleaseInstance", tool_pb2.ReleaseInstanceRequest(instance_id=instance_id))
@@ -110,7 +155,9 @@ class InProcessToolClient:
     async def _call(self, coroutine):
         try:
             return await coroutine
-        except EngineError as error:
+        except ToolServerFullError as error:  # the queue is in this process: nothing to wait for but its limit
+            raise ToolServerOverloadedError(f"{coroutine.__name__} refused as full (in process)", str(error)) from error
+        except ToolServerError as error:
             raise ToolRequestError(str(error)) from error
 
     async def list_tools(self) -> list[ToolSpec]:

@@ -4,7 +4,7 @@
       - function: agentloop_grpc.tools.builtin.calculator:calculator   # a typed function; schema inferred
       - class: agentloop_grpc.tools.builtin.python_tool:PythonTool     # a Tool class
         kwargs: {wall_timeout_s: 10}
-    limits: {max_instances: 1024, max_concurrent_executions: 64, instance_ttl_s: 600, function_timeout_s: 10}
+    limits: {max_instances: 1024, max_concurrent_executions: 64, max_queued_executions: 1024, instance_ttl_s: 600}
 
 verl's tool YAML is accepted as it is: an entry with ``class_name`` (``pkg.module.Class``, a verl ``BaseTool``),
 ``config`` and ``tool_schema`` becomes a class tool of verl's adapter (``VERL_ADAPTER``, imported only when such a
@@ -68,7 +68,11 @@ class ToolLimits(BaseModel):
 
     max_instances: int = Field(1024, ge=1, description="Live instances; CreateInstance beyond is RESOURCE_EXHAUSTED.")
     max_concurrent_executions: int = Field(
-        64, ge=1, description="Execute calls running at once; beyond is RESOURCE_EXHAUSTED."
+        64, ge=1, description="Execute calls running at once; further calls wait their turn in a queue."
+    )
+    max_queued_executions: int = Field(
+        1024, ge=0, description="Execute calls that may wait for a running slot (a batch's turns ending together "
+        "wait, not fail); beyond is RESOURCE_EXHAUSTED, which the gRPC client retries within its deadline."
     )
     instance_ttl_s: float = Field(
         600.0, gt=0, description="An instance idle this long is released (a client that died leaks nothing)."

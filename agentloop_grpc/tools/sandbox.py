@@ -13,9 +13,15 @@ Isolation, in layers (each one tested by trying the escape):
     is bounded whatever the characters) and of a traceback;
   - a reply channel the code cannot desynchronise: the runner answers each request with one frame, a header
     "<nonce> <length>" then that many bytes of JSON, and the nonce is fresh per call. The code runs in the
-    runner's process, so it can write to the channel, but whatever it writes there (a forged reply, bytes without
-    end, a second frame) fails the header, the bound or the nonce, and the call ends at once in a tool error
-    with the session restarted, never a hang or a later call answered with an earlier call's reply;
+    runner's process, so it can write to the channel and can read the nonce of the call it runs in (the
+    runner's variables are its own), so it can forge a well-formed reply to that call, or, from a thread it leaves
+    running, to a later call of the same session. What holds: a frame only ever answers a call of the session that
+    wrote it (each session has its own pipes), stays within the reply's bound and shape (so it tells the model
+    nothing the code could not have printed), and is read once; anything else the code writes (bytes without end,
+    an overlong header, another call's nonce, a length past the bound, the real reply a forgery left behind)
+    ends the call being read at once in a tool error with the session restarted, never a hang and never a later
+    call answered with an earlier call's reply. Hiding the nonce would not change this: code in a process can
+    read all of its memory;
   - a clean environment: nothing of the server's environment reaches the session (bwrap itself starts with an
     empty one, so not even /proc/1/environ shows it).
 Where bwrap cannot run, ``isolation()`` says so and the python tool's description carries that warning: the

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2
 
-from agentloop_grpc.serving.interceptors import server_interceptors
-from agentloop_grpc.serving.metrics import ServerMetrics, expose
-from agentloop_grpc.serving.security import ServerSecurity, bind
-from agentloop_grpc.serving.server import SERVER_OPTIONS, add_health_and_reflection, stop_signal
+from agentloop_grpc.serving.metrics import GaugeSample, GaugesCollector, ServerMetrics
+from agentloop_grpc.serving.server import new_server, start_listening, stop_signal
+from agentloop_grpc.serving.server_security import ServerSecurity, bind
 from agentloop_grpc.v1 import tool_pb2_grpc
 
 from .config import ToolServerConfig, build_tools
@@ -33,6 +32,26 @@ class ToolServer:
         await self.instances.close()
 
 
+def tool_gauges(instances: InstanceManager) -> GaugesCollector:
+    """The server's load, read when scraped: what a burst looks like (running, queued) against the limits."""
+
+    def read() -> list[GaugeSample]:
+        limits = instances.limits
+        return [
+            ("agentloop_tool_running_executions", "Execute calls running", {}, instances.running_executions),
+            ("agentloop_tool_queued_executions", "Execute calls waiting for a running slot or their instance", {},
+             instances.queued_executions),
+            ("agentloop_tool_max_running_executions", "Execute calls that may run at once", {},
+             limits.max_concurrent_executions),
+            ("agentloop_tool_max_queued_executions", "Execute calls that may wait before RESOURCE_EXHAUSTED", {},
+             limits.max_queued_executions),
+            ("agentloop_tool_live_instances", "Tool instances alive", {}, instances.live_instances),
+            ("agentloop_tool_max_instances", "Tool instances that may live at once", {}, limits.max_instances),
+        ]
+
+    return GaugesCollector(read)
+
+
 #: What a caller of a tool server can do (said when it listens beyond loopback without a token).
 TOOLS_EXPOSE = "run code in the python sandbox and call every tool this server serves"
 
@@ -44,8 +63,9 @@ async def create_tool_server(
     metrics: ServerMetrics | None = None,
 ) -> ToolServer:
     instances = InstanceManager(build_tools(config), config.limits)
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=server_interceptors(security, metrics))
-    health = add_health_and_reflection(server, (SERVICE_NAME,))
+    if metrics is not None:
+        metrics.registry.register(tool_gauges(instances))
+    server, health = new_server((SERVICE_NAME,), security, metrics)
     tool_pb2_grpc.add_ToolExecuteServicer_to_server(ToolExecuteServicer(instances), server)
     port = bind(server, address, security, TOOLS_EXPOSE)
     await server.start()
@@ -66,11 +86,7 @@ async def serve_tools(
     """Run until SIGTERM or SIGINT, then stop (in-flight calls get a grace period) and release every instance.
     With ``metrics_port``, Prometheus metrics are served on the same host at that port (0: a free one)."""
     stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on is a clean stop
-    metrics = ServerMetrics() if metrics_port is not None else None
-    tool_server = await create_tool_server(config, address, security, metrics)
-    if on_listening is not None:
-        on_listening(tool_server.port)
-    if metrics is not None and metrics_port is not None:
-        expose(metrics, address, metrics_port, on_metrics)
+    tool_server = await start_listening(lambda metrics: create_tool_server(config, address, security, metrics),
+                                        address, metrics_port, on_listening, on_metrics)
     await stop.wait()
     await tool_server.stop()

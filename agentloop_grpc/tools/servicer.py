@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
+import functools
+
 from agentloop_grpc.serving.status import map_errors
 from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
 
 from . import convert
+from .errors import FULL_METADATA, ToolServerFullError
 from .instances import InstanceManager, loop_snapshot
 
 SERVICE_NAME = tool_pb2.DESCRIPTOR.services_by_name["ToolExecute"].full_name
+#: How long before its deadline a queued call is refused (at most; a quarter of a short deadline), so the refusal
+#: reaches the client in time to say "overloaded" instead of DEADLINE_EXCEEDED.
+QUEUE_DEADLINE_MARGIN_S = 1.0
+
+
+def queue_wait(time_remaining: float | None) -> float | None:
+    """How long a call with ``time_remaining`` until its deadline may wait in the queue (None: no deadline)."""
+    if time_remaining is None:
+        return None
+    return max(time_remaining - min(QUEUE_DEADLINE_MARGIN_S, time_remaining / 4), 0.0)
+
+
+def _marks_full(handler):
+    """A refusal for a full server also says so in its trailing metadata, which is how a client knows that
+    nothing ran and a retry is safe (see ``errors.FULL_METADATA``)."""
+
+    @functools.wraps(handler)
+    async def marked(self, request, context):
+        try:
+            return await handler(self, request, context)
+        except ToolServerFullError:
+            context.set_trailing_metadata((FULL_METADATA,))
+            raise
+
+    return marked
 
 
 class ToolExecuteServicer(tool_pb2_grpc.ToolExecuteServicer):
@@ -20,16 +48,19 @@ class ToolExecuteServicer(tool_pb2_grpc.ToolExecuteServicer):
         return tool_pb2.ListToolsResponse(tools=[convert.spec_to_proto(s) for s in self._instances.specs()])
 
     @map_errors
+    @_marks_full
     async def CreateInstance(self, request, context):
         instance_id = await self._instances.create(request.tool_name, request.trajectory_id, request.create_kwargs_json)
         return tool_pb2.CreateInstanceResponse(instance_id=instance_id)
 
     @map_errors
+    @_marks_full
     async def Execute(self, request, context):
         state = request.loop_state
         loop_state = (loop_snapshot(state.trajectory_id, state.turn, state.messages_json)
                       if request.HasField("loop_state") else None)
-        result = await self._instances.execute(request.instance_id, request.arguments_json, loop_state)
+        result = await self._instances.execute(request.instance_id, request.arguments_json, loop_state,
+                                               queue_wait(context.time_remaining()))
         return convert.result_to_proto(result)
 
     @map_errors

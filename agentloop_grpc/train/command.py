@@ -1,5 +1,8 @@
 """``agentloop train --config FILE``: GRPO with TRL on our rollouts; bad input ends with one clear sentence and a
-non-zero exit; the last line is the run's ratio (``RATIO train_reward_last_over_first``)."""
+non-zero exit before any server starts; the last line is the run's ratio (``RATIO train_reward_last_over_first``).
+
+Exit codes as ``agentloop rollout``'s: 0 done; 1 the run could not start or go on; 2 bad command line or config; 3
+every trajectory of the run failed (outputs written, the top error causes printed, no ratio); 130 interrupted."""
 
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ from pathlib import Path
 import typer
 
 from agentloop_grpc.launch.launcher import LaunchError
-from agentloop_grpc.rollout.command import _fail, load_settings
+from agentloop_grpc.rollout.command import _fail, end_on_failures, load_settings, needs_extra
 from agentloop_grpc.rollout.dataset import DatasetError
+from agentloop_grpc.rollout.run import LoopConfigError, RolloutError
 
 from .config import load_train_config
 
@@ -32,10 +36,8 @@ def train(
     try:
         from .run import RATIO_NAME, run_training
     except ImportError as error:
-        _fail(f"training needs the 'trl' extra (pip install 'agentloop-grpc[trl]'): {error}")
-    settings = load_settings(config, load_train_config, "training")
-    if output_dir is not None:
-        settings = settings.model_copy(update={"output_dir": output_dir})
+        needs_extra("training", "trl", error)
+    settings = load_settings(config, load_train_config, "training", output_dir)
     if max_steps is not None:
         settings = settings.model_copy(update={"grpo": settings.grpo.model_copy(update={"max_steps": max_steps})})
     try:
@@ -43,7 +45,9 @@ def train(
     except KeyboardInterrupt:
         typer.echo(f"interrupted: servers stopped; per-step metrics so far in {settings.output_dir}", err=True)
         raise typer.Exit(130) from None
-    except (DatasetError, LaunchError) as error:
+    except LoopConfigError as error:
+        _fail(str(error))
+    except (DatasetError, LaunchError, RolloutError) as error:
         _fail(str(error).splitlines()[0], 1)
     s = record.summary
     typer.echo(
@@ -52,4 +56,8 @@ def train(
         f"rollout {s['mean_rollout_s']:.1f} s, train {s['mean_train_s']:.1f} s, weight sync "
         f"{s['mean_weight_sync_s']:.1f} s; report: {record.output_dir / 'report.html'}"
     )
+    # a run whose every trajectory failed learned nothing: it ends as a failed rollout does, with no ratio
+    end_on_failures(*record.failed_and_all, record.error_causes, 1.0, record.output_dir,
+                    "causes from the last rollouts kept, metrics.jsonl has each step's failures",
+                    "so the policy had nothing to learn from")
     typer.echo(f"RATIO {RATIO_NAME} {s[RATIO_NAME]} target {RATIO_TARGET}")

@@ -1,7 +1,7 @@
 """TrainConfig: everything ``agentloop train --config FILE.yaml`` needs, with defaults and a docstring per field.
 
-The engines, tools, dataset and loop sections are the rollout's (``agentloop rollout``); ``grpo`` holds the
-trainer's settings. Unknown fields are errors.
+The engines, tools, dataset, loop and loops sections are the rollout's (``agentloop rollout``: one
+``AgentRunConfig``, checked the same way); ``grpo`` holds the trainer's settings. Unknown fields are errors.
 """
 
 from __future__ import annotations
@@ -9,13 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentloop_grpc.agent.config import AgentLoopConfig
-from agentloop_grpc.agent.spec import ComponentSpec
-from agentloop_grpc.rollout.config import Dataset, Engines, Tools
-from agentloop_grpc.router import RouterConfig
-from agentloop_grpc.trackers.config import REPORT_TO_HELP, TrackerName, TrackerSettings, check_report_to
+from agentloop_grpc.rollout.config import AgentRunConfig
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
@@ -40,37 +36,16 @@ class GrpoSettings(BaseModel):
     torch_threads: int | None = Field(None, ge=1, description="Threads of the trainer's torch (default: all cores).")
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(AgentRunConfig):
     """A training run: engines and tools for the rollouts, the prompts, the loops, the trainer, the outputs."""
 
-    model_config = _STRICT
-
-    engines: Engines = Field(description="Engine servers (launched: the model the trainer trains is theirs).")
-    tools: Tools = Field(default_factory=Tools, description="Tool servers.")
-    dataset: Dataset = Field(description="Prompts (rows with messages, ground_truth, tools).")
-    loop: AgentLoopConfig = Field(default_factory=AgentLoopConfig, description="Loop limits and sampling.")
-    loops: dict[str, ComponentSpec] = Field(
-        default_factory=dict, description="Your own loops by name (module:Class and its kwargs), beside "
-        "single_turn and tool; rows name them in `loop`.")
-    router: RouterConfig = Field(default_factory=RouterConfig, description="Routing over the engine servers.")
     grpo: GrpoSettings = Field(default_factory=GrpoSettings, description="The trainer.")
-    workers: int = Field(1, ge=1, description="Agent-loop workers.")
     check_logprobs: int = Field(4, ge=0, description="Trajectories per step whose engine logprobs are compared "
                                 "with the trainer's recompute (0: none).")
     compare_steps: int = Field(5, ge=1, description="The ratio compares the mean reward of this many last steps "
                                "with as many first steps.")
     output_dir: str = Field("runs/train", description="Metrics, TRL logs, report, last trajectories, final weights.")
     save_model: bool = Field(True, description="Write the final weights (safetensors) to output_dir/final.")
-    report_to: tuple[TrackerName, ...] | None = Field(
-        None, description=REPORT_TO_HELP + " Passed to TRL's report_to; our rollout metrics join its logs.")
-    trackers: TrackerSettings = Field(
-        default_factory=TrackerSettings, description="Run name, project and per-tracker settings of report_to "
-        "(docs/trackers.md; log_every is the rollout's: training logs every step).")
-
-    @field_validator("report_to")
-    @classmethod
-    def _trackers_installed(cls, value: tuple[TrackerName, ...] | None) -> tuple[TrackerName, ...] | None:
-        return check_report_to(value)
 
     @model_validator(mode="after")
     def _sampling_is_trl_compatible(self) -> TrainConfig:

@@ -1,13 +1,14 @@
 """One training run, start to finish: GRPO with TRL on rollouts from our engine and tool servers.
 
-Steps: (1) read the dataset; (2) start the engine replicas and the tool server (or use running ones) on a
-background loop; (3) the rollout (``AgentLoopRollout``: one manager for the whole run, tokenizer checked against
-the engines) and TRL's GRPOTrainer on the engines' own checkpoint, with the weight push after every step; (4)
-every step: one line of progress and one JSON line of metrics (reward, correct and valid-call rates, rollout /
-train / weight-sync seconds, engine-vs-trainer logprob differences, TRL's loss and grad norm), and the
-trackers of report_to (TRL's own integrations) get TRL's logs with our rollout metrics added; (5) outputs:
-metrics.jsonl and .csv, TRL's log history, the last rollout's trajectories, the final weights, summary.json and
-report.html. Servers this run started are stopped on the way out.
+Steps: (1) read the dataset and check its loops as a rollout does (``rollout.run.check_loops``), before anything
+starts; (2) start the engine replicas and the tool server (or use running ones) on a background loop; (3) the
+rollout (``AgentLoopRollout``: one manager for the whole run, tokenizer checked against the engines) and TRL's
+GRPOTrainer on the engines' own checkpoint, with the weight push after every step; (4) every step: one line of
+progress and one JSON line of metrics (reward, correct and valid-call rates, rollout / train / weight-sync
+seconds, engine-vs-trainer logprob differences, TRL's loss and grad norm), and the trackers of report_to (TRL's
+own integrations) get TRL's logs with our rollout metrics added; (5) outputs: metrics.jsonl and .csv, TRL's log
+history, the last rollout's trajectories, the final weights, summary.json and report.html. Servers this run
+started are stopped on the way out.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from agentloop_grpc.integrations.trl import (
     prompt_dataset,
     train_top_layers,
 )
-from agentloop_grpc.rollout.dataset import read_rows
-from agentloop_grpc.rollout.run import start_engines, start_tools
+from agentloop_grpc.rollout.dataset import read_rows, to_samples
+from agentloop_grpc.rollout.run import check_loops, error_causes, start_engines, start_tools
 from agentloop_grpc.trackers import resolve_report_to
 from agentloop_grpc.trackers.rollout import sample_rows
 from agentloop_grpc.trackers.trainer_env import scoped_environ, trainer_environ
@@ -54,6 +55,14 @@ class TrainRecord:
     output_dir: Path
     steps: list[dict] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
+    #: The failed trajectories' most common error causes over the rollouts kept in the rollout's history.
+    error_causes: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def failed_and_all(self) -> tuple[int, int]:
+        """(failed, all) trajectories over every step."""
+        return (int(sum(s.get("failures", 0) for s in self.steps)),
+                int(sum(s.get("trajectories", 0) for s in self.steps)))
 
 
 class StepLog(TrainerCallback):
@@ -142,8 +151,9 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     record = TrainRecord(out)
-    # 1. the dataset, before anything starts
+    # 1. the dataset and every loop its rows name, before anything starts
     rows = read_rows(config.dataset)
+    check_loops(config, to_samples(rows, config.dataset, 1))
     report_to = resolve_report_to(config.report_to)
     servers = BackgroundLoop("agentloop-servers")
     stack = AsyncExitStack()
@@ -163,7 +173,9 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
         model, tokenizer = model_store.load(checkpoint)
         train_top_layers(model, config.grpo.trainable_layers)
         model.train()
-        with AgentLoopRollout(spec, rows, num_workers=config.workers, check_logprobs=config.check_logprobs,
+        with AgentLoopRollout(spec, rows, num_workers=config.workers, default_loop=config.dataset.default_loop,
+                              ground_truth_kwargs=config.dataset.ground_truth_kwargs,
+                              check_logprobs=config.check_logprobs,
                               ready_timeout_s=config.engines.launch.startup_timeout_s if config.engines.launch
                               else 300.0) as rollout:
             sync = WeightSyncCallback(rollout)
@@ -223,6 +235,7 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
             (out / "trl_log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1) + "\n")
             if rollout.history:
                 write_parquet(list(rollout.history[-1].trajectories), out / "trajectories.parquet")
+            record.error_causes = error_causes([t for step in rollout.history for t in step.trajectories])
             if config.save_model:
                 trainer.save_model(str(out / "final"))
                 tokenizer.save_pretrained(str(out / "final"))

@@ -10,14 +10,16 @@ import pytest
 from agentloop_grpc.agent import AgentLoopManager, Sample, WorkerSpec
 from agentloop_grpc.agent.tokenizer_check import TokenizerMismatchError, check_engine_tokenizers
 from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
+from agentloop_grpc.router import ServerInfo
+from agentloop_grpc.router.replies import server_info
 from agentloop_grpc.v1 import engine_pb2
 
 from .conftest import TextScript, scripted_engine
 
 
-def info(**fields) -> engine_pb2.GetServerInfoResponse:
+def info(**fields) -> ServerInfo:
     defaults = dict(engine_kind="embedded", model_id="m", vocab_size=49_152, state=engine_pb2.ENGINE_STATE_RUNNING)
-    return engine_pb2.GetServerInfoResponse(**{**defaults, **fields})
+    return server_info(engine_pb2.GetServerInfoResponse(**{**defaults, **fields}))
 
 
 def test_same_fingerprint_passes_and_another_is_refused(codec):

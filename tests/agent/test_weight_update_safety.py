@@ -8,10 +8,9 @@ from contextlib import AsyncExitStack
 import pytest
 
 from agentloop_grpc.agent.manager import update_weights_mid_rollout
-from agentloop_grpc.common.types import NamedTensor
+from agentloop_grpc.common.types import EngineState, NamedTensor
 from agentloop_grpc.router import Fleet, RouterConfig
 from agentloop_grpc.router.errors import InfrastructureError
-from agentloop_grpc.v1 import engine_pb2
 
 from ..router.conftest import free_port
 from .conftest import TextScript, scripted_engine
@@ -30,5 +29,5 @@ async def test_an_update_with_one_engine_dead_resumes_the_live_ones(codec, pause
         with pytest.raises(InfrastructureError, match=dead):
             await update_weights_mid_rollout(control, [tensor], weight_version=1, pause=pause)
         info = (await control.server_info()).responses[live]
-    assert info.state == engine_pb2.ENGINE_STATE_RUNNING  # was PAUSED: nothing resumed it
+    assert info.state is EngineState.RUNNING  # was PAUSED: nothing resumed it
     assert info.weight_version == 0  # nothing was applied while the fleet could not all take it

@@ -12,7 +12,7 @@ from agentloop_grpc.agent.manager import split
 from agentloop_grpc.agent.reward import Outcome
 from agentloop_grpc.router import Router, RouterConfig
 from agentloop_grpc.tools.client import GrpcToolClient
-from agentloop_grpc.v1 import engine_pb2
+from agentloop_grpc.common.types import EngineState
 
 from ..router.conftest import free_port
 from ..tools.conftest import tool_server
@@ -124,7 +124,7 @@ async def test_manager_runs_a_batch_with_tools_and_hybrid_mode(codec, use_ray):
     assert m.mean_assistant_turns == 2 and m.slowest_sample in {s.sample_id for s in samples}
     # hybrid: the engines were asleep again after the rollout
     [response] = info.responses.values()
-    assert response.state == engine_pb2.ENGINE_STATE_SLEEPING
+    assert response.state is EngineState.SLEEPING
 
 
 async def test_batch_with_duplicate_ids_is_refused(codec):

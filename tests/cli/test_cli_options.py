@@ -7,7 +7,7 @@ import importlib.metadata
 import pytest
 from typer.testing import CliRunner
 
-from agentloop_grpc.cli import app
+from agentloop_grpc.cli.commands import app
 
 runner = CliRunner(env={"COLUMNS": "300"})  # usage errors are boxed by rich: one line each
 

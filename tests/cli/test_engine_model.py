@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from typer.testing import CliRunner
 
-from agentloop_grpc.cli import app
+from agentloop_grpc.cli.commands import app
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agentloop_grpc.cli import app
+from agentloop_grpc.cli.commands import app
 
 runner = CliRunner()
 

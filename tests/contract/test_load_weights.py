@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import grpc
@@ -43,7 +44,10 @@ async def test_load_weights_from_a_file_or_a_folder_bumps_the_version(engine: Co
     assert (await engine.info()).weight_version == before + 10
 
 
-@pytest.mark.parametrize("case", ["missing", "empty_folder", "not_safetensors", "unknown_name", "wrong_shape", "old"])
+@pytest.mark.parametrize(
+    "case", ["missing", "empty_folder", "not_safetensors", "deep_header", "long_path", "long_name", "unknown_name",
+             "wrong_shape", "old"]
+)
 async def test_bad_checkpoints_change_nothing(engine: ContractTarget, tmp_path, case: str) -> None:
     tensor = engine.sample_tensor
     value = _array(tensor)
@@ -61,6 +65,15 @@ async def test_bad_checkpoints_change_nothing(engine: ContractTarget, tmp_path, 
         path = tmp_path / "model.safetensors"
         path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
         needle = "not a safetensors file"
+    elif case == "deep_header":  # JSON's decoder recurses per level: this nesting exhausts Python's stack
+        path = tmp_path / "model.safetensors"
+        header = b"[" * 100_000 + b"]" * 100_000
+        path.write_bytes(struct.pack("<Q", len(header)) + header)
+        needle = "its header nests more than 3 levels deep"
+    elif case == "long_path":  # a megabyte: the OS refuses it (ENAMETOOLONG)
+        path, needle = "/" + "a" * (1 << 20), "path has 1048577 bytes; at most 4096 bytes are allowed"
+    elif case == "long_name":  # within the path bound, one name beyond the file system's
+        path, needle = tmp_path / ("a" * 1000), "cannot be read: File name too long"
     elif case == "unknown_name":
         path = _checkpoint(tmp_path, {tensor.name: value, "model.no_such_weight": value})
         needle = "model.no_such_weight"

@@ -50,8 +50,12 @@ async def test_min_chunk_tokens_of_one_streams_every_token(engine: ContractTarge
 async def test_abort_returns_the_pending_tokens_with_the_completion(engine: ContractTarget) -> None:
     watcher = StreamWatcher(engine, _grouped(engine, final_only=True, max_new_tokens=engine.long_tokens, ignore_eos=True))
     await engine.wait_running()
-    await asyncio.sleep(0.5)  # let it decode some tokens: they are all pending (final_only)
+    # A companion admitted after it streams a token only once a step has run both: then the first has decoded
+    # tokens too, all of them pending (final_only). Waiting on a clock instead failed on a busy machine.
+    companion = StreamWatcher(engine, request(engine, max_new_tokens=engine.long_tokens, ignore_eos=True))
+    await companion.first_tokens()
     await engine.generate.Abort(generation_pb2.AbortRequest(all=True), timeout=10)
+    await companion.result()
     result = await watcher.result()
     assert [m.WhichOneof("response") for m in result.messages] == ["complete"]
     assert result.complete.finish_reason == ABORT

@@ -4,6 +4,7 @@ rules, with the bytes broadcast over torch.distributed (gloo) from a leader this
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import uuid
 
@@ -107,7 +108,10 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.mark.parametrize("case", ["backend", "rank_offset", "world_size", "port", "no_leader"])
+@pytest.mark.parametrize(
+    "case", ["backend", "rank_offset", "world_size", "port", "timeout_nan", "timeout_inf", "timeout_negative",
+             "no_leader"]
+)
 async def test_a_group_that_cannot_form_is_a_clear_error(engine: ContractTarget, case: str) -> None:
     port = _free_port()
     fields = dict(group_name="g", master_address="127.0.0.1", master_port=port, world_size=2, rank_offset=1,
@@ -124,6 +128,9 @@ async def test_a_group_that_cannot_form_is_a_clear_error(engine: ContractTarget,
     elif case == "port":
         fields["master_port"] = 70000
         needle = "master_port"
+    elif case.startswith("timeout_"):  # NaN passes a `<= 0` check: it must be named, not waited on
+        fields["timeout_s"] = {"timeout_nan": math.nan, "timeout_inf": math.inf, "timeout_negative": -1.0}[case]
+        needle = f"timeout_s = {fields['timeout_s']} must be finite and in (0, 86400.0] seconds"
     else:
         code, needle = grpc.StatusCode.UNAVAILABLE, f"127.0.0.1:{port}"
     with pytest.raises(grpc.aio.AioRpcError) as failed:

@@ -170,7 +170,8 @@ def _compiler_processes() -> set[int]:
     """Pids of this process's live grammar compilers (an exited one may linger as a zombie until reaped)."""
     pids = set()
     for child in psutil.Process().children():
-        with contextlib.suppress(psutil.NoSuchProcess):
+        # A child may exit, turn zombie or be reaped while listed: then it is no live compiler.
+        with contextlib.suppress(psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
             if child.status() != psutil.STATUS_ZOMBIE and any("grammar_worker" in p for p in child.cmdline()):
                 pids.add(child.pid)
     return pids

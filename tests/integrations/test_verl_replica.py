@@ -25,12 +25,11 @@ from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
 from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
 
 from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.types import SamplingParams  # noqa: E402
+from agentloop_grpc.common.types import EngineState, SamplingParams  # noqa: E402
 from agentloop_grpc.integrations.verl.checkpoint_manager import AgentloopCheckpointManager  # noqa: E402
 from agentloop_grpc.integrations.verl.replica import AgentloopReplica  # noqa: E402
 from agentloop_grpc.integrations.verl.server_actor import EngineServerActor  # noqa: E402
 from agentloop_grpc.router import Fleet, GenerateCall, Router  # noqa: E402
-from agentloop_grpc.v1 import engine_pb2  # noqa: E402
 
 from ..ray_start import init_ray  # noqa: E402
 from .verl_config import verl_config  # noqa: E402
@@ -70,7 +69,7 @@ async def manager(local_ray):
         await replica.stop(grace_s=2)
 
 
-async def _state(address: str) -> int:
+async def _state(address: str) -> EngineState | None:
     async with Fleet([address]) as fleet:
         return (await fleet.server_info()).raise_for_errors().responses[address].state
 
@@ -110,13 +109,13 @@ async def test_abort_pauses_the_engine_and_resume_lets_held_calls_finish(manager
     await replica.abort_all_requests()
     aborted = await running
     assert aborted.stop_reason == "aborted" and len(aborted.token_ids) < 16
-    assert await _state(address) == engine_pb2.ENGINE_STATE_PAUSED
+    assert await _state(address) == EngineState.PAUSED
     held = asyncio.ensure_future(client.generate("traj-b", prompt_ids=PROMPT, sampling_params=long))
     await asyncio.sleep(0.5)
     assert not held.done()  # parked until resume, as verl's own servers do during a weight sync
     await replica.resume_generation()
     assert len((await held).token_ids) == 16
-    assert await _state(address) == engine_pb2.ENGINE_STATE_RUNNING
+    assert await _state(address) == EngineState.RUNNING
     await replica.clear_kv_cache()
 
 
@@ -140,13 +139,13 @@ async def test_sleep_wake_and_kv_release_reach_the_engine_in_hybrid_mode(manager
     await actor.start()
     try:
         await actor.sleep()
-        assert await _state(address) == engine_pb2.ENGINE_STATE_SLEEPING
+        assert await _state(address) == EngineState.SLEEPING
         await actor.wake_up()
-        assert await _state(address) == engine_pb2.ENGINE_STATE_RUNNING
+        assert await _state(address) == EngineState.RUNNING
         await actor.release_kv_cache()
-        assert await _state(address) == engine_pb2.ENGINE_STATE_SLEEPING
+        assert await _state(address) == EngineState.SLEEPING
         await actor.resume_kv_cache()
-        assert await _state(address) == engine_pb2.ENGINE_STATE_RUNNING
+        assert await _state(address) == EngineState.RUNNING
     finally:
         await actor.stop()
 
@@ -206,12 +205,12 @@ async def test_verls_hybrid_weight_sync_steps_reach_the_engine(manager) -> None:
         config=config.actor_rollout_ref.rollout, model_config=config.actor_rollout_ref.model, device_mesh=None)
     assert adapter.is_leader_rank and adapter.replica_rank == 0
     await adapter.release()
-    assert await _state(address) == engine_pb2.ENGINE_STATE_SLEEPING
+    assert await _state(address) == EngineState.SLEEPING
     await adapter.resume(tags=["weights"])
     await adapter.update_weights(_model().named_parameters(), global_steps=9)
-    assert await _state(address) == engine_pb2.ENGINE_STATE_SLEEPING  # the KV cache is still released
+    assert await _state(address) == EngineState.SLEEPING  # the KV cache is still released
     await adapter.resume(tags=["kv_cache"])
-    assert await _state(address) == engine_pb2.ENGINE_STATE_RUNNING and await _version(address) == 9
+    assert await _state(address) == EngineState.RUNNING and await _version(address) == 9
     assert len(await _greedy_logprobs(address)) == 4
     with pytest.raises(ValueError, match="lora"):
         await adapter.update_weights(iter(()), peft_config={"r": 8})

@@ -20,7 +20,7 @@ async def test_every_server_loads_the_checkpoint_and_the_fleet_takes_its_version
         result.raise_for_errors()
         assert {r.weight_version for r in result.responses.values()} == {7}
         assert {r.tensors_updated for r in result.responses.values()} == {1}
-        assert {r.bytes_read for r in result.responses.values()} == {16}
+        assert {r.bytes_applied for r in result.responses.values()} == {16}
         assert router.fleet.weight_version == 7 and not router.fleet.held_out
         assert {s.lifecycle.weight_version for s in servers} == {7}
         generated = await router.generate(GenerateCall("s", [1, 2, 3], params(2)))

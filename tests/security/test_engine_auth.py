@@ -14,8 +14,8 @@ from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
 from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.router import GenerateCall, Router, RouterConfig
-from agentloop_grpc.security import ClientSecurity
-from agentloop_grpc.serving.security import ServerSecurity
+from agentloop_grpc.client_security import ClientSecurity
+from agentloop_grpc.serving.server_security import ServerSecurity
 from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 from .conftest import ADMIN_TOKEN, TOKEN, Pki

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 import grpc
@@ -15,7 +16,7 @@ from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.serving.metrics import ServerMetrics
-from agentloop_grpc.serving.security import ServerSecurity
+from agentloop_grpc.serving.server_security import ServerSecurity
 from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 from .conftest import TOKEN, Pki
@@ -60,6 +61,9 @@ async def test_engine_server_counts_calls_codes_refusals_and_reports_its_state(p
         await server.stop(grace_s=0.5)
 
 
+RUNNING = 'agentloop_engine_state{state="running"} 1.0'
+
+
 @pytest.mark.parametrize("command", [["engine", "serve", "--adapter", "fake"],
                                      ["tools", "serve", "--config", "agentloop_grpc/tools/builtin.yaml"]])
 def test_metrics_port_serves_prometheus_text(command: list[str]) -> None:
@@ -74,7 +78,15 @@ def test_metrics_port_serves_prometheus_text(command: list[str]) -> None:
         assert "agentloop_server_requests_total" in text or "# HELP agentloop_server_requests" in text
         assert "process_cpu_seconds_total" in text  # the default registry (where vLLM registers its metrics)
         if command[0] == "engine":
-            assert 'agentloop_engine_state{state="running"} 1.0' in text
+            # metrics are served from the moment the server listens, while the adapter may still be loading
+            assert 'agentloop_engine_state{state="loading"} 1.0' in text or RUNNING in text
+            deadline = time.monotonic() + 60
+            while RUNNING not in text and time.monotonic() < deadline:
+                time.sleep(0.05)
+                text = urllib.request.urlopen(url, timeout=10).read().decode()
+            assert RUNNING in text
+        else:
+            assert "agentloop_tool_queued_executions 0.0" in text and "agentloop_tool_max_queued_executions" in text
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=60)

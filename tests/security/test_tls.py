@@ -15,8 +15,8 @@ from agentloop_grpc.engine_adapters.server import EngineServer, create_server, s
 from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 from agentloop_grpc.channels import open_channel
-from agentloop_grpc.security import ClientSecurity
-from agentloop_grpc.serving.security import ServerSecurity
+from agentloop_grpc.client_security import ClientSecurity
+from agentloop_grpc.serving.server_security import ServerSecurity
 from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError
 from agentloop_grpc.tools.config import load_config
 from agentloop_grpc.tools.server import create_tool_server

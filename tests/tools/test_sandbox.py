@@ -141,6 +141,28 @@ async def test_a_reply_forged_by_the_code_is_not_its_output_and_later_calls_stay
 
 
 @pytest.mark.fault
+async def test_a_reply_forged_with_the_calls_own_nonce_stays_within_its_call_and_session() -> None:
+    """What the sandbox's docstring says holds: code that reads its call's nonce (the runner's variables are its
+    own) can answer that call itself, within the reply's shape; the runner's real reply, left behind, never answers
+    the next call: that call ends in a tool error and a restart, and the one after is in step again."""
+    forge = ("import json, sys\nnonce = sys.modules['__main__'].request['nonce']\n"
+             "body = json.dumps({'output': 'forged', 'error': None, 'truncated': False, 'printed': 6}).encode()\n"
+             "frame = b'%s %d\\n' % (nonce.encode(), len(body)) + body\n"
+             "for fd in fds:\n    try:\n        os.write(fd, frame)\n    except OSError:\n        pass\n'real'")
+    async with tool_server() as (_, client):
+        py = await client.create_instance("python", "t")
+        other = await client.create_instance("python", "other")
+        assert (await _run(client, other, "kept = 'other session'")).content == ""
+        forged = await _run(client, py, _EVERY_FD + forge)
+        assert forged.content == "forged" and not forged.is_error
+        after = await _run(client, py, "'next'")
+        assert after.is_error and "reply channel" in after.content and "'real'" not in after.content
+        assert (await _run(client, py, "'in step'")).content.endswith("'in step'")
+        assert (await _run(client, other, "kept")).content == "'other session'"
+        await _healthy(client)
+
+
+@pytest.mark.fault
 async def test_10_mb_without_a_newline_on_the_reply_channel_ends_the_call_at_once() -> None:
     """A reply without its end hung the call until the client's deadline, reported as an infrastructure
     failure; it is the code's fault, a tool error, and the session restarts."""

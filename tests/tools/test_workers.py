@@ -6,7 +6,6 @@ import asyncio
 import json
 import time
 
-import psutil
 import pytest
 
 from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError
@@ -15,15 +14,15 @@ from agentloop_grpc.tools.result import ToolErrorKind
 from agentloop_grpc.tools.server import create_tool_server
 from agentloop_grpc.tools.tool import FunctionTool
 
+from .conftest import children
 from .spin_tool import spin
 
 pytestmark = pytest.mark.fault
 
 
-def _workers(others: frozenset[int] = frozenset()) -> list[psutil.Process]:
+def _workers(others: frozenset[int] = frozenset()) -> set[int]:
     """This process's tool workers, but for ``others`` (those of servers other tests in this process left)."""
-    return [p for p in psutil.Process().children()
-            if p.pid not in others and "agentloop_grpc.tools.workers" in " ".join(p.cmdline())]
+    return children("agentloop_grpc.tools.workers") - others
 
 
 async def _gone(others: frozenset[int] = frozenset(), deadline_s: float = 10.0) -> bool:
@@ -37,7 +36,7 @@ async def test_work_its_caller_gave_up_on_stops_and_the_server_stop_ends_every_w
     config = ToolServerConfig.model_validate(
         {"tools": [{"function": "tests.tools.spin_tool:spin"}], "limits": {"function_timeout_s": 60}}
     )
-    others = frozenset(p.pid for p in _workers())
+    others = frozenset(_workers())
     server = await create_tool_server(config, "127.0.0.1:0")
     impatient = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=2)
     try:

@@ -1,9 +1,12 @@
-"""EngineLifecycle's rules, written once for every adapter: the gate of Pause, the in-flight registry, Sleep and
-weight versions (the fake engine underneath; the contract suite checks the same over gRPC on every engine)."""
+"""EngineLifecycle's rules, written once for every adapter: the one Generate path (the servicer's too) and its
+abort-on-exit, the gate of Pause, the in-flight registry, Sleep and weight versions (the fake engine underneath; the
+contract suite checks the same over gRPC on every engine)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
@@ -13,6 +16,7 @@ from agentloop_grpc.common.types import (
     EngineState,
     FinishReason,
     GenerateComplete,
+    GenerateEvent,
     GenerateRequest,
     PauseMode,
     Resource,
@@ -21,6 +25,27 @@ from agentloop_grpc.common.types import (
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
+
+
+class RecordingFake(FakeEngine):
+    """Test-only fake: records the ids the lifecycle aborts; with ``drop_completion`` its streams end without
+    their completion (an adapter bug)."""
+
+    def __init__(self, config: FakeEngineConfig) -> None:
+        super().__init__(config)
+        self.aborted: list[str] = []
+        self.drop_completion = False
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        self.aborted += request_ids
+        await super().abort(request_ids)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        async with contextlib.aclosing(super().generate(request)) as events:
+            async for event in events:
+                if isinstance(event, GenerateComplete) and self.drop_completion:
+                    return
+                yield event
 
 
 def _request(request_id: str, tokens: int = 4) -> GenerateRequest:
@@ -38,13 +63,37 @@ async def _collect(lifecycle: EngineLifecycle, request: GenerateRequest) -> tupl
 
 @pytest.fixture
 async def lifecycle():
-    engine = EngineLifecycle(FakeEngine(FakeEngineConfig(token_latency_s=0.002)))
+    engine = EngineLifecycle(RecordingFake(FakeEngineConfig(token_latency_s=0.002)))
     assert engine.state is EngineState.LOADING
     with pytest.raises(EngineUnavailableError, match="loading"):
         await engine.sleep(1)
     await engine.start()
     yield engine
     await engine.shutdown()
+
+
+async def test_closing_the_stream_before_its_completion_aborts_the_request_in_the_engine(lifecycle) -> None:
+    stream = lifecycle.generate(_request("gone", tokens=20))
+    await anext(stream)
+    await stream.aclose()  # what the servicer does when its client goes away or the deadline passes
+    assert lifecycle.adapter.aborted == ["gone"]
+    assert lifecycle.in_flight == 0 and lifecycle.load().running_requests == 0
+
+
+async def test_a_caller_may_stop_reading_at_the_completion_and_reuse_the_id_at_once(lifecycle) -> None:
+    async for event in lifecycle.generate(_request("done")):
+        if isinstance(event, GenerateComplete):
+            break  # the stream is left open: the request already left the registry
+    assert lifecycle.in_flight == 0 and lifecycle.adapter.aborted == []
+    tokens, complete = await _collect(lifecycle, _request("done"))
+    assert len(tokens) == 4 and complete.finish_reason is FinishReason.LENGTH
+
+
+async def test_an_adapter_stream_without_a_completion_is_an_error_and_aborted_in_the_engine(lifecycle) -> None:
+    lifecycle.adapter.drop_completion = True
+    with pytest.raises(RuntimeError, match="'broken' without a completion"):
+        await _collect(lifecycle, _request("broken"))
+    assert lifecycle.adapter.aborted == ["broken"] and lifecycle.in_flight == 0
 
 
 async def test_a_request_held_at_the_gate_waits_for_resume_and_counts_as_waiting(lifecycle) -> None:

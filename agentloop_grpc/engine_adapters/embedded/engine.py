@@ -1,8 +1,7 @@
 """EmbeddedEngine: the default engine (transformers on CPU) behind the EngineAdapter protocol.
 
 The async front (this module) owns requests' streams and what Pause(KEEP), Sleep and weight updates do to the
-engine (the state itself is the lifecycle's, ``lifecycle.py``); the scheduler core (``scheduler.py``) owns the model,
-the KV slots and the prefix cache and runs
+engine (the state itself is the lifecycle's, ``lifecycle.py``); the scheduler core (``scheduler.py``) owns the model, the KV slots and the prefix cache and runs
 one step at a time on a single worker thread, so the event loop stays responsive while the model computes.
 Every torch operation (loading, steps, weight updates, sleep and wake, even creating a request's sampler) runs
 on that one thread, under ``_step_lock``: a control call waits for the current step to end and no step starts
@@ -29,7 +28,7 @@ import torch
 
 from agentloop_grpc import __version__
 from agentloop_grpc.common import model_store
-from agentloop_grpc.common.errors import EngineError, EngineOverloadedError, InvalidRequestError, UnsupportedError
+from agentloop_grpc.common.errors import EngineError, EngineOverloadedError
 from agentloop_grpc.common.media import ImageExpander
 from agentloop_grpc.common.model_store import eos_token_ids
 from agentloop_grpc.common.tokenizer_fingerprint import tokenizer_fingerprint
@@ -46,8 +45,8 @@ from agentloop_grpc.common.types import (
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 
+from .. import validation
 from ..checkpoint import read_checkpoint
-from ..validation import check_prompt, check_sampling
 from ..weight_groups import LocalWeightGroups
 from . import memory, weight_update
 from .config import EmbeddedEngineConfig
@@ -175,11 +174,8 @@ class EmbeddedEngine:
     # -- generation ------------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        # The servicer validated already; checking again keeps direct (in-process) callers from feeding the core
-        # a request that would fail a whole batch step.
-        facts = self._loaded.facts
-        check_prompt(request.prompt_ids, facts)
-        check_sampling(request.sampling, facts)
+        # The request is valid (convert.py checks it against the catalogue); only what the model alone knows, its
+        # images' expansion, is checked here.
         images = await self._read_images(request)
         grammar = None
         if request.structured_output is not None:
@@ -206,13 +202,8 @@ class EmbeddedEngine:
         reader = self._loaded.images
         if reader is None:
             if request.media:
-                raise UnsupportedError("media: this engine's model takes no images")
+                raise validation.media_unsupported()
             return None
-        if len(request.media) > self._loaded.facts.max_images_per_request:
-            raise InvalidRequestError(
-                f"media has {len(request.media)} images; at most {self._loaded.facts.max_images_per_request} are "
-                f"allowed per request (max_images_per_request)"
-            )
         if not request.media:
             reader.read(request)  # only checks that no image token stands outside a span: no decoding
             return None

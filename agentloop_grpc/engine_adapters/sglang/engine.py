@@ -66,6 +66,7 @@ from agentloop_grpc.common.types import (
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 
+from .. import validation
 from ..image_placeholders import check_no_stray_image_token
 from .actor import PAUSE_IN_PLACE
 from .config import SglangEngineConfig
@@ -233,7 +234,7 @@ class SglangEngine:
                     return
                 end = delta.end
                 if end is not None and end.rejected is not None and not entry.emitted:
-                    raise InvalidRequestError(f"SGLang rejected the request: {end.rejected}")
+                    raise validation.invalid(validation.ENGINE_REJECTED, engine="SGLang", reason=end.rejected)
                 if delta.token_ids:
                     entry.emitted += len(delta.token_ids)
                     yield TokenChunk(delta.token_ids, self._weight_version(), delta.logprobs, delta.top_logprobs)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentloop_grpc.common.errors import UnsupportedError
 from agentloop_grpc.common.types import GenerateRequest
 
+from .. import validation
 from ..image_placeholders import collapse_images
 
 _STRUCTURED_KEYS = {"json_schema": "json_schema", "regex": "regex", "ebnf_grammar": "ebnf"}
@@ -65,7 +65,7 @@ def generate_kwargs(request: GenerateRequest, image_token_id: int | None = None)
     }
     if request.media:
         if image_token_id is None:
-            raise UnsupportedError("media: this server's model takes no images")
+            raise validation.media_unsupported()
         kwargs["input_ids"] = collapse_images(request.prompt_ids, request.media, image_token_id)
         kwargs["image_data"] = image_data(request)
     return kwargs

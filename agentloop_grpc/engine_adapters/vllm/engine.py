@@ -39,6 +39,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from dataclasses import astuple, dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import vllm
@@ -56,7 +57,6 @@ from agentloop_grpc.common.errors import (
     EngineUnavailableError,
     FailedPreconditionError,
     InvalidRequestError,
-    UnsupportedError,
 )
 from agentloop_grpc.common.media import ImageExpander
 from agentloop_grpc.common.model_store import eos_token_ids
@@ -72,8 +72,9 @@ from agentloop_grpc.common.types import (
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 
+from .. import validation
 from ..image_placeholders import check_no_stray_image_token
-from ..validation import MAX_TOP_LOGPROBS, check_prompt, check_sampling
+from ..validation import MAX_TOP_LOGPROBS
 from ..weight_groups import refused_elsewhere
 from . import images, outputs, sampling, weights
 from .config import VllmEngineConfig
@@ -84,6 +85,10 @@ log = logging.getLogger(__name__)
 _WORKER_EXTENSION = "agentloop_grpc.engine_adapters.vllm.worker.AgentloopWorkerExtension"
 _WAKE_TAGS = {Resource.WEIGHTS: "weights", Resource.KV_CACHE: "kv_cache"}
 _POLL_S = 0.015  # between polls of a worker's background weight job: one cheap utility call each
+#: How long vLLM lets its engine process exit after SIGTERM before it sends SIGKILL (vLLM's own default).
+_ENGINE_EXIT_GRACE_S = 5.0
+#: How long to wait for an engine process vLLM has already sent SIGKILL (a killed process exits at once).
+_KILLED_EXIT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +196,11 @@ class VllmEngine:
         loaded = self._loaded
         if loaded is None:
             return
-        loaded.llm.shutdown()
+        processes = engine_processes(loaded.llm)
+        loaded.llm.shutdown(timeout=_ENGINE_EXIT_GRACE_S)
         # Drop AsyncLLM now: left to interpreter exit, its __del__ shuts down again with half-torn-down modules.
         self._loaded = None
+        await asyncio.to_thread(reap, processes)
 
     def _in_engine(self) -> int:
         """Requests vLLM has not finished (its output processor's count: a final output not yet read by our
@@ -214,9 +221,7 @@ class VllmEngine:
     # -- generation ------------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        loaded = self._loaded
-        check_prompt(request.prompt_ids, loaded.facts)  # the servicer validated; direct callers are checked too
-        check_sampling(request.sampling, loaded.facts)
+        loaded = self._loaded  # the request is valid (convert.py); only what vLLM alone knows is checked here
         if self._in_engine() >= self.config.max_running + self.config.max_waiting:
             raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
         params = sampling.to_vllm(request)
@@ -225,7 +230,7 @@ class VllmEngine:
         if not request.media:
             prompt = TokensPrompt(prompt_token_ids=request.prompt_ids.tolist())
         elif loaded.image_token_id is None:
-            raise UnsupportedError("media: this server's model takes no images")
+            raise validation.media_unsupported()
         else:  # decoding the pictures takes a while: other requests go on meanwhile
             prompt = await asyncio.to_thread(images.tokens_prompt, request.prompt_ids, request.media,
                                              loaded.image_token_id)
@@ -407,6 +412,22 @@ class VllmEngine:
             raise FailedPreconditionError("vLLM could not reset its prefix cache (requests are transferring KV)")
 
 
+def engine_processes(llm: AsyncLLM) -> list[BaseProcess]:
+    """The engine-core processes vLLM started for ``llm`` (none where the engine runs elsewhere)."""
+    resources = getattr(llm.engine_core, "resources", None)
+    manager = getattr(resources, "engine_manager", None)
+    return list(getattr(manager, "processes", ()))
+
+
+def reap(processes: Seq[BaseProcess]) -> None:
+    """Wait for each engine process vLLM shut down: vLLM reaps the ones that exit within its grace period but
+    only sends SIGKILL to the others and never waits for them, which leaves them zombies of this process."""
+    for process in processes:
+        process.join(_KILLED_EXIT_S)
+        if process.exitcode is None:
+            log.warning("vLLM's engine process %s (pid %s) outlived SIGKILL", process.name, process.pid)
+
+
 async def _translated_errors(stream: AsyncIterator) -> AsyncIterator:
     """vLLM's generate stream with its errors turned into ours: a request vLLM rejects is INVALID_ARGUMENT, a dead
     engine is UNAVAILABLE; anything else stays an engine error (INTERNAL). Closing it closes vLLM's stream,
@@ -415,10 +436,10 @@ async def _translated_errors(stream: AsyncIterator) -> AsyncIterator:
         async for output in stream:
             yield output
     except VLLMClientError as error:
-        raise InvalidRequestError(f"vLLM rejected the request: {error}") from error
+        raise validation.invalid(validation.ENGINE_REJECTED, engine="vLLM", reason=error) from error
     except EngineGenerateError as error:
         if isinstance(error.__cause__, (ValueError, TypeError)):
-            raise InvalidRequestError(f"vLLM rejected the request: {error.__cause__}") from error
+            raise validation.invalid(validation.ENGINE_REJECTED, engine="vLLM", reason=error.__cause__) from error
         raise
     except EngineDeadError as error:
         raise EngineUnavailableError("the vLLM engine process died; retry on another server") from error

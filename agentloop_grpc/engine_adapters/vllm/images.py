@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 from vllm.inputs import TokensPrompt
 
-from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.media import MediaInput
 
+from .. import validation
 from ..image_placeholders import collapse_images
 from ..validation import decoded_images
 
@@ -42,8 +42,7 @@ def check_expansion(prompt_ids: Sequence[int], media: Sequence[MediaInput], engi
     # The text between spans is sent as it is, so the first difference lies in or after the span that caused it.
     index = max((i for i, item in enumerate(media) if item.offset <= differs), default=0)
     item = media[index]
-    raise InvalidRequestError(
-        f"media[{index}]: the span [{item.offset}, {item.end}) is not vLLM's expansion of this image (the ids "
-        f"differ from prompt position {differs}; with vLLM's expansion the prompt has {len(engine_ids)} ids, "
-        f"this one {len(prompt_ids)}); send the model processor's expansion of the image"
+    raise validation.invalid(
+        validation.MEDIA_NOT_EXPANDED, index=index, start=item.offset, end=item.end, engine="vLLM", differs=differs,
+        expanded=len(engine_ids), length=len(prompt_ids),
     )

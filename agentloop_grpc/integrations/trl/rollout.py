@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop_grpc.agent import AgentLoopConfig, AgentLoopManager, Sample, Trajectory, WorkerSpec
+from agentloop_grpc.agent.loops.base import BUILTIN_LOOPS
 from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.agent.spec import load_codec
 from agentloop_grpc.rollout.dataset import row_sample
@@ -79,23 +80,31 @@ class AgentLoopRollout:
         rows: Sequence[Mapping[str, Any]],
         *,
         num_workers: int = 1,
+        default_loop: str = "tool",
         ground_truth_kwargs: Sequence[str] = ("check_answer",),
         check_logprobs: int = 4,
         ready_timeout_s: float = 300.0,
         keep_steps: int = 16,
     ) -> None:
         """``rows``: the dataset rows (``messages``, optional ``ground_truth``, ``tools``, ``tools_kwargs``,
-        ``loop``, ``interaction``), as ``agentloop rollout`` reads them. ``ground_truth_kwargs``: tools that get
-        ``{"ground_truth": row.ground_truth}`` at CreateInstance. ``check_logprobs``: trajectories per step whose
-        engine logprobs are compared with a recompute by the trainer's model (0: none). ``keep_steps``: rollouts
-        kept in ``history`` (the oldest go first: a long run must not hold every trajectory it made)."""
+        ``loop``, ``interaction``), as ``agentloop rollout`` reads them. ``default_loop``: the loop of rows that
+        name none (ValueError when a row's loop is neither built in nor one of ``spec.loops``).
+        ``ground_truth_kwargs``: tools that get ``{"ground_truth": row.ground_truth}`` at CreateInstance.
+        ``check_logprobs``: trajectories per step whose engine logprobs are compared with a recompute by the
+        trainer's model (0: none). ``keep_steps``: rollouts kept in ``history`` (the oldest go first: a long run
+        must not hold every trajectory it made)."""
         self.spec = spec
         self.num_workers = num_workers
+        self.default_loop = default_loop
         self.ground_truth_kwargs = tuple(ground_truth_kwargs)
         self.check_logprobs = check_logprobs
         self.ready_timeout_s = ready_timeout_s
         self._rows: dict[str, Mapping[str, Any]] = {}
+        known = {*BUILTIN_LOOPS, *spec.loops}
         for row in rows:
+            loop = row.get("loop") or default_loop
+            if loop not in known:  # found here, not as one KeyError per trajectory in every step
+                raise ValueError(f"no loop named {loop!r} (row {row.get('id', '?')}); known: {sorted(known)}")
             key = prompt_key(row["messages"])
             if key in self._rows and _without_id(self._rows[key]) != _without_id(row):
                 raise ValueError(f"two dataset rows have the same prompt but differ: {row.get('id', key[:80])}")
@@ -221,8 +230,8 @@ class AgentLoopRollout:
             if row is None:
                 raise KeyError(f"prompt {key[:120]}... is not in the rows given to AgentLoopRollout")
             for k in range(group_size):
-                samples.append(row_sample(row, f"{prefix}/{g}/{k}", f"{prefix}/{g}",
-                                          ground_truth_kwargs=self.ground_truth_kwargs))
+                samples.append(row_sample(row, f"{prefix}/{g}/{k}", f"{prefix}/{g}", self.default_loop,
+                                          self.ground_truth_kwargs))
         return samples
 
     def _check_logprobs(self, trainer, trajectories: Sequence[Trajectory],

@@ -6,10 +6,12 @@ what the trainer was told. Text-side keys (detokenization) have no effect on ids
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.router.call import check_wire_bounds
 
 _FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 #: vLLM keys about the text only: the engine returns ids, never text, so they change nothing.
@@ -21,9 +23,13 @@ def sampling_from_verl(params: Mapping[str, Any], default_max_tokens: int) -> Sa
     """Ours for verl's ``params``; ``default_max_tokens`` when neither ``max_tokens`` nor ``max_new_tokens`` is
     given (verl's servers default to the rollout's response length). ValueError names a key with no equivalent."""
     rest = dict(params)
-    fields: dict[str, Any] = {name: float(rest.pop(name)) for name in _FLOATS if rest.get(name) is not None}
+    fields: dict[str, Any] = {}
     for name in _FLOATS:
-        rest.pop(name, None)
+        value = rest.pop(name, None)
+        if value is not None:
+            if not math.isfinite(float(value)):
+                raise ValueError(f"verl sampling param {name!r} = {value!r} must be finite")
+            fields[name] = float(value)
     max_tokens = rest.pop("max_tokens", None)
     max_new_tokens = rest.pop("max_new_tokens", None)
     fields["max_new_tokens"] = int(next((v for v in (max_tokens, max_new_tokens) if v is not None), default_max_tokens))
@@ -35,9 +41,9 @@ def sampling_from_verl(params: Mapping[str, Any], default_max_tokens: int) -> Sa
         fields["logprobs"] = True
         if logprobs is not True and int(logprobs) > 0:
             fields["top_logprobs"] = int(logprobs)
-    if rest.get("seed") is not None:
-        fields["seed"] = int(rest.pop("seed"))
-    rest.pop("seed", None)
+    seed = rest.pop("seed", None)
+    if seed is not None:
+        fields["seed"] = int(seed)
     if rest.get("stop_token_ids"):
         fields["stop_token_ids"] = tuple(int(t) for t in rest.pop("stop_token_ids"))
     rest.pop("stop_token_ids", None)
@@ -51,4 +57,9 @@ def sampling_from_verl(params: Mapping[str, Any], default_max_tokens: int) -> Sa
     unknown = sorted(set(rest) - TEXT_ONLY)
     if unknown:
         raise ValueError(f"verl sampling params {unknown} have no agentloop.v1 equivalent")
-    return SamplingParams(**fields)
+    sampling = SamplingParams(**fields)
+    try:  # a seed verl passes through unchecked, an id beyond int32: refused here, not once the request is built
+        check_wire_bounds(sampling, prefix="")
+    except ValueError as error:  # named as ours: max_tokens is max_new_tokens, logprobs' k is top_logprobs
+        raise ValueError(f"verl sampling params: {error}") from None
+    return sampling

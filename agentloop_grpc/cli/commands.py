@@ -1,4 +1,4 @@
-"""The ``agentloop`` command line.
+"""The ``agentloop`` command group (``app``) and its engine, tools and model commands.
 
 ``agentloop engine serve [--adapter embedded] [--config FILE.yaml] [--set KEY=VALUE ...] --port 50051`` runs one
 engine server (one data-parallel group) of the adapter's config (``engine_adapters.config.EngineConfig``); with
@@ -15,21 +15,15 @@ import functools
 import importlib.metadata
 import inspect
 import logging
-import os
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-
-# Before torch is imported (the embedded engine imports it lazily): libgomp's default spin-waiting makes engine
-# processes on one node stall each other, and this bound keeps a lone engine as fast and a contended one usable
-# (figures in agentloop_grpc/engine_adapters/embedded/NOTES.md).
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+from typing import Any
 
 import typer
 import yaml
 
-from agentloop_grpc.config_errors import describe
 from agentloop_grpc.engine_adapters.config import ENGINE_KINDS, EngineConfig, engine_config
 from agentloop_grpc.engine_adapters.config_flags import apply_setting
 from agentloop_grpc.engine_adapters.factory import make_adapter
@@ -37,9 +31,11 @@ from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check
 from agentloop_grpc.engine_adapters.server import serve, stop_signal
 from agentloop_grpc.extras import MissingExtraError
 from agentloop_grpc.rollout.command import rollout as rollout_command
-from agentloop_grpc.serving.security import PortInUseError, ServerSecurity
+from agentloop_grpc.serving.server_security import PortInUseError, ServerSecurity
 from agentloop_grpc.train.command import train as train_command
-from agentloop_grpc.usage_errors import Command, CommandGroup, click_errors
+
+from .config_errors import describe
+from .usage_errors import Command, CommandGroup, click_errors
 
 app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_args_is_help=True, cls=CommandGroup)
 engine_app = typer.Typer(help="Engine servers (one per data-parallel group).", no_args_is_help=True)
@@ -86,28 +82,44 @@ _SECURITY_OPTIONS = {
 }
 
 
-def with_server_security(command: Callable[..., None]) -> Callable[..., None]:
-    """Give ``command`` the security options above; it receives them as ``security: ServerSecurity`` (a bad
-    combination exits 2 with the reason before the command runs)."""
-    signature = inspect.signature(command)
-    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=str)
-               for name, (_field, option) in _SECURITY_OPTIONS.items()]
+_Decorator = Callable[[Callable[..., None]], Callable[..., None]]
 
-    @functools.wraps(command)
-    def run(**kwargs) -> None:
-        from pydantic import ValidationError
 
-        fields = {field: kwargs.pop(name) for name, (field, _option) in _SECURITY_OPTIONS.items()}
-        try:
-            security = ServerSecurity(**fields)
-        except ValidationError as exc:
-            typer.echo(f"error: {exc.errors()[0]['msg']}", err=True)
-            sys.exit(2)
-        command(**kwargs, security=security)
+def _options_into(param: str, options: dict[str, tuple[Any, Any]], build: Callable[..., Any]) -> _Decorator:
+    """A decorator: the command's keyword parameter ``param`` becomes the command-line ``options`` (name ->
+    (type, typer option)), and the command receives ``build(**their values)`` as ``param``."""
 
-    kept = [p for p in signature.parameters.values() if p.name != "security"]
-    run.__signature__ = signature.replace(parameters=[*kept, *options])  # what typer reads the options from
-    return run
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command)
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+                 for name, (kind, option) in options.items()]
+
+        @functools.wraps(command)
+        def run(**kwargs) -> None:
+            values = {name: kwargs.pop(name) for name in options}
+            command(**kwargs, **{param: build(**values)})
+
+        kept = [p for p in signature.parameters.values() if p.name != param]
+        run.__signature__ = signature.replace(parameters=[*kept, *added])  # what typer reads the options from
+        return run
+
+    return decorate
+
+
+def _server_security(**options: str | None) -> ServerSecurity:
+    """The ServerSecurity of the security options; a bad combination exits 2 with the reason."""
+    from pydantic import ValidationError
+
+    try:
+        return ServerSecurity(**{_SECURITY_OPTIONS[name][0]: value for name, value in options.items()})
+    except ValidationError as exc:
+        _config_error(exc.errors()[0]["msg"])
+
+
+#: Give a command the security options above; it receives them as ``security: ServerSecurity`` (a bad combination
+#: exits 2 with the reason before the command runs).
+with_server_security = _options_into(
+    "security", {name: (str, option) for name, (_field, option) in _SECURITY_OPTIONS.items()}, _server_security)
 
 
 _METRICS_PORT = typer.Option(
@@ -116,12 +128,20 @@ _METRICS_PORT = typer.Option(
 )
 
 
-def _announce_metrics(kind: str, host: str) -> Callable[[int], None]:
+def _serve_until_stopped(kind: str, host: str, detail: str, serving: Callable[..., Awaitable[None]]) -> None:
+    """Run ``serving(on_listening=..., on_metrics=...)`` until the server stops; once bound it prints
+    ``agentloop KIND listening on HOST:PORT`` and ``detail``, and its metrics address. A port in use, an unreadable
+    token or certificate (ValueError, OSError) or a missing module ends in one ``error:`` line, exit 2."""
     def announce(port: int) -> None:
+        print(f"agentloop {kind} listening on {host}:{port}{detail}", flush=True)
+
+    def announce_metrics(port: int) -> None:
         print(f"agentloop {kind} metrics at http://{host}:{port}/metrics", flush=True)
 
-    return announce
-
+    try:
+        asyncio.run(serving(on_listening=announce, on_metrics=announce_metrics))
+    except (PortInUseError, ValueError, ImportError, OSError) as exc:
+        _config_error(str(exc))
 
 
 #: Python logging levels a server command accepts (any case); anything else is a usage error listing these.
@@ -212,24 +232,29 @@ def _engine_config(adapter: AdapterKind | None, path: Path | None, overrides: li
         _config_error(str(exc))
 
 
+#: Give an engine command the engine options above; it receives the config they describe as
+#: ``settings: EngineConfig`` (a bad field exits 2 before the command runs).
+with_engine_config = _options_into("settings", {
+    "adapter": (AdapterKind, _ENGINE_OPTIONS["adapter"]), "path": (Path, _ENGINE_OPTIONS["config"]),
+    "overrides": (list[str], _ENGINE_OPTIONS["overrides"]), "model": (str, _ENGINE_OPTIONS["model"]),
+}, _engine_config)
+
+
 @engine_app.command("serve", cls=EngineCommand)
 @with_server_security
+@with_engine_config
 def engine_serve(
-    adapter: AdapterKind = _ENGINE_OPTIONS["adapter"],
-    config: Path = _ENGINE_OPTIONS["config"],
-    overrides: list[str] = _ENGINE_OPTIONS["overrides"],
-    model: str = _ENGINE_OPTIONS["model"],
     host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 to accept other machines)."),
     port: int = typer.Option(50051, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
     drain_timeout: float = typer.Option(30.0, min=0, help="Seconds in-flight requests get to finish on SIGTERM."),
     metrics_port: int = _METRICS_PORT,
     log_level: LogLevel = _LOG_LEVEL,
     *,
+    settings: EngineConfig,
     security: ServerSecurity,
 ) -> None:
     """Serve one engine over agentloop.v1 (TokenGenerate, EngineControl, health, reflection)."""
     _configure_logging(log_level)
-    settings = _engine_config(adapter, config, overrides, model)
     try:  # before listening: the server announces itself first and loads its model after
         check_model(settings)
     except ModelNotFoundError as exc:
@@ -238,16 +263,8 @@ def engine_serve(
         engine = make_adapter(settings.kind, settings)
     except MissingExtraError as exc:  # the adapter's extra is not installed: say which one, not a traceback
         _config_error(str(exc))
-
-    def announce(bound_port: int) -> None:
-        print(f"agentloop engine listening on {host}:{bound_port} (adapter {settings.kind})", flush=True)
-
-    try:
-        asyncio.run(serve(engine, f"{host}:{port}", drain_timeout, on_listening=announce, security=security,
-                          metrics_port=metrics_port, on_metrics=_announce_metrics("engine", host)))
-    except (PortInUseError, ValueError, OSError) as exc:  # ValueError, OSError: a token or certificate unreadable
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    _serve_until_stopped("engine", host, f" (adapter {settings.kind})", functools.partial(
+        serve, engine, f"{host}:{port}", drain_timeout, security=security, metrics_port=metrics_port))
 
 
 @model_app.command("prepare", cls=Command)
@@ -288,25 +305,14 @@ def tools_serve(
         _config_error(describe(config, exc, ToolServerConfig))
     except (ValueError, OSError) as exc:
         _config_error(f"{config}: {exc}")
-
-    def announce(bound_port: int) -> None:
-        print(f"agentloop tools listening on {host}:{bound_port}", flush=True)
-
-    try:
-        asyncio.run(serve_tools(tool_config, f"{host}:{port}", on_listening=announce, security=security,
-                                metrics_port=metrics_port, on_metrics=_announce_metrics("tools", host)))
-    except (PortInUseError, ValueError, ImportError, OSError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    _serve_until_stopped("tools", host, "", functools.partial(
+        serve_tools, tool_config, f"{host}:{port}", security=security, metrics_port=metrics_port))
 
 
 @engine_app.command("launch", cls=EngineCommand)
 @with_server_security
+@with_engine_config
 def engine_launch(
-    adapter: AdapterKind = _ENGINE_OPTIONS["adapter"],
-    config: Path = _ENGINE_OPTIONS["config"],
-    overrides: list[str] = _ENGINE_OPTIONS["overrides"],
-    model: str = _ENGINE_OPTIONS["model"],
     dp: int = typer.Option(1, min=1, help="Data-parallel replicas (one server process each; dp_rank, dp_size set)."),
     host: str = typer.Option("127.0.0.1", help="Address the servers bind."),
     discovery_file: Path = typer.Option(Path("discovery.json"), help="Where to write the servers' addresses."),
@@ -325,20 +331,20 @@ def engine_launch(
     ),
     tls_client_key: str = typer.Option(None, "--tls-client-key", help="mTLS: the key of --tls-client-cert."),
     *,
+    settings: EngineConfig,
     security: ServerSecurity,
 ) -> None:
     """Start one engine server per DP group (on this node, or over a Ray cluster with --ray), wait until all serve,
     write the discovery file; stop them all on Ctrl-C or SIGTERM. Every server gets the engine config of --adapter,
     --config and --set (embedded: threads default to the cores / dp). With TLS or tokens, the discovery file says
     how to reach the servers (certificate and token paths, variable names), never a secret."""
-    engine = _engine_config(adapter, config, overrides, model)
     if not use_ray:  # over Ray the servers run on other nodes, whose files this one cannot see
         try:
-            check_model(engine)
+            check_model(settings)
         except ModelNotFoundError as exc:
             _config_error(str(exc))
+    from agentloop_grpc.client_security import ClientSecurity
     from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, LaunchError
-    from agentloop_grpc.security import ClientSecurity
 
     absolute = lambda path: str(Path(path).absolute()) if path else None  # noqa: E731  (servers run elsewhere)
     security = security.model_copy(update={
@@ -352,19 +358,17 @@ def engine_launch(
             admin_token_file=security.admin_token_file, admin_token_env=security.admin_token_env,
         )
     except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        _config_error(str(exc))
     protected = client_security != ClientSecurity()
     try:
-        launch = EngineLaunch(engine=engine, dp=dp, host=host, security=security if protected else None,
+        launch = EngineLaunch(engine=settings, dp=dp, host=host, security=security if protected else None,
                               client_security=client_security if protected else None)
         if use_ray:
             from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources
 
             resources = RayResources(cpus_per_server=cpus_per_server, gpus_per_server=gpus_per_server)
     except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        _config_error(str(exc))
 
     async def run() -> None:
         # handlers first: a SIGTERM at any point from here on (even while servers start) is a clean stop, never
@@ -384,7 +388,7 @@ def engine_launch(
         try:
             path = launcher.write_discovery(discovery_file)
             where = " over Ray placement groups" if use_ray else ""
-            print(f"agentloop engine launch: {dp} {engine.kind} server(s) serving{where}: "
+            print(f"agentloop engine launch: {dp} {settings.kind} server(s) serving{where}: "
                   f"{', '.join(launcher.addresses)}; discovery file {path}", flush=True)
             await stop.wait()
         finally:
@@ -408,11 +412,3 @@ def engine_launch(
 
 app.command("rollout", cls=Command)(rollout_command)
 app.command("train", cls=Command)(train_command)
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()

@@ -3,7 +3,7 @@ health.
 
 ``ServerSecurity`` names where the certificate, key and tokens are (files, environment variables), never the
 secrets. ``AuthInterceptor`` answers a call without a token UNAUTHENTICATED, with a wrong token UNAUTHENTICATED,
-and a control call (``agentloop_grpc.security.CONTROL_METHODS``, Abort(all)) made with the user token
+and a control call (``common.auth.CONTROL_METHODS``, Abort(all)) made with the user token
 PERMISSION_DENIED when an admin token is configured; the call's handler never runs, so nothing changes.
 ``bind`` listens with TLS when configured and warns when a non-loopback address is exposed without a token.
 """
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from agentloop_grpc.common.addresses import is_loopback
-from agentloop_grpc.security import ABORT_METHOD, AUTHORIZATION, CONTROL_METHODS, read_secret
+from agentloop_grpc.common.auth import ABORT_METHOD, AUTHORIZATION, CONTROL_METHODS, TokenSources
 
 from .handlers import with_behavior
 
@@ -33,7 +33,7 @@ class PortInUseError(RuntimeError):
     """The requested address could not be bound."""
 
 
-class ServerSecurity(BaseModel):
+class ServerSecurity(TokenSources):
     """TLS and tokens of one server (every field optional: plaintext and open by default)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -43,12 +43,6 @@ class ServerSecurity(BaseModel):
     client_ca_file: str | None = Field(
         None, description="mTLS: require client certificates signed by this PEM CA."
     )
-    token_file: str | None = Field(None, description="File holding the bearer token every RPC but health needs.")
-    token_env: str | None = Field(None, description="Environment variable holding that token.")
-    admin_token_file: str | None = Field(
-        None, description="File holding the admin token control RPCs need (it is accepted for every RPC)."
-    )
-    admin_token_env: str | None = Field(None, description="Environment variable holding the admin token.")
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerSecurity:
@@ -73,8 +67,7 @@ class ServerSecurity(BaseModel):
 
     def interceptor(self, on_refusal: Callable[[str], None] | None = None) -> AuthInterceptor | None:
         """The token check, or None when no token is configured (reads the secrets now: a missing one fails)."""
-        user = read_secret(self.token_file, self.token_env, "token")
-        admin = read_secret(self.admin_token_file, self.admin_token_env, "admin token")
+        user, admin = self.tokens()
         return AuthInterceptor(user, admin, on_refusal) if (user or admin) else None
 
     def cli_args(self) -> list[str]:
@@ -162,8 +155,7 @@ def bind(server: grpc.aio.Server, address: str, security: ServerSecurity | None 
     port 0). Warns when a non-loopback address is open to anyone, saying what ``exposes`` (what a caller can do)."""
     security = security or ServerSecurity()
     # a token or a client certificate authenticates the caller; TLS alone only the server
-    authenticated = security.client_ca_file is not None or any(
-        (security.token_file, security.token_env, security.admin_token_file, security.admin_token_env))
+    authenticated = security.client_ca_file is not None or security.has_token
     if not is_loopback(address):
         if not authenticated:
             log.warning("listening on %s WITHOUT AUTHENTICATION: anyone who reaches this port can %s. Give a token "

@@ -1,0 +1,5 @@
+"""``python -m agentloop_grpc.cli``: the ``agentloop`` command."""
+
+from agentloop_grpc.cli import main
+
+main()

