@@ -4,6 +4,8 @@ the start fails after vLLM's engine is up."""
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
 import os
 import signal
 
@@ -62,3 +64,14 @@ async def test_a_start_that_fails_once_vllm_is_up_stops_and_reaps_its_engine_pro
         await EngineLifecycle(VllmEngine(_config())).start()
     assert pids, "vLLM started no engine process in this process"
     assert [pid for pid in pids if _unreaped(pid)] == []
+
+
+async def test_a_start_cancelled_while_vllm_builds_stops_and_reaps_its_engine_process() -> None:
+    starting = asyncio.ensure_future(EngineLifecycle(VllmEngine(_config())).start())
+    async with asyncio.timeout(300):  # a bound on vLLM spawning its engine process, not a measurement
+        while not (cores := [p for p in multiprocessing.active_children() if p.name.startswith("EngineCore")]):
+            await asyncio.sleep(0.1)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert [process.pid for process in cores if _unreaped(process.pid)] == []

@@ -156,7 +156,16 @@ class VllmEngine:
         args = engine_args(cfg, folder, model_id)
         # AsyncLLM's constructor blocks until the engine process is up: build it on a thread
         # so the server answers health checks (NOT_SERVING) meanwhile; its asyncio parts start on first use.
-        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[recorder_factory(self._scheduler)])
+        building = asyncio.ensure_future(
+            asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[recorder_factory(self._scheduler)])
+        )
+        try:
+            llm = await asyncio.shield(building)
+        except asyncio.CancelledError:
+            # The build cannot be interrupted: wait for it, so the engine process it starts is stopped, not orphaned.
+            with contextlib.suppress(Exception):
+                await _close(await building)
+            raise
         try:
             self._loaded = await self._facts_of(llm, folder, tokenizer, model_id)
         except BaseException:
