@@ -28,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from agentloop_grpc.common import model_store  # noqa: E402
 from agentloop_grpc.common.types import SamplingParams  # noqa: E402
 from agentloop_grpc.router import GenerateCall, Router, RouterConfig  # noqa: E402
+from sessions import next_prompt, opening  # noqa: E402
 
 SESSIONS = 32
 TURNS = 6
@@ -51,14 +52,7 @@ def _start_server() -> tuple[subprocess.Popen, str]:
 
 async def _session(pick, tokenizer, index: int, tag: str) -> tuple[int, int]:
     """Run one session; return (reusable prompt tokens, cached prompt tokens) over its turns after the first."""
-    prompt = list(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Session {index}: let us talk about the number {index}."}],
-            tokenize=True,
-            add_generation_prompt=True,
-            return_dict=False,
-        )
-    )
+    prompt = opening(tokenizer, index)
     reusable = cached = 0
     previous_total = 0
     for turn in range(TURNS):
@@ -69,8 +63,7 @@ async def _session(pick, tokenizer, index: int, tag: str) -> tuple[int, int]:
             reusable += previous_total
             cached += result.cached_prompt_tokens
         previous_total = len(prompt) + len(result.token_ids)
-        follow_up = f"<|im_end|>\n<|im_start|>user\nTurn {turn + 1}: tell me more about {index}.<|im_end|>\n"
-        prompt = prompt + list(result.token_ids) + tokenizer.encode(follow_up + "<|im_start|>assistant\n")
+        prompt = next_prompt(tokenizer, prompt, list(result.token_ids), index, turn)
     return reusable, cached
 
 

@@ -25,6 +25,7 @@ from agentloop_grpc.common import model_store  # noqa: E402
 from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
 from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
 from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams  # noqa: E402
+from sessions import next_prompt, opening  # noqa: E402
 
 SESSIONS = 32
 TURNS = 6
@@ -48,20 +49,12 @@ async def _turn(engine: EmbeddedEngine, request_id: str, prompt: list[int], seed
 
 
 async def _session(engine: EmbeddedEngine, tokenizer, tag: str, index: int) -> int:
-    prompt = list(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Session {index}: let us talk about the number {index}."}],
-            tokenize=True,
-            add_generation_prompt=True,
-            return_dict=False,
-        )
-    )
+    prompt = opening(tokenizer, index)
     computed = 0
     for turn in range(TURNS):
         tokens, complete = await _turn(engine, f"{tag}-s{index}-t{turn}", prompt, seed=index * 100 + turn)
         computed += complete.prompt_tokens - complete.cached_prompt_tokens
-        follow_up = f"<|im_end|>\n<|im_start|>user\nTurn {turn + 1}: tell me more about {index}.<|im_end|>\n"
-        prompt = prompt + tokens + tokenizer.encode(follow_up + "<|im_start|>assistant\n")
+        prompt = next_prompt(tokenizer, prompt, tokens, index, turn)
     return computed
 
 

@@ -22,8 +22,9 @@ class TokenizerMismatchError(ValueError):
 def check_engine_tokenizers(tokenizer, infos: Mapping[str, ServerInfo], model_dir: str | None) -> int:
     """Raise TokenizerMismatchError naming the first server whose tokenizer differs; return servers checked.
 
-    ``infos`` maps server addresses to what they answered GetServerInfo (``Fleet.server_info``; servers that did not answer are left out:
-    they are the router's business, not a mismatch); a server still loading has no tokenizer yet and is skipped.
+    ``infos`` maps server addresses to their GetServerInfo answers (``Fleet.server_info``; servers that did not
+    answer are left out: they are the router's business, not a mismatch); a server still loading has no tokenizer
+    yet and is skipped.
     """
     ours = tokenizer_fingerprint(tokenizer)
     source = model_dir or "the default model"

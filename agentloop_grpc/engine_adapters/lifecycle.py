@@ -55,13 +55,11 @@ _NOT_SERVING = {EngineState.LOADING: "loading", EngineState.SLEEPING: "asleep", 
 
 @dataclass(slots=True)
 class Admission:
-    """One request between admission and its end; ``finished`` is set once it has its completion (nothing left to
-    abort in the engine)."""
+    """One request between admission and its end (``generate``'s entry in the in-flight registry)."""
 
     request: GenerateRequest
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     in_engine: bool = False
-    finished: bool = False
 
 
 class EngineLifecycle:
@@ -148,50 +146,42 @@ class EngineLifecycle:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
         """``request``'s chunks, then its completion (validated by the caller): the one Generate path, the
-        servicer's and in-process callers'. Closing the stream before its completion (client gone, deadline
-        passed) aborts the request in the engine. The request leaves the registry before its completion is
-        yielded, so a caller may stop reading there and reuse the id at once."""
+        servicer's and in-process callers'. It registers the request and waits at Pause's gate; however it ends,
+        the entry is released and a request the engine has not finished is aborted there (client gone, deadline
+        passed, adapter failed). The request leaves the registry before its completion is yielded, so a caller
+        may stop reading there and reuse the id at once."""
+        self.serving_facts()
+        if request.request_id in self._in_flight:
+            raise DuplicateRequestError(f"request_id {quote(request.request_id)} is already in flight on this server")
+        admission = self._in_flight[request.request_id] = Admission(request)
+        self._idle.clear()
         complete: GenerateComplete | None = None
-        async with self._admitted(request) as admission:
-            if not admission.in_engine:
+        try:
+            if not await self._passed_gate(admission):
                 complete = self._aborted_at_gate(request)
             else:
+                admission.in_engine = True
+                self._in_engine += 1
+                self._engine_idle.clear()
                 async with contextlib.aclosing(self.adapter.generate(request)) as events:
                     async for event in events:
                         if isinstance(event, GenerateComplete):
                             complete = event
                             break
                         yield event
-            admission.finished = complete is not None
-        if complete is None:
-            raise RuntimeError(f"the adapter ended request {request.request_id!r} without a completion")
-        yield complete
-
-    @contextlib.asynccontextmanager
-    async def _admitted(self, request: GenerateRequest) -> AsyncIterator[Admission]:
-        """Register ``request`` and wait at the gate; ``admission.in_engine`` says whether it passed (else it was
-        aborted there). However it ends, an unfinished request is aborted in the engine and the entry released."""
-        self.serving_facts()
-        if request.request_id in self._in_flight:
-            raise DuplicateRequestError(f"request_id {quote(request.request_id)} is already in flight on this server")
-        admission = self._in_flight[request.request_id] = Admission(request)
-        self._idle.clear()
-        try:
-            if await self._passed_gate(admission):
-                admission.in_engine = True
-                self._in_engine += 1
-                self._engine_idle.clear()
-            yield admission
         finally:
             del self._in_flight[request.request_id]
             if admission.in_engine:
                 self._in_engine -= 1
                 if not self._in_engine:
                     self._engine_idle.set()
-                if not admission.finished:  # client gone, deadline passed or the adapter failed: free the engine
+                if complete is None:
                     await self.adapter.abort([request.request_id])
             if not self._in_flight:
                 self._idle.set()
+        if complete is None:
+            raise RuntimeError(f"the adapter ended request {request.request_id!r} without a completion")
+        yield complete
 
     async def _passed_gate(self, admission: Admission) -> bool:
         """Wait while paused; False if the request was aborted meanwhile."""
@@ -221,7 +211,7 @@ class EngineLifecycle:
             admissions = [self._in_flight[r] for r in dict.fromkeys(request_ids) if r in self._in_flight]
         for admission in admissions:
             admission.aborted.set()
-        in_engine = [a.request.request_id for a in admissions if a.in_engine and not a.finished]
+        in_engine = [a.request.request_id for a in admissions if a.in_engine]
         if in_engine:
             await self.adapter.abort(in_engine)
         return [a.request.request_id for a in admissions]

@@ -10,7 +10,6 @@ subclasses, mapped to status codes in ``serving/status.py``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -77,7 +76,8 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         then its completion and the tokens still held (``grouper.tail()``) to ``on_complete``.
 
         Generate writes each as a message of its stream; GenerateUnary fills its one answer in place."""
-        async with contextlib.aclosing(self.lifecycle.generate(domain)) as events:
+        events = self.lifecycle.generate(domain)
+        try:
             async for event in events:
                 if isinstance(event, GenerateComplete):
                     await on_complete(event, grouper.tail() if grouper else None)
@@ -86,6 +86,8 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
                 else:
                     for ready in grouper.add(event):
                         await on_chunk(ready)
+        finally:
+            await events.aclose()  # a client gone mid-stream: the lifecycle aborts its request now, not at GC
 
     @map_errors
     async def Generate(self, request, context):

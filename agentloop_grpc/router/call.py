@@ -72,6 +72,6 @@ def _integer_in(value: object, low: int, high: int) -> bool:
     if isinstance(value, bool):
         return False
     try:
-        return low <= operator.index(value) <= high  # type: ignore[call-overload]
+        return low <= operator.index(value) <= high  # type: ignore[arg-type]
     except TypeError:
         return False

@@ -13,7 +13,7 @@ from agentloop_grpc.v1 import engine_pb2
 
 from .errors import InfrastructureError
 
-_DTYPE_CODES = {name: code for code, (name, _size) in DTYPES.items()}
+_DTYPE_CODES: dict[str, engine_pb2.TensorDtype.ValueType] = {name: code for code, (name, _size) in DTYPES.items()}
 
 Reply = TypeVar("Reply")
 
@@ -39,7 +39,7 @@ class FanOutResult(Generic[Reply]):
         return self
 
 
-def _dtype_code(name: str, dtype: str) -> int:
+def _dtype_code(name: str, dtype: str) -> engine_pb2.TensorDtype.ValueType:
     if dtype not in _DTYPE_CODES:
         raise ValueError(f"tensor {name!r}: unsupported dtype {dtype!r}")
     return _DTYPE_CODES[dtype]

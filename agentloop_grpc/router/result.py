@@ -26,7 +26,7 @@ class GenerateResult:
     finish_reason: FinishReason
     matched_stop_token_id: int | None
     prompt_tokens: int
-    #: Prompt tokens served from a prefix cache, summed over attempts.
+    #: Prompt tokens the last attempt's server served from its prefix cache (a failed attempt reports none).
     cached_prompt_tokens: int
     #: Servers in the order they served this generation (more than one after a failover).
     servers: tuple[str, ...]

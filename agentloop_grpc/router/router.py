@@ -21,7 +21,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 
 import grpc
@@ -201,7 +201,7 @@ class Router:
 
     async def _stream_attempts(
         self, call: GenerateCall, stream_options: generation_pb2.StreamOptions | None
-    ) -> AsyncIterator[TokenChunk | GenerateResult]:
+    ) -> AsyncGenerator[TokenChunk | GenerateResult, None]:
         """``stream`` and a streamed ``generate``: each attempt a Generate stream whose tokens are yielded as they
         arrive; a retried attempt resumes from the tokens received."""
         progress = self._progress(call)

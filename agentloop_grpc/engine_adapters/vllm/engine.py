@@ -162,7 +162,27 @@ class VllmEngine:
         args = engine_args(cfg, folder, model_id)
         # AsyncLLM's constructor blocks until the engine process is up: build it on a thread
         # so the server answers health checks (NOT_SERVING) meanwhile; its asyncio parts start on first use.
-        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[recorder_factory(self._scheduler)])
+        building = asyncio.ensure_future(
+            asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[recorder_factory(self._scheduler)])
+        )
+        try:
+            llm = await asyncio.shield(building)
+        except asyncio.CancelledError:
+            # The build cannot be interrupted: wait for it, so the engine process it starts is stopped, not orphaned.
+            with contextlib.suppress(Exception):
+                await _close(await building)
+            raise
+        try:
+            self._loaded = await self._facts_of(llm, folder, tokenizer, model_id)
+        except BaseException:
+            await _close(llm)  # an engine process left running would outlive this failed start
+            raise
+        log.info("vLLM %s engine: %s from %s (max_model_len %d)", vllm.__version__, model_id, folder, cfg.max_model_len)
+        return self._loaded.facts
+
+    async def _facts_of(self, llm: AsyncLLM, folder: Path, tokenizer, model_id: str) -> _Loaded:
+        """What the started engine serves, asked of vLLM (the first calls reach its engine process)."""
+        cfg, weight_version = self.config, self._weight_version
         await llm.is_paused()  # starts the client's output task on this loop (engine failures reach us early)
         await llm.update_weight_version(str(weight_version()))  # vLLM labels tokens "default" until told
         tied = bool(getattr(llm.model_config.hf_config, "tie_word_embeddings", False))
@@ -188,19 +208,15 @@ class VllmEngine:
             supports_images=image_token_id is not None,
             max_images_per_request=cfg.max_images_per_request if image_token_id is not None else 0,
         )
-        self._loaded = _Loaded(llm, facts, weights.CheckpointWeights(folder, cfg.dtype, tied), image_token_id)
-        log.info("vLLM %s engine: %s from %s (max_model_len %d)", vllm.__version__, model_id, folder, cfg.max_model_len)
-        return facts
+        return _Loaded(llm, facts, weights.CheckpointWeights(folder, cfg.dtype, tied), image_token_id)
 
     async def shutdown(self) -> None:
         loaded = self._loaded
         if loaded is None:
             return
-        processes = engine_processes(loaded.llm)
-        loaded.llm.shutdown(timeout=_ENGINE_EXIT_GRACE_S)
         # Drop AsyncLLM now: left to interpreter exit, its __del__ shuts down again with half-torn-down modules.
         self._loaded = None
-        await asyncio.to_thread(reap, processes)
+        await _close(loaded.llm)
 
     def _in_engine(self) -> int:
         """Requests vLLM has not finished (its output processor's count: a final output not yet read by our
@@ -417,6 +433,13 @@ def engine_processes(llm: AsyncLLM) -> list[BaseProcess]:
     resources = getattr(llm.engine_core, "resources", None)
     manager = getattr(resources, "engine_manager", None)
     return list(getattr(manager, "processes", ()))
+
+
+async def _close(llm: AsyncLLM) -> None:
+    """Shut vLLM down and wait for every engine process it started."""
+    processes = engine_processes(llm)
+    llm.shutdown(timeout=_ENGINE_EXIT_GRACE_S)
+    await asyncio.to_thread(reap, processes)
 
 
 def reap(processes: Seq[BaseProcess]) -> None:
