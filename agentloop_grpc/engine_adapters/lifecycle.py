@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -144,7 +144,7 @@ class EngineLifecycle:
 
     # -- requests --------------------------------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateEvent, None]:
         """``request``'s chunks, then its completion (validated by the caller): the one Generate path, the
         servicer's and in-process callers'. It registers the request and waits at Pause's gate; however it ends,
         the entry is released and a request the engine has not finished is aborted there (client gone, deadline

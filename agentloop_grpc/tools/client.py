@@ -55,7 +55,9 @@ class ToolRequestError(Exception):
 class ToolClient(Protocol):
     async def list_tools(self) -> list[ToolSpec]: ...
 
-    async def create_instance(self, tool_name: str, trajectory_id: str, kwargs: dict[str, Any] | None = None) -> str: ...
+    async def create_instance(
+        self, tool_name: str, trajectory_id: str, kwargs: dict[str, Any] | None = None
+    ) -> str: ...
 
     async def execute(self, instance_id: str, arguments_json: str, call_id: str = "",
                       loop_state: LoopSnapshot | None = None) -> ToolResult:
@@ -136,7 +138,8 @@ class GrpcToolClient:
         return convert.result_from_proto(await self._call("Execute", request))
 
     async def calc_reward(self, instance_id: str) -> RewardResult:
-        return convert.reward_from_proto(await self._call("CalcReward", tool_pb2.CalcRewardRequest(instance_id=instance_id)))
+        request = tool_pb2.CalcRewardRequest(instance_id=instance_id)
+        return convert.reward_from_proto(await self._call("CalcReward", request))
 
     async def release(self, instance_id: str) -> None:
         await self._call("ReleaseInstance", tool_pb2.ReleaseInstanceRequest(instance_id=instance_id))
