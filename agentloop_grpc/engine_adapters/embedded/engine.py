@@ -1,12 +1,13 @@
 """EmbeddedEngine: the default engine (transformers on CPU) behind the EngineAdapter protocol.
 
-The async front (this module) owns requests' streams and what Pause(KEEP), Sleep and weight updates do to the
-engine (the state itself is the lifecycle's, ``lifecycle.py``); the scheduler core (``scheduler.py``) owns the
-model, the KV slots and the prefix cache and runs one step at a time on a single worker thread, so the event loop stays responsive while the model computes.
-Every torch operation (loading, steps, weight updates, sleep and wake, even creating a request's sampler) runs
-on that one thread, under ``_step_lock``: a control call waits for the current step to end and no step starts
-until it is done. One thread is also a performance rule: torch's OpenMP pool is per calling thread, and as soon
-as a second thread runs parallel torch ops the two pools throttle each other and every step slows (NOTES.md).
+The async front (this module) owns requests' streams and what Pause(KEEP), Sleep and weight updates do to the engine
+(the state itself is the lifecycle's, ``lifecycle.py``); the scheduler core (``scheduler.py``) owns the model, the KV
+slots and the prefix cache and runs one step at a time on a single worker thread, so the event loop stays responsive
+while the model computes. Every torch operation (loading, steps, weight updates, sleep and wake, even creating a
+request's sampler) runs on that one thread, under ``_step_lock``: a control call waits for the current step to end
+and no step starts until it is done. One thread is also a performance rule: torch's OpenMP pool is per calling
+thread, and as soon as a second thread runs parallel torch ops the two pools throttle each other and every step slows
+(NOTES.md).
 
 Freezing (Pause(KEEP)) stops the scheduling loop between steps: the requests keep their KV and continue
 token-exactly when thawed.
