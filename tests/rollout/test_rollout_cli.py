@@ -119,8 +119,14 @@ def test_ctrl_c_stops_servers_and_keeps_finished_trajectories(tmp_path):
         samples_per_prompt=1,
         max_concurrency=2,
     )
-    process = subprocess.Popen([*AGENTLOOP, "rollout", "--config", str(config)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    # A child inherits an ignored SIGINT (as this process has it under a background shell job, or after a library
+    # ignored it): the command gets SIGINT's default, as from a terminal, whatever this process does with it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen([*AGENTLOOP, "rollout", "--config", str(config)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
     trace = tmp_path / "out" / "trace.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # until at least two trajectories ended
