@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import multiprocessing
 import os
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
@@ -163,7 +162,6 @@ class VllmEngine:
         args = engine_args(cfg, folder, model_id)
         # AsyncLLM's constructor blocks until the engine process is up: build it on a thread
         # so the server answers health checks (NOT_SERVING) meanwhile; its asyncio parts start on first use.
-        children_before = set(multiprocessing.active_children())
         building = asyncio.ensure_future(
             asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[recorder_factory(self._scheduler)])
         )
@@ -173,11 +171,6 @@ class VllmEngine:
             # The build cannot be interrupted: wait for it, so the engine process it starts is stopped, not orphaned.
             with contextlib.suppress(Exception):
                 await _close(await building)
-            await asyncio.to_thread(reap, _started_since(children_before))
-            raise
-        except Exception:
-            # vLLM kills the engine process of a build that failed but never waits for it
-            await asyncio.to_thread(reap, _started_since(children_before))
             raise
         try:
             self._loaded = await self._facts_of(llm, folder, tokenizer, model_id)
@@ -447,13 +440,6 @@ async def _close(llm: AsyncLLM) -> None:
     processes = engine_processes(llm)
     llm.shutdown(timeout=_ENGINE_EXIT_GRACE_S)
     await asyncio.to_thread(reap, processes)
-
-
-def _started_since(before: set[BaseProcess]) -> list[BaseProcess]:
-    """vLLM's engine processes started since ``before`` and not yet waited for (listing the children reaps those
-    that have already exited)."""
-    return [process for process in multiprocessing.active_children()
-            if process not in before and process.name.startswith("EngineCore")]
 
 
 def reap(processes: Seq[BaseProcess]) -> None:
