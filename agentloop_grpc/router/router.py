@@ -21,7 +21,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from pathlib import Path
 
 import grpc
@@ -156,7 +156,7 @@ class Router:
 
     def stream(
         self, call: GenerateCall, *, min_chunk_tokens: int = 0, final_only: bool = False
-    ) -> AsyncIterator[TokenChunk | GenerateResult]:
+    ) -> AsyncGenerator[TokenChunk | GenerateResult, None]:
         """Yield TokenChunks as they arrive, then one GenerateResult; raises as ``generate`` does.
 
         Every token is sent as decoded unless ``min_chunk_tokens`` groups them (StreamOptions) or ``final_only``
