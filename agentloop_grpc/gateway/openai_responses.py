@@ -59,14 +59,15 @@ _MAX_TOKENS = 2**31 - 1
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # A logprob JSON can carry (-inf is not JSON); far below any sampled token's.
 _LOGPROB_FLOOR = -9999.0
-# GatewayError.kind -> OpenAI's error type and code.
+# GatewayError.status -> OpenAI's error type (as the Chat Completions format maps it); the code is the error's kind.
 _ERROR_TYPES = {
-    "invalid_request": ("invalid_request_error", None),
-    "not_found": ("not_found_error", None),
-    "too_large": ("invalid_request_error", "request_too_large"),
-    "rate_limit": ("rate_limit_error", "rate_limit_exceeded"),
-    "unavailable": ("server_error", "service_unavailable"),
-    "infrastructure": ("server_error", "server_error"),
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
 }
 
 
@@ -79,7 +80,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)) and math.isfinite(value)
+    # A JSON integer may be too large for a float (math.isfinite would raise); a float may be nan or inf.
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _optional(body: dict[str, Any], key: str, check: Callable[[Any], bool], what: str) -> Any:
@@ -118,7 +120,7 @@ class OpenAIResponses:
         for key in ("previous_response_id", "conversation"):
             if body.get(key) is not None:
                 _refuse(f"{key} is not supported: {_STATELESS}", key)
-        if body.get("background") not in (None, False):
+        if body.get("background") is not None and body["background"] is not False:
             _refuse("background must be false: the gateway answers in the request", "background")
         for key in ("user", "prompt_cache_key", "safety_identifier", "service_tier"):
             _optional(body, key, lambda v: isinstance(v, str), "a string")
@@ -186,7 +188,8 @@ class OpenAIResponses:
     # --- the reply ---
 
     def reply(self, reply: ChatReply) -> dict[str, Any]:
-        rid = reply.id if reply.id.startswith("resp_") else f"resp_{reply.id}"
+        # The reply's id may carry another format's prefix (chatcmpl-...): a Responses id is resp_<the rest>.
+        rid = f"resp_{reply.id.rsplit('-', 1)[-1].removeprefix('resp_')}"
         return _response(rid, reply.created or int(time.time()), reply.model, None, _output(rid, reply), reply)
 
     async def events(self, request: ChatRequest, stream: AsyncIterator[TextDelta | ChatReply]) -> AsyncIterator[bytes]:
@@ -241,10 +244,10 @@ class OpenAIResponses:
                     yield delta(item.text, item.logprobs)
                 item = await anext(items, None)
         except GatewayError as error:
-            yield event("error", **_error_event(error))
+            yield event("error", code=error.kind, message=error.message, param=error.param)
             return
         if final is None:
-            yield event("error", code="server_error", message="the engine's stream ended without a reply", param=None)
+            yield event("error", code="infrastructure", message="the engine's stream ended without a reply", param=None)
             return
 
         # 3. The text's closing events, then each tool call whole (a turn offered tools parses its calls at the end).
@@ -297,8 +300,8 @@ class OpenAIResponses:
         yield event(f"response.{done['status']}", response=done)
 
     def error(self, error: GatewayError) -> dict[str, Any]:
-        kind, code = _ERROR_TYPES.get(error.kind, ("server_error", "server_error"))
-        return {"error": {"message": error.message, "type": kind, "param": error.param, "code": code}}
+        kind = _ERROR_TYPES.get(error.status, "server_error")
+        return {"error": {"message": error.message, "type": kind, "param": error.param, "code": error.kind}}
 
 
 # --- reading the input ---
@@ -658,11 +661,6 @@ def _delta_logprob(lp: TokenLogprob) -> dict[str, Any]:
         "logprob": _finite(lp.logprob),
         "top_logprobs": [{"token": t, "logprob": _finite(v)} for t, v in lp.top],
     }
-
-
-def _error_event(error: GatewayError) -> dict[str, Any]:
-    kind, code = _ERROR_TYPES.get(error.kind, ("server_error", "server_error"))
-    return {"code": code or kind, "message": error.message, "param": error.param}
 
 
 OPENAI_RESPONSES = OpenAIResponses()

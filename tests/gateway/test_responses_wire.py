@@ -47,7 +47,7 @@ def refused(body: Any, limits: GatewayLimits = LIMITS) -> GatewayError:
 
 def make_reply(**fields: Any) -> ChatReply:
     defaults: dict[str, Any] = {
-        "id": "abc123",
+        "id": "chatcmpl-abc123",
         "model": "agentloop",
         "content": "It is sunny.",
         "tool_calls": (),
@@ -73,47 +73,49 @@ CALLS = (
 # --- requests ---
 
 
+CONVERSATION: dict[str, Any] = {
+    "model": "gpt-test",
+    "instructions": "Be brief.",
+    "input": [
+        {"role": "developer", "content": "Use tools."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {
+            "type": "message",
+            "id": "msg_1",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Checking.", "annotations": []}],
+        },
+        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "rain"},
+        {"type": "function_call", "call_id": "call_3", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_3", "output": [{"type": "input_text", "text": "fog"}]},
+        {"role": "user", "content": "Thanks."},
+    ],
+    "tools": [WEATHER, {"type": "function", "name": "noop"}],
+    "tool_choice": {"type": "function", "name": "get_weather"},
+    "max_output_tokens": 64,
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "top_logprobs": 3,
+    "stream": True,
+    "store": False,
+    "parallel_tool_calls": False,
+    "metadata": {"run": "7"},
+    "user": "u1",
+    "truncation": "disabled",
+    "include": ["reasoning.encrypted_content"],
+    "text": {"format": {"type": "text"}, "verbosity": "low"},
+    "reasoning": {"effort": None},
+    "previous_response_id": None,
+}
+
+
 def test_a_conversation_with_tool_calls_maps_onto_the_internal_shape() -> None:
-    body = {
-        "model": "gpt-test",
-        "instructions": "Be brief.",
-        "input": [
-            {"role": "developer", "content": "Use tools."},
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
-            {"type": "reasoning", "id": "rs_1", "summary": []},
-            {
-                "type": "message",
-                "id": "msg_1",
-                "status": "completed",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": "Checking.", "annotations": []}],
-            },
-            {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
-            {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
-            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
-            {"type": "function_call_output", "call_id": "call_2", "output": "rain"},
-            {"type": "function_call", "call_id": "call_3", "name": "get_weather", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": "call_3", "output": [{"type": "input_text", "text": "fog"}]},
-            {"role": "user", "content": "Thanks."},
-        ],
-        "tools": [WEATHER, {"type": "function", "name": "noop"}],
-        "tool_choice": {"type": "function", "name": "get_weather"},
-        "max_output_tokens": 64,
-        "temperature": 0.5,
-        "top_p": 0.9,
-        "top_logprobs": 3,
-        "stream": True,
-        "store": False,
-        "parallel_tool_calls": False,
-        "metadata": {"run": "7"},
-        "user": "u1",
-        "truncation": "disabled",
-        "include": ["reasoning.encrypted_content"],
-        "text": {"format": {"type": "text"}, "verbosity": "low"},
-        "reasoning": {"effort": None},
-        "previous_response_id": None,
-    }
-    request = parse(body)
+    request = parse(CONVERSATION)
     assert request.messages == (
         {"role": "system", "content": "Be brief."},
         {"role": "system", "content": "Use tools."},
@@ -212,6 +214,10 @@ def _image_body(part: dict[str, Any]) -> dict[str, Any]:
         ({"input": "x", "max_output_tokens": 2**40}, "max_output_tokens", "2147483647"),
         ({"input": "x", "temperature": 3}, "temperature", "[0, 2]"),
         ({"input": "x", "temperature": "hot"}, "temperature", "number"),
+        ({"input": "x", "temperature": 10**400}, "temperature", "[0, 2]"),
+        ({"input": "x", "temperature": float("nan")}, "temperature", "number"),
+        ({"input": "x", "top_p": float("inf")}, "top_p", "number"),
+        ({"input": "x", "background": 0}, "background", "false"),
         ({"input": "x", "top_p": 0}, "top_p", "(0, 1]"),
         ({"input": "x", "top_logprobs": -1}, "top_logprobs", "max_top_logprobs"),
         ({"input": "x", "include": "all"}, "include", "list of strings"),
@@ -350,6 +356,36 @@ def test_a_deeply_nested_schema_is_refused_not_crashed() -> None:
         schema = {"type": "object", "properties": {"a": schema}}
     error = refused({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": schema}]})
     assert error.param == "tools[0].parameters"
+
+
+HOSTILE = (None, 0, -1, 10**400, 1.5, float("nan"), True, "", "x", "data:", [], [None], {}, {"type": None})
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    nested = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return [path, *(p for key, item in nested for p in _paths(item, (*path, key)))]
+
+
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[path[0]] = _replaced(value[path[0]], path[1:], new)
+    return copy
+
+
+def test_any_value_anywhere_is_a_request_or_a_refusal() -> None:
+    """Every value of a valid body replaced by each hostile one: a ChatRequest or a GatewayError, never a crash."""
+    body = {
+        **CONVERSATION,
+        "input": [*CONVERSATION["input"], _image_body({"type": "input_image", "image_url": PNG})["input"][0]],
+    }
+    for path in _paths(body):
+        for value in HOSTILE:
+            try:
+                parse(_replaced(body, path, value))
+            except GatewayError as error:
+                assert error.status == 400 and error.message
 
 
 # --- replies ---
@@ -544,7 +580,7 @@ async def test_an_error_mid_stream_is_an_error_event_and_the_end() -> None:
     events = _decode(await _frames(REQUEST, TextDelta("It"), failure, make_reply()))
     assert events[-1] == {
         "type": "error",
-        "code": "server_error",
+        "code": "infrastructure",
         "message": "engines failed",
         "param": None,
         "sequence_number": len(events) - 1,
@@ -562,14 +598,25 @@ def test_errors_in_openai_shape() -> None:
     assert fmt.name == "responses"
     error = GatewayError("bad", param="input[0].role")
     assert fmt.error(error) == {
-        "error": {"message": "bad", "type": "invalid_request_error", "param": "input[0].role", "code": None}
+        "error": {
+            "message": "bad",
+            "type": "invalid_request_error",
+            "param": "input[0].role",
+            "code": "invalid_request",
+        }
     }
     kinds = {
-        "not_found": "not_found_error",
-        "too_large": "invalid_request_error",
-        "rate_limit": "rate_limit_error",
-        "unavailable": "server_error",
-        "infrastructure": "server_error",
+        ("not_found", 404): "not_found_error",
+        ("too_large", 413): "invalid_request_error",
+        ("unauthenticated", 401): "authentication_error",
+        ("rate_limit", 429): "rate_limit_error",
+        ("unavailable", 503): "server_error",
+        ("infrastructure", 502): "server_error",
     }
-    for kind, expected in kinds.items():
-        assert fmt.error(GatewayError("x", kind=kind))["error"]["type"] == expected
+    for (kind, status), expected in kinds.items():
+        assert fmt.error(GatewayError("x", status=status, kind=kind))["error"] == {
+            "message": "x",
+            "type": expected,
+            "param": None,
+            "code": kind,
+        }
