@@ -59,6 +59,13 @@ class SessionGateway:
         session = self.sessions.get(session_id)
         session.reward, session.reward_metrics = reward, dict(metrics or {})
 
+    def fail(self, session_id: str, error: str) -> None:
+        """Mark every chain of the session failed by the infrastructure (its agent crashed or timed out): its
+        trajectories are kept for the record and never trained on."""
+        for chain in self.sessions.get(session_id).chains:
+            if chain.ended is not Termination.ERROR:
+                chain.fail(error, infrastructure=True)
+
     async def finish(self, session_id: str) -> tuple[Session, list[Trajectory]]:
         """The session's trajectories, one per chain (reward: the session's, else the reward function's with its
         ground truth); the session is gone afterwards."""
