@@ -120,10 +120,13 @@ class SessionGateway:
                                retry_after_s=self.config.retry_after_s)
         session.in_flight += 1
         chain: Chain | None = None
+        new_chain = committed = False
         try:
-            # 2. the chain this request appends to, or a new one
+            # 2. the chain this request appends to, or a new one (listed at once: a request beside it forks)
             chain, pending, new_chain = self._place(session, request)
             chain.busy = True
+            if new_chain:
+                session.chains.append(chain)
             # 3. sampling, within the chain's budget
             left = chain.budget_left(self.config.sampling.response_budget) - pending.tokens()
             if left <= 0:
@@ -143,15 +146,12 @@ class SessionGateway:
             assert out is not None
             # 5. the reply, and the turn committed
             reply = self._reply(request, chain, pending, new_chain, out, time.monotonic() - started)
-            if new_chain:
-                session.chains.append(chain)
+            committed = True
             self.metrics.turns.inc()
             yield reply
         except InfrastructureError as error:
-            if chain is not None:
+            if chain is not None:  # kept, failed: the record says the engines lost it, and it is never trained on
                 chain.fail(f"the engines failed the turn: {error}", infrastructure=True)
-                if chain not in session.chains:
-                    session.chains.append(chain)
             self.metrics.infrastructure_failures.inc()
             raise GatewayError(f"the engines could not serve the turn ({error})", status=502,
                                kind="infrastructure") from None
@@ -161,6 +161,9 @@ class SessionGateway:
             session.in_flight -= 1
             if chain is not None:
                 chain.busy = False
+                # a new chain whose first turn never completed (refused, or its client left) records nothing
+                if new_chain and not committed and chain.ended is None and chain in session.chains:
+                    session.chains.remove(chain)
 
     def _place(self, session: Session, request: ChatRequest) -> tuple[Chain, PendingTurn, bool]:
         key = tools_key(request.tools)
