@@ -1,0 +1,138 @@
+"""Malformed and oversized requests get a 4xx in the API's own error shape, naming the field and the bound; the
+gateway stays healthy and other sessions go on. Also tokens, the session TTL, the paused answer and the budget."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from agentloop_grpc.gateway.config import ForcedSampling, GatewayConfig, GatewayLimits
+
+from .conftest import scripted_gateway
+
+pytestmark = pytest.mark.fault
+
+QUESTION = [{"role": "user", "content": "Hi?"}]
+
+
+async def post(client: httpx.AsyncClient, path: str, body, headers: dict | None = None) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return await client.post(path, content=content, headers={"content-type": "application/json", **(headers or {})})
+
+
+async def test_malformed_requests_are_4xx_naming_the_field_and_the_gateway_goes_on(codec):
+    limits = GatewayLimits(max_body_bytes=1_000_000, max_messages=100)
+    async with scripted_gateway(codec, ["Fine."], GatewayConfig(limits=limits)) as g, \
+            httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+        chat = "/sessions/h1/v1/chat/completions"
+        cases = [
+            (b"{not json", 400, None),
+            ({"model": "m", "messages": QUESTION, "temprature": 1}, 400, "temprature"),
+            ({"model": "m", "messages": QUESTION, "n": 2}, 400, "n"),
+            ({"model": "m", "messages": QUESTION, "temperature": 7}, 400, "temperature"),
+            ({"model": "m", "messages": QUESTION, "max_tokens": 0}, 400, "max_tokens"),
+            ({"model": "m", "messages": QUESTION, "seed": -1}, 400, "seed"),
+            ({"model": "m", "messages": []}, 400, "messages"),
+            ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+            ({"model": "m", "messages": QUESTION * 101}, 400, "messages"),
+            ({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}]}, 400,
+             "messages[0].content[0].image_url.url"),
+            ({"model": "m", "messages": QUESTION, "tools": [{"type": "function", "function": {
+                "name": "f", "parameters": {"type": "objekt"}}}]}, 400, "tools[0]"),
+            ({"model": "m", "messages": QUESTION, "tools": [{"type": "function", "function": {
+                "name": "f", "parameters": {"type": "object"}}}], "tool_choice": {
+                "type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
+            ([1, 2, 3], 400, None),
+        ]
+        for body, status, param in cases:
+            reply = await post(http, chat, body)
+            assert reply.status_code == status, (body, reply.text)
+            error = reply.json()["error"]
+            assert error["type"] == "invalid_request_error", (body, error)
+            assert error["param"] == param or error["param"].startswith(f"{param}."), (body, error)
+        too_big = await post(http, chat, b"x" * 2_000_000)
+        assert too_big.status_code == 413 and "max_body_bytes=1000000" in too_big.json()["error"]["message"]
+        many = {"model": "m", "messages": [{"role": "user", "content": "x"}] * 100_000}
+        assert (await post(http, chat, many)).status_code == 413  # 100k messages are past the body bound too
+        assert (await post(http, "/sessions/bad id/v1/chat/completions", {"messages": QUESTION})).status_code == 400
+        assert (await post(http, "/sessions/nobody/finish", {})).status_code == 404
+        assert (await http.get("/sessions/nobody")).status_code == 404
+        # still healthy, and a good request is answered
+        assert (await http.get("/health")).json() == {"status": "ok"}
+        good = await post(http, chat, {"model": "m", "messages": QUESTION})
+        assert good.status_code == 200 and good.json()["choices"][0]["message"]["content"] == "Fine."
+        metrics = (await http.get("/metrics")).text
+        assert 'agentloop_gateway_requests_total{api="chat_completions",status="400"}' in metrics
+
+
+async def test_tokens_guard_model_turns_and_the_admin_token_guards_session_control(codec):
+    async with scripted_gateway(codec, ["Yes."], user_token="user-t", admin_token="admin-t") as g, \
+            httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+        with pytest.raises(openai.AuthenticationError):
+            await openai.AsyncOpenAI(base_url=g.base_url("t1"), api_key="wrong").chat.completions.create(
+                model="m", messages=QUESTION)
+        reply = await openai.AsyncOpenAI(base_url=g.base_url("t1"), api_key="user-t").chat.completions.create(
+            model="m", messages=QUESTION)
+        assert reply.choices[0].message.content == "Yes."
+        user, admin = {"authorization": "Bearer user-t"}, {"authorization": "Bearer admin-t"}
+        assert (await http.get("/sessions", headers=user)).status_code == 401
+        listed = (await http.get("/sessions", headers=admin)).json()["sessions"]
+        assert [s["session_id"] for s in listed] == ["t1"]
+        assert (await post(http, "/sessions/t1/reward", {"reward": 1.5}, headers=admin)).json()["reward"] == 1.5
+        finished = (await post(http, "/sessions/t1/finish", {}, headers=admin)).json()
+        (trajectory,) = finished["trajectories"]
+        assert trajectory["reward"] == 1.5 and trajectory["response_mask"][-1] == 1
+        assert (await http.get("/health")).status_code == 200  # no token for health
+
+
+async def test_sessions_are_created_with_metadata_and_expire_after_their_ttl(codec):
+    limits = GatewayLimits(session_ttl_s=0.5, max_sessions=2)
+    async with scripted_gateway(codec, ["Ok."], GatewayConfig(limits=limits)) as g, \
+            httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+        created = (await post(http, "/sessions", {"session_id": "m1", "sample_id": "row-7", "group_id": "g7",
+                                                  "ground_truth": "42", "row": {"q": 1}})).json()
+        assert (created["sample_id"], created["group_id"]) == ("row-7", "g7")
+        assert (await post(http, "/sessions", {"session_id": "m1"})).status_code == 409
+        assert (await post(http, "/sessions", {"session_id": "m2", "colour": "red"})).status_code == 400
+        await post(http, "/sessions", {"session_id": "m2"})
+        assert (await post(http, "/sessions", {"session_id": "m3"})).status_code == 429  # max_sessions
+        g.gateway.sessions.sweep(now=float("inf"))  # as if the TTL had passed
+        assert len(g.gateway.sessions) == 0 and g.gateway.sessions.expired == 2
+        assert (await post(http, "/sessions", {"session_id": "m3"})).status_code == 200
+
+
+async def test_paused_engines_answer_503_with_retry_after_when_configured(codec):
+    config = GatewayConfig(when_paused="retry", retry_after_s=2.0)
+    async with scripted_gateway(codec, ["Ok."], config) as g, httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+        g.gateway.paused = True
+        reply = await post(http, "/sessions/p1/v1/chat/completions", {"model": "m", "messages": QUESTION})
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "2"
+        g.gateway.paused = False
+        assert (await post(http, "/sessions/p1/v1/chat/completions",
+                           {"model": "m", "messages": QUESTION})).status_code == 200
+
+
+async def test_forced_sampling_and_the_response_budget_hold_whatever_the_agent_asks(codec):
+    long_reply = "word " * 40
+    config = GatewayConfig(sampling=ForcedSampling(temperature=0.0, max_tokens_per_turn=16, response_budget=30))
+    async with scripted_gateway(codec, [long_reply], config) as g:
+        client = openai.AsyncOpenAI(base_url=g.base_url("b1"), api_key="none")
+        first = await client.chat.completions.create(model="m", messages=QUESTION, temperature=1.5, max_tokens=500)
+        assert first.choices[0].finish_reason == "length" and first.usage.completion_tokens == 16
+        sampling = g.script.requests[-1].sampling
+        assert (sampling.temperature, sampling.max_new_tokens) == (0.0, 16)
+        history = [*QUESTION, first.choices[0].message.model_dump(exclude_none=True),
+                   {"role": "user", "content": "More."}]
+        second = await client.chat.completions.create(model="m", messages=history)
+        assert second.choices[0].finish_reason == "length" and second.usage.completion_tokens < 16
+        # the budget spent, a third turn is not generated
+        history += [second.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "More."}]
+        third = await client.chat.completions.create(model="m", messages=history)
+        assert third.choices[0].finish_reason == "length" and third.usage.completion_tokens == 0
+        session, (t,) = await g.gateway.finish("b1")
+    # the first turn's 16, the user turn's delta, and the second turn to the budget's end exactly
+    assert len(t.response_ids) == 30 and t.termination.value == "length" and t.assistant_turns == 2
