@@ -92,9 +92,19 @@ class ChatReply:
 class GatewayError(Exception):
     """A request the gateway refuses or could not serve, told in each API's own error shape.
 
-    ``status``: the HTTP status; ``kind``: invalid_request (400), not_found (404), too_large (413),
-    rate_limit (429), unavailable (503, retryable, ``retry_after_s``), infrastructure (502: the engines failed the
-    request; never the model's fault); ``param``: the request field at fault, where one is.
+    ``status``: the HTTP status; ``kind``, the same in every format (OpenAI's formats send it as ``code``;
+    Anthropic's maps it onto its error type), one of:
+
+    - ``invalid_request`` (400): a field of the request is wrong (``param`` names it), or the engine refused it;
+    - ``unauthenticated`` (401): no valid bearer token (app.py);
+    - ``not_found`` (404): no such session (finished, expired or never created);
+    - ``conflict`` (409): a session that exists already, or one finished with requests in flight;
+    - ``too_large`` (413): a body over ``max_body_bytes``;
+    - ``rate_limit`` (429): the gateway's session or per-session concurrency limits;
+    - ``infrastructure`` (502): the engines failed the request; never the model's fault;
+    - ``unavailable`` (503): retryable (``retry_after_s``), e.g. the engines paused for a weight update.
+
+    ``param``: the request field at fault, where one is.
     """
 
     def __init__(self, message: str, *, status: int = 400, kind: str = "invalid_request", param: str | None = None,
@@ -105,3 +115,9 @@ class GatewayError(Exception):
         self.kind = kind
         self.param = param
         self.retry_after_s = retry_after_s
+
+
+def agentloop_extension(reply: ChatReply) -> dict[str, Any]:
+    """What every format adds to its reply under ``agentloop``: the turn's token ids as the engine produced them,
+    and which chain of the session the turn extended (and whether it forked one)."""
+    return {"token_ids": list(reply.token_ids), "chain": reply.chain, "forked": reply.forked}

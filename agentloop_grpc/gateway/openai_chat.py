@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .config import GatewayLimits
-from .exchange import ChatReply, ChatRequest, GatewayError, TextDelta, TokenLogprob
+from .exchange import ChatReply, ChatRequest, GatewayError, TextDelta, TokenLogprob, agentloop_extension
+from .openai_errors import openai_error
 from .wire import sse
 from .wire_checks import TOP, Fields, check_tools, image_part
 
@@ -31,9 +32,6 @@ _FIELDS = frozenset({
     "seed", "stop", "stream", "logprobs", "top_logprobs", *_ACCEPTED_AND_IGNORED,
 })
 _ROLES = ("system", "developer", "user", "assistant", "tool")
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 409: "invalid_request_error", 413: "invalid_request_error",
-                429: "rate_limit_error", 502: "server_error", 503: "server_error"}
 
 
 class OpenAIChat:
@@ -82,7 +80,7 @@ class OpenAIChat:
                 "logprobs": {"content": _logprobs(reply.logprobs), "refusal": None} if reply.logprobs else None,
             }],
             "usage": _usage(reply),
-            "agentloop": extension(reply),
+            "agentloop": agentloop_extension(reply),
         }
 
     async def events(self, request: ChatRequest, stream: AsyncIterator[TextDelta | ChatReply]) -> AsyncIterator[bytes]:
@@ -115,23 +113,17 @@ class OpenAIChat:
                               if reply.logprobs and not streamed else None}
                     yield sse(json.dumps({**head, **ids, "choices": [choice]}))
                 end = {"index": 0, "delta": {}, "finish_reason": reply.finish_reason, "logprobs": None}
-                yield sse(json.dumps({**head, **ids, "choices": [end], "agentloop": extension(reply)}))
+                yield sse(json.dumps({**head, **ids, "choices": [end], "agentloop": agentloop_extension(reply)}))
                 yield sse(json.dumps({**head, **ids, "choices": [], "usage": _usage(reply)}))
         except GatewayError as error:
             yield sse(json.dumps(self.error(error)))
         yield sse("[DONE]")
 
     def error(self, error: GatewayError) -> dict[str, Any]:
-        return {"error": {"message": error.message, "type": _ERROR_TYPES.get(error.status, "server_error"),
-                          "param": error.param, "code": error.kind}}
+        return openai_error(error)
 
 
 OPENAI_CHAT = OpenAIChat()
-
-
-def extension(reply: ChatReply) -> dict[str, Any]:
-    """What every format adds under ``agentloop``: the turn's token ids as the engine produced them."""
-    return {"token_ids": list(reply.token_ids), "chain": reply.chain, "forked": reply.forked}
 
 
 def _refuse_unsupported(f: Fields) -> None:

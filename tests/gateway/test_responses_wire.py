@@ -197,7 +197,7 @@ def _image_body(part: dict[str, Any]) -> dict[str, Any]:
     [
         # the body and its top-level fields
         ([1], None, "JSON object"),
-        ({"input": "x", "frequency_penalty": 1}, "frequency_penalty", "Unknown parameter"),
+        ({"input": "x", "frequency_penalty": 1}, "frequency_penalty", "unknown field"),
         ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "send the whole input"),
         ({"input": "x", "conversation": "conv_1"}, "conversation", "store is not supported"),
         ({"input": "x", "background": True}, "background", "false"),
@@ -227,7 +227,7 @@ def _image_body(part: dict[str, Any]) -> dict[str, Any]:
             "json_schema",
         ),
         ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text.format.type", "json_object"),
-        ({"input": "x", "text": {"other": 1}}, "text.other", "Unknown parameter"),
+        ({"input": "x", "text": {"other": 1}}, "text.other", "unknown field"),
         ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning.effort", "'high'"),
         ({"input": "x", "reasoning": "high"}, "reasoning", "object"),
         # input
@@ -341,10 +341,10 @@ def test_refusals_name_the_field(body: Any, param: str | None, words: str) -> No
 def test_limits_are_enforced_with_the_bound_named() -> None:
     limits = GatewayLimits(max_messages=2, max_tools=1, max_top_logprobs=5)
     error = refused({"instructions": "s", "input": [{"role": "user", "content": "a"}] * 2}, limits)
-    assert (error.param, "max_messages 2" in error.message) == ("input", True)
+    assert (error.param, "limit of 2 (max_messages)" in error.message) == ("input", True)
     assert parse({"input": [{"role": "user", "content": "a"}] * 2}, limits).messages  # two is within
     error = refused({"input": "x", "tools": [WEATHER, {**WEATHER, "name": "b"}]}, limits)
-    assert (error.param, "max_tools 1" in error.message) == ("tools", True)
+    assert (error.param, "limit of 1 (max_tools)" in error.message) == ("tools", True)
     error = refused({"input": "x", "top_logprobs": 6}, limits)
     assert (error.param, "[0, 5]" in error.message) == ("top_logprobs", True)
     assert parse({"input": "x", "top_logprobs": 5}, limits).top_logprobs == 5
