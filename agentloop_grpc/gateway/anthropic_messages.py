@@ -4,8 +4,9 @@ a ChatReply written as its ``Message``, a stream as its server-sent events, an e
 Reading a request. Anthropic's API refuses what it does not know, so this does too: an unknown top-level field, an
 unknown content block type or a message key beyond ``role``/``content`` is a 400 naming the field. A hostile client
 may send any JSON value, so every field is type-checked before it is used, and every error is a GatewayError with
-``param`` set to the field's path (``messages[3].content[0].source``). Anthropic blocks map onto the internal
-(OpenAI-chat-shaped) messages of ``exchange.py``:
+``param`` set to the field's path (``messages[3].content[0].source``); the rules every format shares (numbers, tool
+names and schemas, images) are wire_checks.py's, the blocks are read in anthropic_input.py. Anthropic blocks map
+onto the internal (OpenAI-chat-shaped) messages of ``exchange.py``:
 
 - ``system`` (a string or text blocks) becomes one leading system message, its blocks joined by a blank line (chat
   templates want a system message's content as a string);
@@ -37,47 +38,27 @@ carrying the gateway's id arrives.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-import math
-import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import jsonschema
-
+from .anthropic_input import read_messages, read_tool_choice, read_tools, system_text
 from .config import GatewayLimits
-from .exchange import ChatReply, ChatRequest, FinishReason, GatewayError, TextDelta, ToolChoice
+from .exchange import ChatReply, ChatRequest, FinishReason, GatewayError, TextDelta, ToolChoice, agentloop_extension
 from .wire import sse
+from .wire_checks import TOP, Fields, refuse
 
 #: The top-level fields of a Messages request this format reads.
 _FIELDS = frozenset(
     "model max_tokens system messages tools tool_choice temperature top_p top_k stop_sequences stream thinking "
     "output_config".split()
 )
-#: Fields accepted and ignored, with the JSON type each must have: where and how Anthropic would serve the request
-#: (tier, region, speed, workspace), its prompt-cache hints and request labels; none changes what the model writes.
-_IGNORED: dict[str, type] = {
-    "metadata": dict,
-    "cache_control": dict,
-    "diagnostics": dict,
-    "service_tier": str,
-    "speed": str,
-    "inference_geo": str,
-    "user_profile_id": str,
-    "workspace_id": str,
-}
-#: The keys a custom tool may have (``cache_control`` and ``strict`` are accepted and ignored).
-_TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema", "cache_control", "strict"})
-#: Anthropic's image types.
-_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
-#: Anthropic's rule for a tool name.
-_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
-#: Nesting of a tool's input_schema (real ones nest a few levels): jsonschema's check recurses several frames a
-#: level, so a deeper schema could exhaust the stack instead of being refused.
-_MAX_SCHEMA_DEPTH = 64
+#: Fields accepted and ignored, objects and strings (their type is checked): where and how Anthropic would serve the
+#: request (tier, region, speed, workspace), its prompt-cache hints and request labels; none changes what the model
+#: writes.
+_IGNORED_OBJECTS = ("metadata", "cache_control", "diagnostics")
+_IGNORED_STRINGS = ("service_tier", "speed", "inference_geo", "user_profile_id", "workspace_id")
 #: Well beyond any context: bounds an integer a client sends before it meets the gateway's own caps.
 _MAX_INT = 2**31 - 1
 
@@ -90,363 +71,24 @@ _ERROR_TYPES = {
     "rate_limit": "rate_limit_error",
     "unavailable": "overloaded_error",
     "infrastructure": "api_error",
+    "unauthenticated": "authentication_error",
+    "conflict": "invalid_request_error",
 }
 
 
-def _depth(value: Any) -> int:
-    """How deeply a JSON value nests (a scalar: 0), without recursing."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is not None:
-            deepest = max(deepest, depth + 1)
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
-
-
-def _fail(message: str, param: str | None) -> GatewayError:
-    return GatewayError(message, status=400, kind="invalid_request", param=param)
-
-
-def _type_name(value: Any) -> str:
-    """A JSON value's type as a client would name it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
-def _object(value: Any, param: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(f"{param} must be an object, not {_type_name(value)}", param)
-    return value
-
-
-def _array(value: Any, param: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise _fail(f"{param} must be an array, not {_type_name(value)}", param)
-    return value
-
-
-def _string(value: Any, param: str, *, empty: bool = True) -> str:
-    if not isinstance(value, str):
-        raise _fail(f"{param} must be a string, not {_type_name(value)}", param)
-    if not empty and not value:
-        raise _fail(f"{param} must not be empty", param)
-    return value
-
-
-def _integer(value: Any, param: str, low: int, high: int = _MAX_INT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(f"{param} must be an integer, not {_type_name(value)}", param)
-    if not low <= value <= high:
-        raise _fail(f"{param} must be between {low} and {high}, got {value}", param)
-    return value
-
-
-def _number(value: Any, param: str, low: float, high: float, *, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _fail(f"{param} must be a number, not {_type_name(value)}", param)
-    number = float(value)
-    if not math.isfinite(number) or number > high or number < low or (low_open and number == low):
-        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise _fail(f"{param} must be in {interval}, got {value}", param)
-    return number
-
-
-def _block(value: Any, param: str) -> tuple[dict[str, Any], str]:
-    """A content block and its type."""
-    block = _object(value, param)
-    return block, _string(block.get("type"), f"{param}.type")
-
-
-def _text_block(block: dict[str, Any], param: str) -> str:
-    return _string(block.get("text"), f"{param}.text")
-
-
-def _image_part(block: dict[str, Any], param: str) -> dict[str, Any]:
-    source = _object(block.get("source"), f"{param}.source")
-    where = f"{param}.source"
-    kind = _string(source.get("type"), f"{where}.type")
-    if kind in ("url", "file"):
-        raise _fail(
-            f"{where}: {kind} image sources are not supported (the gateway fetches nothing); send the image as base64",
-            where,
-        )
-    if kind != "base64":
-        raise _fail(f"{where}.type must be base64, got {kind!r}", f"{where}.type")
-    media_type = _string(source.get("media_type"), f"{where}.media_type")
-    if media_type not in _IMAGE_TYPES:
-        raise _fail(
-            f"{where}.media_type must be one of {', '.join(sorted(_IMAGE_TYPES))}, got {media_type!r}",
-            f"{where}.media_type",
-        )
-    data = _string(source.get("data"), f"{where}.data", empty=False)
-    try:
-        base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as error:
-        raise _fail(f"{where}.data is not valid base64 ({error})", f"{where}.data") from None
-    return {"type": "image", "image": f"data:{media_type};base64,{data}"}
-
-
-def _parts(blocks: list[Any], param: str) -> list[dict[str, Any]]:
-    """Text and image blocks (a user message's rest or a tool result's content) as internal parts."""
-    parts: list[dict[str, Any]] = []
-    for i, value in enumerate(blocks):
-        where = f"{param}[{i}]"
-        block, kind = _block(value, where)
-        if kind not in ("text", "image"):
-            raise _fail(f"{where}.type {kind!r} is not supported here (text or image)", f"{where}.type")
-        parts.append(_part(block, kind, where))
-    return parts
-
-
-def _system(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    texts = []
-    for i, item in enumerate(_array(value, "system")):
-        where = f"system[{i}]"
-        block, kind = _block(item, where)
-        if kind != "text":
-            raise _fail(f"{where}.type must be text, got {kind!r}", f"{where}.type")
-        texts.append(_text_block(block, where))
-    return "\n\n".join(texts)
-
-
-def _tool_result(block: dict[str, Any], param: str) -> dict[str, Any]:
-    call_id = _string(block.get("tool_use_id"), f"{param}.tool_use_id", empty=False)
-    raw = block.get("content", "")
-    content: str | list[dict[str, Any]]
-    if isinstance(raw, str):
-        content = raw
-    elif isinstance(raw, list):
-        content = _parts(raw, f"{param}.content")
-    else:
-        raise _fail(
-            f"{param}.content must be a string or an array of blocks, not {_type_name(raw)}", f"{param}.content"
-        )
-    is_error = block.get("is_error", False)
-    if not isinstance(is_error, bool):
-        raise _fail(f"{param}.is_error must be a boolean, not {_type_name(is_error)}", f"{param}.is_error")
-    if is_error:
-        if isinstance(content, str):
-            content = f"Error: {content}" if content else "Error"
-        elif content and content[0]["type"] == "text":
-            content = [{"type": "text", "text": f"Error: {content[0]['text']}"}, *content[1:]]
-        else:
-            content = [{"type": "text", "text": "Error:"}, *content]
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
-
-
-def _tool_call(block: dict[str, Any], param: str) -> dict[str, Any]:
-    call_id = _string(block.get("id"), f"{param}.id", empty=False)
-    name = _string(block.get("name"), f"{param}.name", empty=False)
-    arguments = _object(block.get("input"), f"{param}.input")
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
-
-
-def _user(content: str | list[Any], param: str) -> list[dict[str, Any]]:
-    """One Anthropic user message: its tool results first, then the rest as one user message."""
-    if isinstance(content, str):
-        return [{"role": "user", "content": content}]
-    results: list[dict[str, Any]] = []
-    rest: list[Any] = []
-    for i, value in enumerate(content):
-        where = f"{param}[{i}]"
-        block, kind = _block(value, where)
-        if kind == "tool_result":
-            results.append(_tool_result(block, where))
-        elif kind in ("text", "image"):
-            rest.append(_part(block, kind, where))
-        elif kind == "tool_use":
-            raise _fail(f"{where}: a tool_use block belongs in an assistant message", f"{where}.type")
-        else:
-            raise _fail(
-                f"{where}.type {kind!r} is not supported in a user message (text, image, tool_result)", f"{where}.type"
-            )
-    return results + ([{"role": "user", "content": rest}] if rest else [])
-
-
-def _part(block: dict[str, Any], kind: str, param: str) -> dict[str, Any]:
-    if kind == "text":
-        return {"type": "text", "text": _text_block(block, param)}
-    return _image_part(block, param)
-
-
-def _assistant(content: str | list[Any], param: str) -> dict[str, Any]:
-    if isinstance(content, str):
-        return {"role": "assistant", "content": content}
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for i, value in enumerate(content):
-        where = f"{param}[{i}]"
-        block, kind = _block(value, where)
-        if kind == "text":
-            texts.append(_text_block(block, where))
-        elif kind == "tool_use":
-            calls.append(_tool_call(block, where))
-        elif kind == "tool_result":
-            raise _fail(f"{where}: a tool_result block belongs in a user message", f"{where}.type")
-        elif kind in ("thinking", "redacted_thinking"):
-            raise _fail(
-                f"{where}: {kind} blocks are not supported (the gateway serves no extended thinking)", f"{where}.type"
-            )
-        else:
-            raise _fail(
-                f"{where}.type {kind!r} is not supported in an assistant message (text, tool_use)", f"{where}.type"
-            )
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if calls:
-        message["tool_calls"] = calls
-    return message
-
-
-def _messages(value: Any, limits: GatewayLimits) -> list[dict[str, Any]]:
-    items = _array(value, "messages")
-    if not items:
-        raise _fail("messages must hold at least one message", "messages")
-    if len(items) > limits.max_messages:
-        raise _fail(
-            f"messages holds {len(items)} messages, more than the gateway's limit of {limits.max_messages}", "messages"
-        )
-    out: list[dict[str, Any]] = []
-    for i, item in enumerate(items):
-        where = f"messages[{i}]"
-        message = _object(item, where)
-        extra = sorted(set(message) - {"role", "content"})
-        if extra:
-            raise _fail(f"{where}.{extra[0]}: unknown field (a message has role and content)", f"{where}.{extra[0]}")
-        role = message.get("role")
-        if role not in ("user", "assistant"):
-            raise _fail(f"{where}.role must be user or assistant, got {role!r}", f"{where}.role")
-        content = message.get("content")
-        if isinstance(content, list):
-            if not content:
-                raise _fail(f"{where}.content must hold at least one block", f"{where}.content")
-        elif not isinstance(content, str):
-            raise _fail(
-                f"{where}.content must be a string or an array of blocks, not {_type_name(content)}", f"{where}.content"
-            )
-        if role == "user":
-            out.extend(_user(content, f"{where}.content"))
-        else:
-            out.append(_assistant(content, f"{where}.content"))
-    return out
-
-
-def _tools(value: Any, limits: GatewayLimits) -> list[dict[str, Any]]:
-    items = _array(value, "tools")
-    if len(items) > limits.max_tools:
-        raise _fail(f"tools holds {len(items)} tools, more than the gateway's limit of {limits.max_tools}", "tools")
-    specs: list[dict[str, Any]] = []
-    names: set[str] = set()
-    for i, item in enumerate(items):
-        where = f"tools[{i}]"
-        tool = _object(item, where)
-        kind = tool.get("type", "custom")
-        if kind not in ("custom", None):
-            name = tool.get("name")
-            raise _fail(
-                f"{where}: tool type {kind!r}{f' ({name})' if isinstance(name, str) else ''} is not supported "
-                "(server and built-in tools run at Anthropic; the gateway offers custom tools only)",
-                f"{where}.type",
-            )
-        extra = sorted(set(tool) - _TOOL_FIELDS)
-        if extra:
-            raise _fail(f"{where}.{extra[0]}: unknown field of a custom tool", f"{where}.{extra[0]}")
-        name = _string(tool.get("name"), f"{where}.name")
-        if not _TOOL_NAME.fullmatch(name):
-            raise _fail(f"{where}.name must match ^[a-zA-Z0-9_-]{{1,128}}$, got {name!r}", f"{where}.name")
-        if name in names:
-            raise _fail(f"{where}.name {name!r} is offered twice", f"{where}.name")
-        names.add(name)
-        description = _string(tool.get("description", ""), f"{where}.description")
-        schema = _object(tool.get("input_schema"), f"{where}.input_schema")
-        if schema.get("type") != "object":
-            raise _fail(f"{where}.input_schema.type must be 'object'", f"{where}.input_schema.type")
-        if _depth(schema) > _MAX_SCHEMA_DEPTH:
-            raise _fail(f"{where}.input_schema nests deeper than {_MAX_SCHEMA_DEPTH} levels", f"{where}.input_schema")
-        try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except jsonschema.SchemaError as error:
-            raise _fail(
-                f"{where}.input_schema is not a valid JSON schema: {error.message}", f"{where}.input_schema"
-            ) from None
-        specs.append({"type": "function", "function": {"name": name, "description": description, "parameters": schema}})
-    return specs
-
-
-def _tool_choice(value: Any, tool_names: set[str]) -> ToolChoice:
-    choice = _object(value, "tool_choice")
-    kind = choice.get("type")
-    extra = sorted(set(choice) - {"type", "name", "disable_parallel_tool_use"})
-    if extra:
-        raise _fail(f"tool_choice.{extra[0]}: unknown field", f"tool_choice.{extra[0]}")
-    parallel = choice.get("disable_parallel_tool_use", False)
-    if not isinstance(parallel, bool):
-        raise _fail(
-            f"tool_choice.disable_parallel_tool_use must be a boolean, not {_type_name(parallel)}",
-            "tool_choice.disable_parallel_tool_use",
-        )
-    if kind == "auto":
-        return "auto"
-    if kind == "none":
-        return "none"
-    if kind not in ("any", "tool"):
-        raise _fail(f"tool_choice.type must be auto, any, tool or none, got {kind!r}", "tool_choice.type")
-    if not tool_names:
-        raise _fail(f"tool_choice {kind!r} needs tools", "tool_choice")
-    if kind == "any":
-        return "required"
-    name = _string(choice.get("name"), "tool_choice.name", empty=False)
-    if name not in tool_names:
-        raise _fail(f"tool_choice.name {name!r} is not one of the tools offered", "tool_choice.name")
-    return {"name": name}
-
-
-def _stop(value: Any, limits: GatewayLimits) -> tuple[str, ...]:
-    items = _array(value, "stop_sequences")
-    if len(items) > limits.max_stop:
-        raise _fail(
-            f"stop_sequences holds {len(items)} strings, more than the gateway's limit of {limits.max_stop}",
-            "stop_sequences",
-        )
-    return tuple(_string(s, f"stop_sequences[{i}]", empty=False) for i, s in enumerate(items))
-
-
 def _thinking(value: Any) -> None:
-    thinking = _object(value, "thinking")
+    thinking = Fields(value, None, "thinking")
     if thinking.get("type") != "disabled":
-        raise _fail(
-            f"thinking {thinking.get('type')!r} is not supported (the gateway serves no extended thinking); "
-            "leave thinking out or set its type to disabled",
-            "thinking.type",
-        )
+        raise refuse(f"thinking {thinking.get('type')!r:.80} is not supported (the gateway serves no extended "
+                     "thinking); leave thinking out or set its type to disabled", "thinking.type")
 
 
 def _output_config(value: Any) -> None:
-    config = _object(value, "output_config")
-    for key in sorted(config):
-        if key == "format" and config[key] is not None:  # ignoring it would hand the client text it cannot trust
-            raise _fail(
-                "output_config.format is not supported (the gateway does not constrain replies to a schema)",
-                "output_config.format",
-            )
-        if key not in ("format", "effort"):
-            raise _fail(f"output_config.{key}: unknown field", f"output_config.{key}")
-    if config.get("effort") is not None:
-        _string(config["effort"], "output_config.effort")  # checked, then ignored: no thinking to spend it on
+    config = Fields(value, ("format", "effort"), "output_config")
+    if config.get("format") is not None:  # ignoring it would hand the client text it cannot trust
+        raise refuse("output_config.format is not supported (the gateway does not constrain replies to a schema)",
+                     "output_config.format")
+    config.text("effort")  # checked, then ignored: no thinking to spend it on
 
 
 def _input(call: dict[str, Any]) -> Any:
@@ -463,10 +105,6 @@ def _usage(reply: ChatReply) -> dict[str, int]:
     }
 
 
-def _agentloop(reply: ChatReply) -> dict[str, Any]:
-    return {"token_ids": list(reply.token_ids), "chain": reply.chain, "forked": reply.forked}
-
-
 def _event(payload: dict[str, Any]) -> bytes:
     return sse(json.dumps(payload, separators=(",", ":")), event=payload["type"])
 
@@ -477,54 +115,34 @@ class AnthropicMessages:
     name = "messages"
 
     def parse(self, body: Any, limits: GatewayLimits) -> ChatRequest:
-        if not isinstance(body, dict):
-            raise _fail(f"the request body must be a JSON object, not {_type_name(body)}", None)
-        unknown = sorted(set(body) - _FIELDS - set(_IGNORED))
-        if unknown:
-            raise _fail(f"{unknown[0]}: unknown field (Extra inputs are not permitted)", unknown[0])
-        model = _string(body.get("model"), "model", empty=False)
-        if "max_tokens" not in body:
-            raise _fail("max_tokens is required", "max_tokens")
-        max_tokens = _integer(body["max_tokens"], "max_tokens", 1)
-        messages = _messages(body.get("messages"), limits)
-        if body.get("system") is not None:
-            system = _system(body["system"])
-            if system:
-                messages.insert(0, {"role": "system", "content": system})
-        tools = _tools(body["tools"], limits) if body.get("tools") is not None else []
+        f = Fields(body, _FIELDS | {*_IGNORED_OBJECTS, *_IGNORED_STRINGS}, TOP)
+        messages = read_messages(f.required_items("messages", limits.max_messages, "max_messages"))
+        system = system_text(f.get("system", ""))
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+        tools = read_tools(f.items("tools") or [], limits)
         choice: ToolChoice = "auto"
-        if body.get("tool_choice") is not None:
-            choice = _tool_choice(body["tool_choice"], {t["function"]["name"] for t in tools})
-        temperature = top_p = None
-        if body.get("temperature") is not None:
-            temperature = _number(body["temperature"], "temperature", 0.0, 1.0)
-        if body.get("top_p") is not None:
-            top_p = _number(body["top_p"], "top_p", 0.0, 1.0, low_open=True)
-        if body.get("top_k") is not None:
-            _integer(body["top_k"], "top_k", 0)  # checked, then ignored (module docstring)
-        stop = _stop(body["stop_sequences"], limits) if body.get("stop_sequences") is not None else ()
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise _fail(f"stream must be a boolean, not {_type_name(stream)}", "stream")
-        for key, kind in _IGNORED.items():
-            if body.get(key) is not None and not isinstance(body[key], kind):
-                raise _fail(
-                    f"{key} must be {'an object' if kind is dict else 'a string'}, not {_type_name(body[key])}", key
-                )
-        if body.get("output_config") is not None:
-            _output_config(body["output_config"])
-        if body.get("thinking") is not None:
-            _thinking(body["thinking"])
+        if f.get("tool_choice") is not None:
+            choice = read_tool_choice(f.get("tool_choice"), tools)
+        f.integer("top_k", 0, _MAX_INT)  # checked, then ignored (module docstring)
+        for key in _IGNORED_OBJECTS:
+            f.mapping(key)
+        for key in _IGNORED_STRINGS:
+            f.text(key)
+        if f.get("output_config") is not None:
+            _output_config(f.get("output_config"))
+        if f.get("thinking") is not None:
+            _thinking(f.get("thinking"))
         return ChatRequest(
             messages=tuple(messages),
-            tools=tuple(tools),
+            tools=tools,
             tool_choice=choice,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            stop=stop,
-            stream=stream,
-            model=model,
+            max_tokens=f.required_integer("max_tokens", 1, _MAX_INT),
+            temperature=f.number("temperature", 0.0, 1.0),
+            top_p=f.number("top_p", 0.0, 1.0, low_open=True),
+            stop=f.strings("stop_sequences", limits.max_stop, "max_stop"),
+            stream=f.flag("stream"),
+            model=f.required_text("model", nonempty=True),
         )
 
     def reply(self, reply: ChatReply) -> dict[str, Any]:
@@ -542,7 +160,7 @@ class AnthropicMessages:
             "stop_reason": _STOP_REASONS[reply.finish_reason],
             "stop_sequence": None,
             "usage": _usage(reply),
-            "agentloop": _agentloop(reply),
+            "agentloop": agentloop_extension(reply),
         }
 
     async def events(self, request: ChatRequest, stream: AsyncIterator[TextDelta | ChatReply]) -> AsyncIterator[bytes]:
@@ -625,7 +243,7 @@ class AnthropicMessages:
                 "type": "message_delta",
                 "delta": {"stop_reason": _STOP_REASONS[item.finish_reason], "stop_sequence": None},
                 "usage": _usage(item),
-                "agentloop": _agentloop(item),
+                "agentloop": agentloop_extension(item),
             }
         )
         yield _event({"type": "message_stop"})

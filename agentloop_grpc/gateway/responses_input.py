@@ -75,10 +75,9 @@ def _items(value: list[Any]) -> list[dict[str, Any]]:
 
 
 def _message(item: Fields) -> dict[str, Any]:
-    role = item.one_of("role", list(_ROLES))
+    role = item.one_of("role", list(_ROLES), required=True)
+    assert role is not None  # required: None raised
     content = item.get("content")
-    if role is None:
-        raise refuse(f"{item.path('role')} is required (one of {', '.join(_ROLES)})", item.path("role"))
     if isinstance(content, str):
         return {"role": _ROLES[role], "content": content}
     parts = _parts(content, role, item.path("content"))

@@ -119,15 +119,16 @@ class Fields:
         assert value is not None  # required: None raised
         return value
 
-    def one_of(self, name: str, options: Collection[str], default: str | None = None) -> str | None:
+    def one_of(self, name: str, options: Collection[str], required: bool = False) -> str | None:
         """A string naming one of ``options``."""
         value = self.value.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, str) or value not in options:
-            raise refuse(f"{self.path(name)} must be one of {', '.join(options)}, not {shown(value)}",
-                         self.path(name))
-        return str(value)
+        choices = list(options)
+        alternatives = f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
+        if value is None and required:
+            raise refuse(f"{self.path(name)} is required ({alternatives})", self.path(name))
+        if value is not None and (not isinstance(value, str) or value not in choices):
+            raise refuse(f"{self.path(name)} must be {alternatives}, not {shown(value)}", self.path(name))
+        return value
 
     def flag(self, name: str) -> bool:
         return bool(self._typed(name, bool, "a boolean (true or false)", False))
