@@ -79,3 +79,9 @@ def test_only_commands_import_the_cli() -> None:
     # a library module importing the CLI would drag typer and every command into a trainer's process
     assert sorted(f"{m} -> {i}" for m, names in MODULES.items() if not within(m, COMMANDS)
                   for i in names if within(i, CLI)) == []
+
+
+def test_the_gateway_never_imports_an_engine_adapter_or_a_job() -> None:
+    # a codec and a session table over the Router (ARCHITECTURE.md): it reaches engines only through the Router
+    assert edges(("agentloop_grpc.gateway",), ("agentloop_grpc.engine_adapters", "agentloop_grpc.rollout",
+                                               "agentloop_grpc.train", "agentloop_grpc.tools.server")) == []

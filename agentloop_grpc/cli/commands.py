@@ -29,7 +29,7 @@ from agentloop_grpc.engine_adapters.config_flags import apply_setting
 from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model
 from agentloop_grpc.engine_adapters.server import serve, stop_signal
-from agentloop_grpc.extras import MissingExtraError
+from agentloop_grpc.extras import MissingExtraError, needs_extra
 from agentloop_grpc.rollout.command import rollout as rollout_command
 from agentloop_grpc.serving.server_security import PortInUseError, ServerSecurity
 from agentloop_grpc.train.command import train as train_command
@@ -307,6 +307,60 @@ def tools_serve(
         _config_error(f"{config}: {exc}")
     _serve_until_stopped("tools", host, "", functools.partial(
         serve_tools, tool_config, f"{host}:{port}", security=security, metrics_port=metrics_port))
+
+
+@app.command("gateway", cls=Command)
+@with_server_security
+def gateway(
+    engines: str = typer.Option(None, help="Running engine servers, host:port[,host:port...]."),
+    discovery_file: Path = typer.Option(None, help="A discovery file written by `agentloop engine launch`."),
+    config: Path = typer.Option(None, help="A gateway YAML (GatewayConfig: tool_parser, forced sampling, limits)."),
+    model_dir: Path = typer.Option(None, help="The served model's folder, for its tokenizer (default: the default "
+                                               "model)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 to accept other machines)."),
+    port: int = typer.Option(8100, min=0, max=65535, help="Port to bind; 0 picks a free one and prints it."),
+    log_level: LogLevel = _LOG_LEVEL,
+    *,
+    security: ServerSecurity,
+) -> None:
+    """Serve the session gateway: OpenAI Chat Completions / Responses and Anthropic Messages at
+    /sessions/{id}/v1 for unmodified agents, recording token-exact trajectories (docs/gateway.md)."""
+    from pydantic import ValidationError
+
+    from agentloop_grpc.router.discovery import discovery_addresses
+
+    _configure_logging(log_level)
+    if (engines is None) == (discovery_file is None):
+        _config_error("give the engine servers: --engines or --discovery-file (one of them)")
+    try:
+        addresses = discovery_addresses(discovery_file) if discovery_file else [
+            a.strip() for a in engines.split(",") if a.strip()]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _config_error(f"the discovery file {discovery_file} cannot be read ({exc})")
+    try:  # fastapi and uvicorn come with the gateway extra
+        with needs_extra("agentloop gateway", "gateway"):
+            from agentloop_grpc.gateway.config import GatewayConfig
+            from agentloop_grpc.gateway.serve import serve_gateway
+    except MissingExtraError as exc:
+        _config_error(str(exc))
+    try:
+        settings = GatewayConfig.model_validate(yaml.safe_load(config.read_text()) or {}) if config else \
+            GatewayConfig()
+    except (ValidationError, yaml.YAMLError) as exc:
+        _config_error(describe(str(config), exc, GatewayConfig))
+    except OSError as exc:
+        _config_error(f"{config}: {exc}")
+
+    def announce(url: str) -> None:
+        print(f"agentloop gateway listening on {url} (sessions at {url}/sessions/{{id}}/v1)", flush=True)
+
+    try:
+        asyncio.run(serve_gateway(settings, addresses, host, port, str(model_dir) if model_dir else None,
+                                  security, on_listening=announce))
+    except (ValueError, ImportError, OSError, SystemExit) as exc:
+        if isinstance(exc, SystemExit):  # uvicorn exits when it cannot bind
+            _config_error(f"the gateway could not listen on {host}:{port}")
+        _config_error(str(exc))
 
 
 @engine_app.command("launch", cls=EngineCommand)

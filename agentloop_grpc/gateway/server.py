@@ -19,8 +19,8 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serve_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, certificate: Path | None = None,
-                    private_key: Path | None = None) -> AsyncIterator[str]:
+async def serve_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, certificate: str | Path | None = None,
+                    private_key: str | Path | None = None) -> AsyncIterator[str]:
     """Serve ``app`` until the block ends; yields its base URL (``http(s)://host:port``)."""
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
                             ssl_certfile=str(certificate) if certificate else None,

@@ -1,0 +1,56 @@
+"""`agentloop gateway` as a user runs it: over a running engine server, a port picked by the system, tokens from
+files, stopped by SIGTERM; bad options end in one line."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+
+import openai
+
+from ..router.conftest import AGENTLOOP, ServerProcess, server_processes  # noqa: F401 - a fixture
+
+
+def start_gateway(*args: str) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([AGENTLOOP, "gateway", "--port", "0", "--log-level", "WARNING", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    if "listening on" not in line:
+        process.kill()
+        raise AssertionError(f"the gateway did not start: {line!r} {process.stderr.read()}")
+    return process, line.split()[4]
+
+
+async def test_the_gateway_command_serves_sessions_and_stops_on_sigterm(server_processes, tmp_path):
+    program = (AGENTLOOP, "engine", "serve", "--set", "vocab_size=49152")
+    server_processes.append(ServerProcess(token_latency_ms=1, program=program))
+    (tmp_path / "token").write_text("secret\n")
+    (tmp_path / "gateway.yaml").write_text("sampling:\n  max_tokens_per_turn: 8\n")
+    process, url = start_gateway("--engines", server_processes[0].address, "--config", str(tmp_path / "gateway.yaml"),
+                                 "--auth-token-file", str(tmp_path / "token"))
+    try:
+        client = openai.AsyncOpenAI(base_url=f"{url}/sessions/c1/v1", api_key="secret")
+        reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+        assert reply.usage.completion_tokens <= 8 and len(reply.model_extra["agentloop"]["token_ids"]) <= 8
+        assert [m.id for m in (await client.models.list()).data] == ["agentloop"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(process.wait, 30)
+    assert code == 0
+
+
+def test_bad_options_end_in_one_line(tmp_path):
+    cases = [
+        ([], "--engines or --discovery-file"),
+        (["--engines", "127.0.0.1:1", "--config", str(tmp_path / "missing.yaml")], "missing.yaml"),
+        (["--engines", "127.0.0.1:1", "--tls-cert", str(tmp_path / "c.pem")], "both a certificate and its key"),
+    ]
+    (tmp_path / "bad.yaml").write_text("tool_parser: nope\n")
+    cases.append((["--engines", "127.0.0.1:1", "--config", str(tmp_path / "bad.yaml")], "tool_parser"))
+    for args, expected in cases:
+        done = subprocess.run([AGENTLOOP, "gateway", "--port", "0", *args], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], (args, done.stderr)
