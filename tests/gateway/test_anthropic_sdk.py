@@ -17,14 +17,17 @@ from .conftest import scripted_gateway
 
 QUESTION = "What is 2 + 3?"
 REPLIES = [call("calculator", expression="2+3"), "The answer is 5."]
+#: The model writes text before its call: the SDK echoes a text block and a tool_use block.
+REPLIES_WITH_TEXT = [f"Let me compute that.\n\n{call('calculator', expression='2+3')}", "The answer is 5."]
+SCRIPTS = pytest.mark.parametrize("replies", [REPLIES, REPLIES_WITH_TEXT], ids=["call", "text-and-call"])
 #: Greedy in both: the fake engine's logprobs of an unseeded sampled request are drawn at random.
 GREEDY = GatewayConfig(sampling=ForcedSampling(temperature=0.0))
 
 
-async def tool_loop_trajectory(codec: Any) -> tuple[Any, list[dict[str, Any]]]:
+async def tool_loop_trajectory(codec: Any, replies: list[str]) -> tuple[Any, list[dict[str, Any]]]:
     """What our tool loop records for the conversation, and its calculator tool as an Anthropic tool."""
     config = AgentLoopConfig(sampling=SamplingConfig(temperature=0.0))
-    async with loop_context(codec, REPLIES, config) as (ctx, loops, _):
+    async with loop_context(codec, replies, config) as (ctx, loops, _):
         messages = ({"role": "user", "content": QUESTION},)
         t = await loops.get("tool").run(Sample(sample_id="s1", messages=messages, tools=("calculator",)))
         function = ctx.tool_specs["calculator"].openai()["function"]
@@ -50,13 +53,15 @@ def tool_result_turn(content: list[Any], tool_use_id: str) -> list[dict[str, Any
     ]
 
 
-async def test_an_agent_through_the_anthropic_sdk_records_what_the_tool_loop_records(codec):
-    expected, tools = await tool_loop_trajectory(codec)
-    async with scripted_gateway(codec, REPLIES, GREEDY) as g:
+@SCRIPTS
+async def test_an_agent_through_the_anthropic_sdk_records_what_the_tool_loop_records(codec, replies):
+    expected, tools = await tool_loop_trajectory(codec, replies)
+    async with scripted_gateway(codec, replies, GREEDY) as g:
         client = anthropic.AsyncAnthropic(base_url=g.anthropic_base_url("s1"), api_key="none", max_retries=0)
         first = await client.messages.create(
             model="m", max_tokens=256, messages=[{"role": "user", "content": QUESTION}], tools=tools)
         assert first.stop_reason == "tool_use"
+        assert [block.type for block in first.content] == ["text"] * (replies is REPLIES_WITH_TEXT) + ["tool_use"]
         (tool_use,) = [block for block in first.content if block.type == "tool_use"]
         assert (tool_use.name, tool_use.input) == ("calculator", {"expression": "2+3"})
         second = await client.messages.create(
@@ -71,14 +76,16 @@ async def test_an_agent_through_the_anthropic_sdk_records_what_the_tool_loop_rec
     assert ids == list(t.response_ids[: len(ids)])
 
 
-async def test_the_same_conversation_streamed_records_the_same(codec):
-    expected, tools = await tool_loop_trajectory(codec)
-    async with scripted_gateway(codec, REPLIES, GREEDY) as g:
+@SCRIPTS
+async def test_the_same_conversation_streamed_records_the_same(codec, replies):
+    expected, tools = await tool_loop_trajectory(codec, replies)
+    async with scripted_gateway(codec, replies, GREEDY) as g:
         client = anthropic.AsyncAnthropic(base_url=g.anthropic_base_url("s2"), api_key="none", max_retries=0)
         async with client.messages.stream(
                 model="m", max_tokens=256, messages=[{"role": "user", "content": QUESTION}], tools=tools) as stream:
             first = await stream.get_final_message()
         assert first.stop_reason == "tool_use"
+        assert [block.type for block in first.content] == ["text"] * (replies is REPLIES_WITH_TEXT) + ["tool_use"]
         (tool_use,) = [block for block in first.content if block.type == "tool_use"]
         assert (tool_use.name, tool_use.input) == ("calculator", {"expression": "2+3"})
         async with client.messages.stream(
