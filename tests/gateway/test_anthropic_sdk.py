@@ -105,7 +105,7 @@ async def test_text_streams_as_it_decodes(codec):
                 model="m", max_tokens=64, messages=[{"role": "user", "content": "Hi"}]) as stream:
             pieces = [piece async for piece in stream.text_stream]
             message = await stream.get_final_message()
-        assert "".join(pieces) == "Hello there, friend." and len(pieces) > 2  # it streamed, not one piece at the end
+        assert "".join(pieces) == "Hello there, friend." and len(pieces) >= 2  # it streamed, not one piece at the end
         assert message.usage.output_tokens == len(codec.encode("Hello there, friend.")) + 1  # and the end of turn
         session, (t,) = await g.gateway.finish("s3")
     assert session.forks == [] and t.assistant_turns == 1
