@@ -21,6 +21,10 @@ logprobs), ``strict`` of a function tool (no constrained decoding), ``prompt_cac
 structured-output text formats, built-in tools, ``background`` and every field the API does not have (as the
 OpenAI API does).
 
+Reading: the top-level fields here, the input items and tools in responses_input.py, the rules every format
+shares (numbers, tool names and schemas, images) in wire_checks.py; writing: the Response object and its items in
+responses_output.py, its stream events here.
+
 The non-streamed reply cannot echo the request's tools, tool_choice or sampling (``reply`` sees only the ChatReply):
 it reports the API's defaults; the streamed response echoes them. A stream's response id is made when it starts,
 before the ChatReply (and its id) exists, so a streamed response has its own id.
@@ -51,6 +55,8 @@ _FIELDS = frozenset(
 )
 _MAX_TOKENS = 2**31 - 1
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
+#: The API knows about ten ``include`` values; more is no client's request.
+_MAX_INCLUDE = 64
 
 
 class OpenAIResponses:
@@ -80,7 +86,7 @@ class OpenAIResponses:
         _check_reasoning(f.mapping("reasoning"))
         tools = read_tools(f.items("tools"), limits)
         top_logprobs = f.integer("top_logprobs", 0, limits.max_top_logprobs, bound="max_top_logprobs")
-        include = f.strings("include", max_items=64)
+        include = f.strings("include", max_items=_MAX_INCLUDE)
         return ChatRequest(
             messages=tuple(read_input(f.get("input"), f.text("instructions"), limits)),
             tools=tools,

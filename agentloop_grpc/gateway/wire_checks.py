@@ -85,8 +85,8 @@ class Fields:
         self.where = where
         for name in value:
             if allowed is not None and name not in allowed:
-                raise refuse(f"{self.path(name)}: unknown field (known: {', '.join(sorted(allowed))})",
-                             self.path(str(name)[:80]))
+                path = self.path(str(name)[:80])  # a hostile name may be huge
+                raise refuse(f"{path}: unknown field (known: {', '.join(sorted(allowed))})", path)
 
     def path(self, name: str) -> str:
         return name if self.where == TOP else f"{self.where}.{name}"
