@@ -16,6 +16,7 @@ from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.engine_adapters.config import EngineConfig
 from agentloop_grpc.engine_adapters.config_base import LocalModelConfig
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
+from agentloop_grpc.gateway.config import GatewayConfig
 from agentloop_grpc.router import RouterConfig
 from agentloop_grpc.trackers.config import REPORT_TO_HELP, TrackerName, TrackerSettings, check_report_to
 
@@ -119,6 +120,43 @@ class Dataset(BaseModel):
         return self
 
 
+class ExternalAgent(BaseModel):
+    """An agent of your own plays every sample instead of our loops (docs/gateway.md): each sample is a session of
+    the session gateway this run serves, which the agent talks to through the OpenAI or Anthropic API; its
+    trajectories are the session's chains. Exactly one of callable and command. ``loops``, ``interactions``,
+    ``workers``, ``ray`` and ``max_concurrency`` of the rollout do not apply; tools are started as configured, the
+    agent runs its own (``tools: {launch: null}`` starts none)."""
+
+    model_config = _STRICT
+
+    callable: str | None = Field(
+        None, description="module:function, called per session as fn(base_url=..., api_key=..., row=<dict>, "
+        "session_id=...): async, or sync (then in a thread of its own); what it returns is ignored. base_url is "
+        "the session's OpenAI base URL ({url}/sessions/{id}/v1); its reward route is {url}/sessions/{id}/reward.")
+    command: tuple[str, ...] | None = Field(
+        None, min_length=1, description="A command line started per session with OPENAI_BASE_URL, OPENAI_API_KEY, "
+        "ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY, AGENTLOOP_SESSION_ID, AGENTLOOP_REWARD_URL and AGENTLOOP_ROW (the "
+        "row as JSON) in its environment; its output goes to output_dir/logs/agents/<session>.log; a non-zero exit "
+        "is a crash.")
+    max_concurrency: int = Field(32, ge=1, le=100_000, description="Sessions (agents) running at once.")
+    timeout_s: float = Field(
+        600.0, gt=0, description="How long one agent may run; past it, it is stopped (a command's process group "
+        "killed) and its session is an infrastructure failure, never trained on.")
+    reward: Literal["session", "function"] = Field(
+        "session", description="session: what the agent posted to its session's reward route (0.0 when nothing); "
+        "function: the rollout's reward function, with the row's ground truth (what an agent posts is ignored).")
+    gateway: GatewayConfig = Field(
+        default_factory=GatewayConfig, description="The session gateway: forced sampling, limits, tool-call format.")
+
+    @model_validator(mode="after")
+    def _one_program(self) -> ExternalAgent:
+        if (self.callable is None) == (self.command is None):
+            raise ValueError("agent: give exactly one of callable or command")
+        if self.callable is not None and ":" not in self.callable:
+            raise ValueError(f"agent.callable: {self.callable!r} is not of the form module:function")
+        return self
+
+
 class AgentRunConfig(BaseModel):
     """What a rollout and a training run share: the engines and tools, the prompts, the loops, the routing and the
     trackers. The loops rows may name are checked here, so a config naming a loop no worker has is refused."""
@@ -184,6 +222,15 @@ class RolloutConfig(AgentRunConfig):
     prompt_length: int | None = Field(None, ge=1, description="Pad prompts to this length in batch.pt (default: "
                                       "longest).")
     response_length: int | None = Field(None, ge=1, description="Pad responses to this length (default: longest).")
+    agent: ExternalAgent | None = Field(
+        None, description="Run an agent of your own through the session gateway instead of our loops (None: the "
+        "loops).")
+
+    @model_validator(mode="after")
+    def _agent_reward(self) -> RolloutConfig:
+        if self.agent is not None and self.agent.reward == "function" and self.reward is None:
+            raise ValueError("agent.reward: function scores with the rollout's reward function; set reward")
+        return self
 
 
 def load_config(path: str | Path) -> RolloutConfig:

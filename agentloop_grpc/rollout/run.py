@@ -7,7 +7,8 @@ running one; (4) the manager runs the samples with a live progress display while
 load, and the trackers of report_to get the metrics every ``trackers.log_every`` trajectories; (5) outputs:
 trajectories.parquet, trace.jsonl, batch.pt, summary.json, report.html, and the summary and a samples table to
 the trackers. Servers this run started are stopped on the way out, also on Ctrl-C, and the trajectories finished
-before an interruption are still written.
+before an interruption are still written. A config with ``agent:`` runs an agent of your own through the session
+gateway instead of the manager's loops (agents_run.py), with the same steps and outputs.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerP
 from agentloop_grpc.router import NoHealthyServerError
 from agentloop_grpc.router.call import GenerateCall
 from agentloop_grpc.router.discovery import discovery_addresses
+from agentloop_grpc.router.metrics import RouterMetrics
 from agentloop_grpc.router.result import GenerateResult
 from agentloop_grpc.serving.metrics import serve_metrics
 from agentloop_grpc.trackers import flatten, open_trackers
@@ -158,8 +160,8 @@ async def start_tools(tools: Tools, stack: AsyncExitStack, out: Path) -> str | N
     return await server.start(timeout_s=60)
 
 
-async def _sample_load(manager: AgentLoopManager, record: RunRecord, every_s: float = 0.25) -> None:
-    metrics = manager.control.metrics
+async def sample_load(metrics: RouterMetrics, record: RunRecord, every_s: float = 0.25) -> None:
+    """Record each server's requests in flight every ``every_s`` (until cancelled)."""
     while True:
         now = time.time()
         for server in record.servers:
@@ -167,8 +169,37 @@ async def _sample_load(manager: AgentLoopManager, record: RunRecord, every_s: fl
         await asyncio.sleep(every_s)
 
 
+def open_tracking(config: RolloutConfig, stack: AsyncExitStack, record: RunRecord,
+                  progress: Progress) -> RolloutTracking:
+    """The trackers of report_to, opened first: one that cannot start (no W&B login, a bad MLflow URI) fails
+    before any server does."""
+    trackers = stack.enter_context(open_trackers(config.report_to, config.trackers, record.output_dir,
+                                                 flatten(config.model_dump(mode="json"))))
+    record.trackers = trackers.locations()
+    if trackers.names:
+        progress.status(f"logging to {', '.join(trackers.names)}")
+    return RolloutTracking(trackers, config.trackers.log_every, config.trackers.samples)
+
+
+def end_run(config: RolloutConfig, record: RunRecord, metrics: RouterMetrics, tracking: RolloutTracking,
+            progress: Progress, started: float) -> None:
+    """The record's routing decisions, wall time and metrics (those of what finished, when interrupted); the
+    outputs written."""
+    record.decisions = {d: metrics.value("agentloop_router_routing_decisions_total", decision=d)
+                        for d in ("new", "sticky", "moved")}
+    record.wall_s = time.monotonic() - started
+    if record.metrics is None:
+        record.metrics = RolloutMetrics.of(record.trajectories, record.wall_s)
+    progress.stop()
+    write_outputs(config, record, tracking)
+
+
 async def run_rollout(config: RolloutConfig, progress: Progress, record: RunRecord) -> RunRecord:
     """Run the rollout into ``record`` (the caller keeps it, so an interrupted run's record is still there)."""
+    if config.agent is not None:
+        from .agents_run import run_agent_rollout  # it imports this module
+
+        return await run_agent_rollout(config, progress, record)
     out = record.output_dir
     out.mkdir(parents=True, exist_ok=True)
     # 1. the dataset, before anything starts
@@ -176,13 +207,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
     check_loops(config, samples)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
-        # opened first: a tracker that cannot start (no W&B login, a bad MLflow URI) fails before any server does
-        trackers = stack.enter_context(open_trackers(config.report_to, config.trackers, out,
-                                                     flatten(config.model_dump(mode="json"))))
-        tracking = RolloutTracking(trackers, config.trackers.log_every, config.trackers.samples)
-        record.trackers = trackers.locations()
-        if trackers.names:
-            progress.status(f"logging to {', '.join(trackers.names)}")
+        tracking = open_tracking(config, stack, record, progress)
         # 2-3. engines and tools
         progress.status("starting engine and tool servers")
         (addresses, model_dir), tool_address = await asyncio.gather(start_engines(config.engines, stack, out),
@@ -210,7 +235,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
             progress.console.print(f"router metrics at http://127.0.0.1:{http.server_port}/metrics")
         # 4. the rollout
         progress.start(len(samples))
-        sampler = asyncio.create_task(_sample_load(manager, record))
+        sampler = asyncio.create_task(sample_load(manager.control.metrics, record))
 
         def done(trajectory: Trajectory) -> None:
             record.trajectories.append(trajectory)
@@ -226,15 +251,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
             raise
         finally:
             sampler.cancel()
-            record.decisions = {
-                d: manager.control.metrics.value("agentloop_router_routing_decisions_total", decision=d)
-                for d in ("new", "sticky", "moved")
-            }
-            record.wall_s = time.monotonic() - started
-            if record.metrics is None:
-                record.metrics = RolloutMetrics.of(record.trajectories, record.wall_s)
-            progress.stop()
-            write_outputs(config, record, tracking)
+            end_run(config, record, manager.control.metrics, tracking, progress, started)
     return record
 
 
