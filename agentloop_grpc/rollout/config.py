@@ -154,6 +154,9 @@ class ExternalAgent(BaseModel):
             raise ValueError("agent: give exactly one of callable or command")
         if self.callable is not None and ":" not in self.callable:
             raise ValueError(f"agent.callable: {self.callable!r} is not of the form module:function")
+        if self.timeout_s > self.gateway.limits.session_ttl_s:
+            raise ValueError(f"agent.timeout_s ({self.timeout_s:g}) is longer than agent.gateway.limits.session_ttl_s "
+                             f"({self.gateway.limits.session_ttl_s:g}): a quiet agent's session would expire first")
         return self
 
 

@@ -20,10 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import psutil
 import pytest
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 
 from agentloop_grpc.agent import read_parquet
@@ -231,6 +233,26 @@ async def test_a_session_key_opens_its_own_model_and_reward_routes_alone(engine,
                                  ("GET", "/sessions"), ("GET", "/sessions/s1"), ("POST", "/sessions")]:
                 answer = await http.request(method, path, json=turn, headers=auth)
                 assert answer.status_code == 401, (method, path)
+            # the Anthropic SDK, as a command agent's ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY set it up (x-api-key)
+            anthropic_client = anthropic.AsyncAnthropic(base_url=f"{url}/sessions/s1", api_key=key, max_retries=0)
+            reply = await anthropic_client.messages.create(model="m", max_tokens=16, messages=[QUESTION])
+            assert reply.content[0].text == ANSWER
             keys.revoke("s1")
             assert (await http.post("/sessions/s1/v1/chat/completions", json=turn, headers=auth)).status_code == 401
             assert (await http.get("/sessions", headers={"Authorization": "Bearer the-run-token"})).status_code == 200
+
+
+@pytest.mark.parametrize(("agent", "expected"), [
+    ({}, "agent: give exactly one of callable or command"),
+    ({"callable": f"{PATH}:tool_agent", "command": ["x"]}, "agent: give exactly one of callable or command"),
+    ({"callable": "tool_agent"}, "agent.callable: 'tool_agent' is not of the form module:function"),
+    ({"command": []}, "agent.command"),
+    ({"callable": f"{PATH}:tool_agent", "reward": "function"},
+     "agent.reward: function scores with the rollout's reward function; set reward"),
+    ({"command": ["x"], "timeout_s": 7200}, "agent.timeout_s (7200) is longer than agent.gateway.limits.session_ttl_s "
+     "(3600)"),
+], ids=["neither", "both", "not-a-path", "empty-command", "function-without-reward", "timeout-past-ttl"])
+def test_the_config_refuses_an_agent_section_that_cannot_work(tmp_path, agent, expected):
+    with pytest.raises(ValidationError) as raised:
+        _config(tmp_path, agent, engines={"addresses": ["127.0.0.1:1"]})
+    assert expected in str(raised.value)
