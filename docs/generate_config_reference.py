@@ -15,7 +15,16 @@ from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.sglang.config import ActorNaming, SglangEngineConfig
 from agentloop_grpc.engine_adapters.vllm.config import VllmEngineConfig
-from agentloop_grpc.rollout.config import ArithmeticDataset, Dataset, Engines, LaunchEngines, RolloutConfig, Tools
+from agentloop_grpc.gateway.config import ForcedSampling, GatewayConfig, GatewayLimits
+from agentloop_grpc.rollout.config import (
+    ArithmeticDataset,
+    Dataset,
+    Engines,
+    ExternalAgent,
+    LaunchEngines,
+    RolloutConfig,
+    Tools,
+)
 from agentloop_grpc.router import RouterConfig
 from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.trackers.config import MlflowSettings, TensorBoardSettings, TrackerSettings, WandbSettings
@@ -41,6 +50,10 @@ SECTIONS: list[tuple[type[BaseModel], str]] = [
     (RouterConfig, "router."),
     (ClientSecurity, "router.security. / tools.security."),
     (ComponentSpec, "reward. / interactions.NAME. / loops.NAME."),
+    (ExternalAgent, "agent."),
+    (GatewayConfig, "agent.gateway."),
+    (ForcedSampling, "agent.gateway.sampling."),
+    (GatewayLimits, "agent.gateway.limits."),
     *TRACKER_SECTIONS,
 ]
 
