@@ -99,3 +99,10 @@ def exact_answer(outcome: Any) -> float:
 
 if __name__ == "__main__":
     main()
+
+
+def judge_of_fives(outcome: Any) -> float:
+    """A reward function that cannot judge anything but 5."""
+    if outcome.sample.ground_truth != "5":
+        raise RuntimeError(f"no judge for {outcome.sample.ground_truth}")
+    return exact_answer(outcome)

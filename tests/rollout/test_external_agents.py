@@ -132,6 +132,15 @@ async def test_reward_function_scores_with_the_ground_truth_and_drops_posted_rew
     assert [(t.sample_id, t.reward) for t in record.trajectories] == [("a/0", 1.0), ("b/0", 0.0)]
 
 
+async def test_a_reward_function_that_raises_fails_its_sample_alone(tmp_path, engine):
+    config = _config(tmp_path, {"callable": f"{PATH}:tool_agent", "reward": "function"},
+                     engines={"addresses": [engine]}, reward={"path": f"{PATH}:judge_of_fives"})
+    a, b = (await _run(config)).trajectories
+    assert not a.failed and a.reward == 1.0
+    assert b.infrastructure_failure and b.error == ("the session's trajectories could not be made (RuntimeError: no "
+                                                    "judge for 8)")
+
+
 async def test_hung_raising_and_stalled_agents_are_infrastructure_failures_beside_the_others(tmp_path, engine):
     rows = [ROWS[0], {**ROWS[0], "id": "hang", "behaviour": "hang"}, {**ROWS[0], "id": "raise", "behaviour": "raise"},
             {**ROWS[0], "id": "silent", "behaviour": "silent"}, {**ROWS[0], "id": "stall", "behaviour": "stall"}]
