@@ -265,3 +265,23 @@ def test_the_config_refuses_an_agent_section_that_cannot_work(tmp_path, agent, e
     with pytest.raises(ValidationError) as raised:
         _config(tmp_path, agent, engines={"addresses": ["127.0.0.1:1"]})
     assert expected in str(raised.value)
+
+
+async def test_an_interrupted_run_kills_its_command_agents_and_keeps_what_finished(tmp_path, engine):
+    rows = [ROWS[0], {**ROWS[1], "id": "c", "behaviour": "hang"}]
+    config = _config(tmp_path, {"command": [sys.executable, str(AGENT_SCRIPT)], "timeout_s": 300}, rows,
+                     engines={"addresses": [engine]})
+    record = RunRecord(output_dir=Path(config.output_dir))
+    run = asyncio.create_task(run_rollout(config, Progress(Console(file=io.StringIO())), record))
+    log = Path(config.output_dir) / "logs" / "agents" / "1-c_0.log"
+    async with asyncio.timeout(60):
+        while not (record.trajectories and log.exists() and "child" in log.read_text()):
+            await asyncio.sleep(0.05)
+    child = int(re.search(r"child (\d+)", log.read_text()).group(1))
+    run.cancel()  # Ctrl-C
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert record.interrupted and [t.sample_id for t in record.trajectories] == ["a/0"]
+    assert json.loads((Path(config.output_dir) / "summary.json").read_text())["interrupted"] is True
+    await asyncio.sleep(0.2)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
