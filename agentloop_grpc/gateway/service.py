@@ -73,7 +73,11 @@ class SessionGateway:
         self._count_sessions()
         trajectories = []
         for chain in session.chains:
-            reward, metrics = await self._reward(session, chain)
+            try:
+                reward, metrics = await self._reward(session, chain)
+            except Exception as error:  # noqa: BLE001 - a user's reward function that raises fails its chain alone
+                chain.fail(f"the reward function raised {type(error).__name__}: {error}", infrastructure=True)
+                reward, metrics = 0.0, {}
             trajectories.append(chain.trajectory(self.codec, reward, metrics, drift_check=True))
         return session, trajectories
 
