@@ -50,8 +50,8 @@ def test_train_config_is_valid():
 
 
 # The pages the README links to that hold snippets (generated references and other helpers' pages excepted).
-PAGES = ("agent-loops", "architecture", "benchmarks", "contract", "internals", "metrics", "multimodal", "rollout",
-         "router", "security", "serve-engines", "testing", "tools", "trl", "verl")
+PAGES = ("agent-loops", "architecture", "benchmarks", "contract", "gateway", "internals", "metrics", "multimodal",
+         "rollout", "router", "security", "serve-engines", "testing", "tools", "trl", "verl")
 
 
 def _page(name: str) -> Path:
