@@ -26,7 +26,7 @@ from agentloop_grpc.common.types import SamplingParams, StructuredOutput
 from agentloop_grpc.router import InfrastructureError, RequestError, Router
 
 from .chain import Chain, PendingTurn
-from .config import GatewayConfig
+from .config import ForcedSampling, GatewayConfig
 from .exchange import ChatReply, ChatRequest, FinishReason, GatewayError, TextDelta
 from .history import match, tools_key
 from .metrics import GatewayMetrics
@@ -132,13 +132,14 @@ class SessionGateway:
             if new_chain:
                 session.chains.append(chain)
             # 3. sampling, within the chain's budget
-            left = chain.budget_left(self.config.sampling.response_budget) - pending.tokens()
+            forced = session.spec.sampling or self.config.sampling
+            left = chain.budget_left(forced.response_budget) - pending.tokens()
             if left <= 0:
                 if not new_chain:
                     chain.ended = Termination.LENGTH
                 yield self._empty_reply(request, chain, new_chain)
                 return
-            spec = self._turn_spec(session, chain, pending, request, left)
+            spec = self._turn_spec(session, chain, pending, request, left, forced)
             # 4. the turn
             started = time.monotonic()
             out: TurnOutput | None = None
@@ -195,8 +196,7 @@ class SessionGateway:
         return chain, pending, True
 
     def _turn_spec(self, session: Session, chain: Chain, pending: PendingTurn, request: ChatRequest,
-                   left: int) -> TurnSpec:
-        forced = self.config.sampling
+                   left: int, forced: ForcedSampling) -> TurnSpec:
         cap = forced.max_tokens_per_turn
         max_new = min(request.max_tokens or cap, cap, left)
         temperature = forced.temperature if forced.temperature is not None else request.temperature

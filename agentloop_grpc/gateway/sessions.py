@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from .chain import Chain
-from .config import GatewayLimits
+from .config import ForcedSampling, GatewayLimits
 from .exchange import GatewayError
 
 #: A session id: letters, digits and ``._:-``, as it appears in a URL path.
@@ -35,6 +35,8 @@ class SessionSpec(BaseModel):
     ground_truth: str | None = Field(None, max_length=65536, description="What the reward function compares with.")
     row: dict[str, Any] = Field(default_factory=dict, description="The dataset row, kept with the session.")
     metadata: dict[str, str] = Field(default_factory=dict, description="Anything else, kept with the session.")
+    sampling: ForcedSampling | None = Field(None, description="This session's forced sampling, over the gateway's "
+                                            "(e.g. greedy for a validation sample); None: the gateway's.")
 
 
 @dataclass(frozen=True, slots=True)

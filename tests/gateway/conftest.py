@@ -40,12 +40,15 @@ class GatewayHarness:
 async def scripted_gateway(
     codec: ChatCodec, replies: Sequence[str] | Callable[[str], str], config: GatewayConfig | None = None,
     user_token: str | None = None, admin_token: str | None = None, engine: dict | None = None,
+    tls: tuple[str, str] | None = None,
 ) -> AsyncIterator[GatewayHarness]:
+    """``tls``: (certificate, key) files to serve HTTPS with."""
     script = TextScript(codec, replies)
     async with AsyncExitStack() as stack:
         address = await stack.enter_async_context(scripted_engine(script, **(engine or {})))
         router = await stack.enter_async_context(Router([address], RouterConfig(no_server_wait_s=1)))
         await router.fleet.wait_ready()
         gateway = SessionGateway(router, codec, config or GatewayConfig())
-        url = await stack.enter_async_context(serve_app(create_app(gateway, user_token, admin_token)))
+        url = await stack.enter_async_context(serve_app(create_app(gateway, user_token, admin_token),
+                                                        certificate=tls and tls[0], private_key=tls and tls[1]))
         yield GatewayHarness(url, gateway, script, router, address)
