@@ -9,6 +9,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from agentloop_grpc.common.media import MediaInput
 
@@ -17,7 +18,9 @@ from .trajectory import Drift, Termination, Timings, ToolCallMetrics, Trajectory
 _JSON_FIELDS = ("messages", "metrics", "tool_call_metrics")
 
 
-def _row(t: Trajectory) -> dict:
+def trajectory_fields(t: Trajectory) -> dict[str, Any]:
+    """Every field of ``t`` as plain values (enums by value, nested records as dicts, pictures as dicts with their
+    bytes): what a Parquet row and the gateway's JSON are made of."""
     row = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
     row["termination"] = t.termination.value
     row["timings"] = dataclasses.asdict(t.timings)
@@ -25,11 +28,13 @@ def _row(t: Trajectory) -> dict:
     row["tool_call_metrics"] = [dataclasses.asdict(c) for c in t.tool_call_metrics]
     row["media"] = [{"mime_type": m.mime_type, "data": m.data, "offset": m.offset, "length": m.length}
                     for m in t.media]
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in row.items()}
+
+
+def _row(t: Trajectory) -> dict:
+    row = trajectory_fields(t)
     for name in _JSON_FIELDS:
         row[name] = json.dumps(row[name], default=str)
-    for name, value in row.items():
-        if isinstance(value, tuple):
-            row[name] = list(value)
     return row
 
 
