@@ -267,9 +267,6 @@ class ExternalAgents:
         except GatewayError as error:  # expired (session_ttl_s), or a turn still in flight past its deadline
             return [self._failed(sample, f"the session could not be finished: {error}" +
                                  (f"; {cause}" if cause else ""))]
-        except Exception as error:  # noqa: BLE001 - the reward function is the user's: this sample fails alone
-            return [self._failed(sample, f"the session's trajectories could not be made ({type(error).__name__}: "
-                                 f"{error})" + (f"; {cause}" if cause else ""))]
         if trajectories:
             return trajectories
         return [self._failed(sample, f"{cause} before asking the model anything" if cause is not None

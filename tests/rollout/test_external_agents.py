@@ -137,8 +137,9 @@ async def test_a_reward_function_that_raises_fails_its_sample_alone(tmp_path, en
                      engines={"addresses": [engine]}, reward={"path": f"{PATH}:judge_of_fives"})
     a, b = (await _run(config)).trajectories
     assert not a.failed and a.reward == 1.0
-    assert b.infrastructure_failure and b.error == ("the session's trajectories could not be made (RuntimeError: no "
-                                                    "judge for 8)")
+    # the chain is kept, token by token, and flagged: the reward function's fault, never trained on
+    assert b.infrastructure_failure and b.error == "the reward function raised RuntimeError: no judge for 8"
+    assert b.assistant_turns == 2 and 1 in b.response_mask
 
 
 async def test_hung_raising_and_stalled_agents_are_infrastructure_failures_beside_the_others(tmp_path, engine):
