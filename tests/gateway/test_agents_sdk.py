@@ -27,12 +27,10 @@ REPLIES = [call("calculator", expression="17*23"), ANSWER]
 GREEDY = GatewayConfig(sampling=ForcedSampling(temperature=0.0))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def no_tracing():
-    """Nothing leaves the machine: the SDK's trace exporter would post to api.openai.com."""
-    agents.set_tracing_disabled(True)
-    yield
-    agents.set_tracing_disabled(False)
+#: Nothing leaves the machine: the SDK's trace exporter would post every run to api.openai.com (left off for the
+#: process: turning it back on would export the traces of any later Agents SDK test).
+agents.set_tracing_disabled(True)
+NO_TRACING = agents.RunConfig(tracing_disabled=True)
 
 
 @asynccontextmanager
@@ -74,8 +72,8 @@ def calculator_agent(tools: GrpcToolClient, base_url: str, executed: list[str]) 
 async def run_agent(agent: agents.Agent, streamed: bool) -> object:
     """The agent's final output, from ``Runner.run`` or (``streamed``) ``Runner.run_streamed``, as a user runs it."""
     if not streamed:
-        return (await agents.Runner.run(agent, QUESTION, max_turns=3)).final_output
-    result = agents.Runner.run_streamed(agent, QUESTION, max_turns=3)
+        return (await agents.Runner.run(agent, QUESTION, max_turns=3, run_config=NO_TRACING)).final_output
+    result = agents.Runner.run_streamed(agent, QUESTION, max_turns=3, run_config=NO_TRACING)
     async for _ in result.stream_events():
         pass
     return result.final_output

@@ -3,7 +3,7 @@ with a calculator function tool it must call first (``tool_choice="required"``),
 model pointed at the session's base URL; it posts
 1.0 to its session's reward route when its final output holds the row's ground truth.
 
-Tracing is off: the SDK's exporter would post every run to api.openai.com.
+Tracing is off (for the process, and for each run): the SDK's exporter would post every run to api.openai.com.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ async def sdk_agent(base_url: str, api_key: str, row: dict[str, Any], session_id
                              tools=[calculator], model=model,
                              model_settings=agents.ModelSettings(tool_choice="required"))
         try:
-            result = await agents.Runner.run(agent, row["messages"][-1]["content"], max_turns=MAX_TURNS)
+            result = await agents.Runner.run(agent, row["messages"][-1]["content"], max_turns=MAX_TURNS,
+                                             run_config=agents.RunConfig(tracing_disabled=True))
             answer = str(result.final_output)
         except agents.MaxTurnsExceeded:  # the model kept calling: the turns it had are the trajectory
             answer = ""
