@@ -62,6 +62,8 @@ class Chain:
     error: str | None = None
     infrastructure_failure: bool = False
     last_finish: str = "stop"
+    #: Turns whose calls a grammar forced (tool_choice required or a named function).
+    forced_turns: int = 0
 
     @classmethod
     def start(cls, index: int, codec: ChatCodec, sample_id: str, group_id: str,
@@ -100,7 +102,7 @@ class Chain:
         return ids, media
 
     def commit(self, pending: PendingTurn, out: TurnOutput, reply: dict[str, Any], finish_reason: str,
-               malformed_calls: int) -> None:
+               malformed_calls: int, forced: bool = False) -> None:
         """Record a whole turn: the delta (mask 0), the engine's tokens (mask 1), and the reply as sent."""
         builder = self.builder
         if pending.delta.ids:
@@ -109,6 +111,7 @@ class Chain:
         builder.model(out.token_ids, out.logprobs, out.weight_versions)
         builder.served_by(out.servers)
         builder.assistant_turns += 1
+        self.forced_turns += forced
         builder.generate_s += out.seconds
         builder.resumed_generations += out.resumes
         builder.tool_calls += len(reply.get("tool_calls") or ())
@@ -134,6 +137,10 @@ class Chain:
             except ImageError:  # the model wrote an image placeholder: no render matches its ids
                 drift = None
         failed = termination is Termination.ERROR
+        # a logprob check replays the call grammar on every turn of a constrained trajectory: only a chain whose
+        # every turn was forced is one (a forced turn's tokens the grammar alone allowed have logprob 0)
+        self.builder.constrained = 0 < self.builder.assistant_turns == self.forced_turns
+        metrics = {**metrics, "forced_turns": float(self.forced_turns)}
         return self.builder.build(termination, reward=0.0 if failed else reward, error=self.error,
                                   infrastructure_failure=self.infrastructure_failure, drift=drift,
                                   metrics={} if failed else metrics)

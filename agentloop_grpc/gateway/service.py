@@ -253,7 +253,7 @@ class SessionGateway:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = list(calls)
-        chain.commit(pending, out, message, finish, len(parsed.errors))
+        chain.commit(pending, out, message, finish, len(parsed.errors), forced=self._constraint(request) is not None)
         return ChatReply(
             id=f"chatcmpl-{uuid.uuid4().hex}", model=request.model or self.config.model, content=content,
             tool_calls=calls, finish_reason=finish, token_ids=tuple(out.token_ids),

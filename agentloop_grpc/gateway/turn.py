@@ -167,14 +167,17 @@ class Turn:
                 return None
             hold = max((len(s) - 1 for s in self.spec.stop_strings), default=0)
             text = text[: len(text) - hold] if hold else text
-        if len(text) <= self._shown:
-            return None
-        piece, self._shown = text[self._shown :], len(text)
+        piece = text[self._shown :] if len(text) > self._shown else ""
         logprobs: tuple[TokenLogprob, ...] = ()
         if self.spec.logprobs:
             upto = len(out.token_ids)
+            if not final and upto and out.token_ids[-1] in self.end_ids:  # maybe the end of turn: told at the end
+                upto -= 1
             logprobs = token_logprobs(self.codec, out, self._shown_tokens, upto, self.end_ids)
-            self._shown_tokens = upto
+            self._shown_tokens = max(self._shown_tokens, upto)
+        if not piece and not logprobs:
+            return None
+        self._shown = max(self._shown, len(text))
         return TextDelta(piece, logprobs)
 
 

@@ -61,6 +61,7 @@ async def test_an_sdk_agent_on_smollm2_records_what_the_tool_loop_records(embedd
     # the 135M model may write a non-canonical tokenization of its own text: recorded alike by both (the ids are the
     # truth), never a text drift
     assert t.drift == expected.drift and (t.drift is None or t.drift.kind == "tokenization")
+    assert t.constrained and expected.constrained  # every turn forced by the grammar, as the loop constrains
     assert t.prompt_ids == expected.prompt_ids
     assert t.response_ids == expected.response_ids
     assert t.response_mask == expected.response_mask
