@@ -75,6 +75,14 @@ FIRST_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 2.0
 
 
+#: Calls that are safe to send again after UNAVAILABLE (a connection lost before the answer: a server that was
+#: stalled, a keepalive that gave up on a transport while it resumed): a repeated CreateInstance at worst leaves an
+#: instance the server's TTL releases; Execute is never repeated, since the tool may have run.
+_REPEATABLE = frozenset({"ListTools", "CreateInstance", "CalcReward", "ReleaseInstance"})
+#: Tries of a repeatable call that fails with UNAVAILABLE (the first included), within its deadline.
+UNAVAILABLE_TRIES = 3
+
+
 def _refused_as_full(error: grpc.aio.AioRpcError) -> bool:
     """The server refused the call having run nothing (not a RESOURCE_EXHAUSTED of gRPC's own, which may come
     after the tool ran)."""
@@ -97,11 +105,17 @@ class GrpcToolClient:
     async def _call(self, method: str, request):
         started = time.monotonic()
         deadline = started + self._timeout
-        refusals, backoff = 0, FIRST_BACKOFF_S
+        refusals, backoff, tries = 0, FIRST_BACKOFF_S, 1
         while True:
             try:
                 return await getattr(self._stub, method)(request, timeout=deadline - time.monotonic())
             except grpc.aio.AioRpcError as error:
+                if (error.code() == grpc.StatusCode.UNAVAILABLE and method in _REPEATABLE
+                        and tries < UNAVAILABLE_TRIES and time.monotonic() + backoff < deadline):
+                    tries += 1
+                    await asyncio.sleep(backoff)
+                    backoff = min(2 * backoff, MAX_BACKOFF_S)
+                    continue
                 if _refused_as_full(error):
                     refusals += 1
                     wait = backoff * random.uniform(0.5, 1.0)  # jitter: a burst refused together retries apart
