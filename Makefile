@@ -126,10 +126,9 @@ test-node: protos
 
 ## bench: every benchmark (each prints RATIO lines against a baseline measured in the same run) -> bench/RESULTS.md
 bench: protos
-	$(PY) bench/run_all.py
-	@# the gateway's peer in bench/gateway.py (the bench-gateway extra); its section is appended to RESULTS.md by hand
+	@# the gateway's peer in bench/gateway.py (the bench-gateway extra)
 	@$(PY) -c 'import rllm_model_gateway' 2>/dev/null || $(PY) -m pip install --quiet 'rllm-model-gateway==0.1.0'
-	HF_HUB_OFFLINE=1 $(PY) bench/gateway.py
+	$(PY) bench/run_all.py
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules $(NODE_DIR)/generated build dist *.egg-info

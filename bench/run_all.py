@@ -25,6 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 #: name -> (script, what its ratios compare)
 BENCHMARKS = {
+    "gateway": ("gateway.py", "a chat completion through the session gateway vs Router.generate (fake, embedded); "
+                "8 concurrent 3-turn agent sessions through our gateway vs rllm-model-gateway, both over vLLM-CPU"),
     "transport": ("transport.py", "Router + engine server vs a Ray actor (verl's way) vs bare grpc.aio, fake engine "
                   "at zero latency; then vLLM-CPU in the loop, Router + vllm server vs a Ray actor holding it"),
     "verl_transport": ("verl_transport.py", "verl's client interface on our Router + 2 fake engine servers vs "
