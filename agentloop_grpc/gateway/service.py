@@ -124,7 +124,22 @@ class SessionGateway:
                                retry_after_s=self.config.retry_after_s)
         session.in_flight += 1
         chain: Chain | None = None
-        new_chain = committed = False
+        new_chain = committed = released = False
+
+        def release() -> None:
+            """The request is answered: its session may be finished and its chain take the next turn (before the
+            reply is handed on, so a client that reads it and finishes at once finds nothing in flight)."""
+            nonlocal released
+            if released:
+                return
+            released = True
+            session.in_flight -= 1
+            if chain is not None:
+                chain.busy = False
+                # a new chain whose first turn never completed (refused, or its client left) records nothing
+                if new_chain and not committed and chain.ended is None and chain in session.chains:
+                    session.chains.remove(chain)
+
         try:
             # 2. the chain this request appends to, or a new one (listed at once: a request beside it forks)
             chain, pending, new_chain = self._place(session, request)
@@ -137,7 +152,9 @@ class SessionGateway:
             if left <= 0:
                 if not new_chain:
                     chain.ended = Termination.LENGTH
-                yield self._empty_reply(request, chain, new_chain)
+                empty = self._empty_reply(request, chain, new_chain)
+                release()
+                yield empty
                 return
             spec = self._turn_spec(session, chain, pending, request, left, forced)
             # 4. the turn
@@ -150,9 +167,11 @@ class SessionGateway:
                     yield event
             assert out is not None
             # 5. the reply, and the turn committed
-            reply = self._reply(request, chain, pending, new_chain, out, time.monotonic() - started)
+            reply = self._reply(request, chain, pending, new_chain, out, time.monotonic() - started,
+                                forced=spec.structured_output is not None)
             committed = True
             self.metrics.turns.inc()
+            release()
             yield reply
         except InfrastructureError as error:
             if chain is not None:  # kept, failed: the record says the engines lost it, and it is never trained on
@@ -163,12 +182,7 @@ class SessionGateway:
         except RequestError as error:
             raise GatewayError(f"the engine refused the request: {error.details}", status=400) from None
         finally:
-            session.in_flight -= 1
-            if chain is not None:
-                chain.busy = False
-                # a new chain whose first turn never completed (refused, or its client left) records nothing
-                if new_chain and not committed and chain.ended is None and chain in session.chains:
-                    session.chains.remove(chain)
+            release()
 
     def _place(self, session: Session, request: ChatRequest) -> tuple[Chain, PendingTurn, bool]:
         key = tools_key(request.tools)
@@ -241,7 +255,7 @@ class SessionGateway:
             raise GatewayError(f"tool_choice {choice!r} needs a grammar, and {error}", param="tool_choice") from None
 
     def _reply(self, request: ChatRequest, chain: Chain, pending: PendingTurn, new_chain: bool, out: TurnOutput,
-               seconds: float) -> ChatReply:
+               seconds: float, forced: bool) -> ChatReply:
         parsed = self.parser.parse(out.visible) if self._parses_calls(request) else ParsedTurn(out.visible)
         calls = tuple(
             {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
@@ -253,7 +267,7 @@ class SessionGateway:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = list(calls)
-        chain.commit(pending, out, message, finish, len(parsed.errors), forced=self._constraint(request) is not None)
+        chain.commit(pending, out, message, finish, len(parsed.errors), forced=forced)
         return ChatReply(
             id=f"chatcmpl-{uuid.uuid4().hex}", model=request.model or self.config.model, content=content,
             tool_calls=calls, finish_reason=finish, token_ids=tuple(out.token_ids),

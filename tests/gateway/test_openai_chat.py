@@ -144,3 +144,18 @@ async def test_the_sync_client_works_too(codec):
         assert (sampling.max_new_tokens, sampling.seed, sampling.temperature) == (64, 7, 0.5)
         assert sampling.top_p == pytest.approx(0.9)  # float on the wire
         assert sampling.logprobs  # always recorded, though the client did not ask
+
+
+async def test_a_session_can_be_finished_as_soon_as_its_reply_is_read(codec):
+    # a streamed reply's last bytes reach the client before the server's stream is closed: a client that finishes
+    # its session at once found it still "in flight" (409) under load
+    from agentloop_grpc.gateway.exchange import ChatReply, ChatRequest
+
+    async with scripted_gateway(codec, ["Done."]) as g:
+        events = g.gateway.chat_stream("f1", ChatRequest(messages=tuple(QUESTION), stream=True))
+        async for event in events:
+            if isinstance(event, ChatReply):
+                break  # the reply is read; the stream is not closed yet
+        session, (t,) = await g.gateway.finish("f1")
+        await events.aclose()
+    assert t.assistant_turns == 1 and session.in_flight == 0
