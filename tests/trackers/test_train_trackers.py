@@ -78,6 +78,7 @@ def test_the_tracker_callbacks_see_what_our_callbacks_add(tmp_path: Path, monkey
         run_id = mlflow.active_run().info.run_id
         trainer.callback_handler.on_train_end(args, trainer.state, trainer.control)
         wandb.finish()
+        wandb.teardown()  # finish returns before wandb's service has written the run's last records: wait for it
         client = mlflow.MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
         artifacts = [a.path for a in client.list_artifacts(run_id)]
         metrics = client.get_run(run_id).data.metrics
@@ -91,7 +92,6 @@ def test_the_tracker_callbacks_see_what_our_callbacks_add(tmp_path: Path, monkey
     assert table.step == 1 and "| s/1 | p | r\\|x | 0.0 | length |  |" in table.tensor_proto.string_val[0].decode()
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")  # WANDB_DIR and WANDB_MODE reached wandb.init
     logged = history(run_dir)
-    # failed 2 of 3 fresh-clone suites under load (2026-11-26), never alone: the rows say what wandb wrote
     assert any(row.get("train/agentloop/correct_rate") == 0.75 for row in logged), logged
     assert any(row.get("samples/nrows") == 2 and row.get("train/global_step") == 1 for row in logged)
     assert metrics["agentloop/correct_rate"] == 0.75 and "samples_step_1.json" in artifacts

@@ -40,10 +40,14 @@ def records(path: Path) -> list[wandb_internal_pb2.Record]:
 
 
 def history(run_dir: Path) -> list[dict]:
-    """Every history row (``run.log`` call) of the offline run in ``run_dir``, values decoded from JSON."""
+    """Every history row (``run.log`` call) of the offline run in ``run_dir``, values decoded from JSON. The run's
+    service writes its file on its own schedule: a file read before the service closed it lacks the exit record."""
     (path,) = run_dir.glob("run-*.wandb")
+    found = records(path)
+    kinds = [record.WhichOneof("record_type") for record in found]
+    assert kinds and kinds[-1] == "exit", f"{path} is not complete (no exit record yet): {kinds[-5:]}"
     rows = []
-    for record in records(path):
+    for record in found:
         if record.WhichOneof("record_type") == "history":
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                          for item in record.history.item})
