@@ -45,8 +45,12 @@ class SessionGateway:
         self.sessions = SessionTable(self.config.limits)
         self.parser = make_parser(self.config.tool_parser)
         self._stop_ids = tuple(dict.fromkeys((*codec.eos_token_ids, *stop_token_ids(self.parser, codec.encode))))
-        #: Set while the trainer has the engines paused (``when_paused: retry`` answers 503 then).
-        self.paused = False
+
+    @property
+    def paused(self) -> bool:
+        """Whether the trainer has the engines paused through this gateway's Router (``when_paused: retry``
+        answers 503 then; a trainer in another process pauses the engines themselves, which hold the request)."""
+        return self.router.fleet.paused
 
     # -- sessions ------------------------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ class Fleet:
         self._endpoints: dict[str, Endpoint] = {}
         self._versions = WeightVersions(self.metrics)
         self._initial = list(servers)
+        self._paused = False
 
     @classmethod
     def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Fleet:
@@ -192,17 +193,27 @@ class Fleet:
             lambda e: e.control.WakeUp(request, timeout=self.config.control_timeout_s), engine_state
         )
 
+    @property
+    def paused(self) -> bool:
+        """True from this fleet's ``pause`` until its ``resume``: the engines hold new generations (a weight
+        update), which front ends that must not wait (the session gateway's ``when_paused: retry``) ask."""
+        return self._paused
+
     async def pause(self, mode: PauseMode = PauseMode.ABORT) -> FanOutResult[PauseResult]:
         request = engine_pb2.PauseRequest(mode=wire.PAUSE_MODES[mode])
+        self._paused = True  # before the calls: a request arriving meanwhile meets a pausing engine
         return await self._fan_out(
             lambda e: e.control.Pause(request, timeout=self.config.control_timeout_s), pause_result
         )
 
     async def resume(self) -> FanOutResult[EngineState | None]:
-        return await self._fan_out(
-            lambda e: e.control.Resume(engine_pb2.ResumeRequest(), timeout=self.config.control_timeout_s),
-            engine_state,
-        )
+        try:
+            return await self._fan_out(
+                lambda e: e.control.Resume(engine_pb2.ResumeRequest(), timeout=self.config.control_timeout_s),
+                engine_state,
+            )
+        finally:
+            self._paused = False
 
     async def flush_cache(self) -> FanOutResult[None]:
         return await self._fan_out(

@@ -3,12 +3,14 @@ gateway stays healthy and other sessions go on. Also tokens, the session TTL, th
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import openai
 import pytest
 
+from agentloop_grpc.common.types import PauseMode
 from agentloop_grpc.gateway.config import ForcedSampling, GatewayConfig, GatewayLimits
 
 from .conftest import scripted_gateway
@@ -106,14 +108,24 @@ async def test_sessions_are_created_with_metadata_and_expire_after_their_ttl(cod
 
 
 async def test_paused_engines_answer_503_with_retry_after_when_configured(codec):
+    """The trainer pauses the engines through the Router the gateway generates with (a weight update, as
+    ``update_weights_mid_rollout`` does): ``retry`` answers 503 until the resume; ``wait`` holds the request."""
     config = GatewayConfig(when_paused="retry", retry_after_s=2.0)
     async with scripted_gateway(codec, ["Ok."], config) as g, httpx.AsyncClient(base_url=g.url, timeout=30) as http:
-        g.gateway.paused = True
+        (await g.router.fleet.pause(PauseMode.KEEP)).raise_for_errors()
         reply = await post(http, "/sessions/p1/v1/chat/completions", {"model": "m", "messages": QUESTION})
         assert reply.status_code == 503 and reply.headers["retry-after"] == "2"
-        g.gateway.paused = False
+        assert "paused for a weight update" in reply.json()["error"]["message"]
+        (await g.router.fleet.resume()).raise_for_errors()
         assert (await post(http, "/sessions/p1/v1/chat/completions",
                            {"model": "m", "messages": QUESTION})).status_code == 200
+    async with scripted_gateway(codec, ["Ok."]) as g, httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+        (await g.router.fleet.pause(PauseMode.KEEP)).raise_for_errors()
+        held = asyncio.create_task(post(http, "/sessions/p2/v1/chat/completions", {"model": "m", "messages": QUESTION}))
+        await asyncio.sleep(0.3)
+        assert not held.done()  # the engine holds it while paused
+        (await g.router.fleet.resume()).raise_for_errors()
+        assert (await held).status_code == 200
 
 
 async def test_forced_sampling_and_the_response_budget_hold_whatever_the_agent_asks(codec):
