@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,6 +31,12 @@ from .weight_transfer import StreamTransfer, WeightTransfer, choose_weight_trans
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from agentloop_grpc.router import Router
+
+#: Who plays samples instead of the workers' loops: given the samples and the per-trajectory callback, their
+#: trajectories (an external agent's gateway sessions: ``gateway/in_process.py``).
+Players = Callable[[Sequence[Sample], Callable[[Trajectory], None] | None], Awaitable[Sequence[Trajectory]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,7 @@ class AgentLoopManager:
         self._stack = AsyncExitStack()
         self._local: list = []
         self._actors: list = []
+        self._router: Router | None = None
         self.control: Fleet | None = None
         self._fleets: list[Fleet] = []
         self._tokenizer_checked = False
@@ -94,6 +101,15 @@ class AgentLoopManager:
                 self._local.append(worker)
                 self._fleets.append(router.fleet)
                 self.control = self.control or router.fleet
+                self._router = self._router or router
+
+    @property
+    def router(self) -> Router:
+        """The Router whose Fleet is ``control`` (the first in-process worker's): what else generates through it
+        shares the workers' sessions, failover, weight versions and pauses. Ray workers keep theirs: RuntimeError."""
+        if self._router is None:
+            raise RuntimeError("the manager has no Router in this process (Ray workers, or not started)")
+        return self._router
 
     @property
     def weight_transfer(self) -> str:
@@ -120,9 +136,11 @@ class AgentLoopManager:
         await self._stack.aclose()
 
     async def generate(
-        self, samples: Sequence[Sample], on_done: Callable[[Trajectory], None] | None = None
+        self, samples: Sequence[Sample], on_done: Callable[[Trajectory], None] | None = None,
+        players: Players | None = None,
     ) -> RolloutBatch:
-        """Roll out every sample; trajectories come back in the samples' order."""
+        """Roll out every sample; trajectories come back in the samples' order. ``players``: who plays them instead
+        of the workers' loops (an external agent's sessions), with the same wake, sleep and checks around."""
         ids = [s.sample_id for s in samples]
         if len(set(ids)) != len(ids):
             raise ValueError("sample ids must be unique in a batch (they are the router's session ids)")
@@ -132,7 +150,9 @@ class AgentLoopManager:
         await self.check_tokenizer()
         try:
             chunks = split(samples, self.num_workers)
-            if self._actors:
+            if players is not None:
+                trajectories = list(await players(samples, on_done))
+            elif self._actors:
                 results = await _gather_refs([a.run.remote(c) for a, c in zip(self._actors, chunks, strict=True)])
                 trajectories = [t for chunk in results for t in chunk]
                 if on_done is not None:

@@ -2,26 +2,28 @@
 
 Steps: (1) the dataset, and the agent checked before anything starts (the callable imports, the command's program
 exists, the reward function imports, the gateway extra is installed); (2-3) engines and tools, as for the loops;
-(4) in this process: a Router over the engines, the session gateway over it (the codec of the engines' model, the
-gateway config's tool-call format), its HTTP app served on a loopback port and locked with a token made for this
-run, which no agent sees (each gets a key of its own session, gateway/agents.py), then every sample played as a
-session (``samples_per_prompt`` sessions of a row share its GRPO group); (5) the same outputs as the loops'.
+(4) in this process: a Router over the engines, the session gateway over it (``agent_sessions``: the codec of the
+engines' model, the gateway config's tool-call format, served as gateway/in_process.py says), then every sample
+played as a session (``samples_per_prompt`` sessions of a row share its GRPO group); (5) the same outputs as the
+loops'. ``check_agent`` and ``agent_sessions`` also serve TRL's AgentLoopRollout and verl's manager.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
+import contextlib
 import shutil
 import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentloop_grpc.agent import Sample, Trajectory
+from agentloop_grpc.agent import AgentLoopConfig, Sample, Trajectory
 from agentloop_grpc.agent.spec import ComponentSpec, load_codec
 from agentloop_grpc.router import NoHealthyServerError, Router
 
-from .config import RolloutConfig
+from .config import ExternalAgent, RolloutConfig
 from .dataset import read_rows, to_samples
 from .progress import Progress
 from .run import (
@@ -36,21 +38,20 @@ from .run import (
 )
 
 if TYPE_CHECKING:
-    from agentloop_grpc.gateway.agents import AgentProgram
+    from agentloop_grpc.gateway.agents import AgentProgram, ExternalAgents
 
 
-def check_agent(config: RolloutConfig) -> AgentProgram:
-    """The agent's program, or LoopConfigError (one line) when it cannot run: found before any server starts."""
-    agent = config.agent
-    assert agent is not None  # only called for a config with an agent
+def check_agent(agent: ExternalAgent, reward: ComponentSpec | None) -> AgentProgram:
+    """The agent's program, or LoopConfigError (one line) when it cannot run: found before any server starts
+    (``reward``: the run's reward function, imported when the agent's reward is ``function``)."""
     try:
         from agentloop_grpc.gateway.agents import AgentProgram
         from agentloop_grpc.gateway.app import create_app  # noqa: F401 - FastAPI and uvicorn: the extra
     except ImportError as error:
         raise LoopConfigError(f"agent: the session gateway needs the 'gateway' extra (pip install "
                               f"'agentloop-grpc[gateway]'): {error}") from None
-    if agent.reward == "function" and config.reward is not None:
-        _resolve("reward", config.reward.path)
+    if agent.reward == "function" and reward is not None:
+        _resolve("reward", reward.path)
     if agent.callable is not None:
         function = _resolve("agent.callable", agent.callable)
         if not callable(function):
@@ -70,11 +71,43 @@ def _resolve(field: str, path: str) -> Any:
         raise LoopConfigError(f"{field}: {path} cannot be imported ({type(error).__name__}: {error})") from None
 
 
+@contextlib.asynccontextmanager
+async def agent_sessions(agent: ExternalAgent, program: AgentProgram, router: Router, model_dir: str | None,
+                         loop: AgentLoopConfig, reward: ComponentSpec | None,
+                         log_dir: Path | None) -> AsyncIterator[ExternalAgents]:
+    """``agent``'s sessions through a gateway over ``router`` while the block lasts (the codec of the model in
+    ``model_dir`` with ``loop``'s chat template unless the gateway config names one; ``reward`` scores sessions
+    when the agent's reward is ``function``)."""
+    from agentloop_grpc.gateway.in_process import serve_agents
+
+    if agent.gateway.chat_template is not None:
+        loop = loop.model_copy(update={"chat_template": agent.gateway.chat_template})
+    codec = await asyncio.to_thread(load_codec, model_dir, loop)
+    scorer = reward.load() if agent.reward == "function" and reward is not None else None
+    async with serve_agents(router, codec, agent.gateway, program, reward=scorer,
+                            max_concurrency=agent.max_concurrency, timeout_s=agent.timeout_s, log_dir=log_dir,
+                            posted_reward=agent.reward == "session") as agents:
+        yield agents
+
+
+def agent_row(sample: Sample, row: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a sample's agent gets as its row: the dataset row (None: none), with the sample's messages, sample_id,
+    group_id and ground truth."""
+    return {"ground_truth": sample.ground_truth, **(row or {}), "messages": list(sample.messages),
+            "sample_id": sample.sample_id, "group_id": sample.group_id}
+
+
 def agent_rows(rows: list[dict[str, Any]], samples: list[Sample], samples_per_prompt: int) -> list[dict[str, Any]]:
-    """What each sample's agent gets as its row: the dataset row, with the sample's messages (image paths made
-    absolute), its sample_id and group_id."""
-    return [{**rows[i // samples_per_prompt], "messages": list(sample.messages), "sample_id": sample.sample_id,
-             "group_id": sample.group_id} for i, sample in enumerate(samples)]
+    """Each sample's ``agent_row`` (image paths made absolute in its messages)."""
+    return [agent_row(sample, rows[i // samples_per_prompt]) for i, sample in enumerate(samples)]
+
+
+def main_chains(samples: Sequence[Sample], played: Sequence[Trajectory]) -> tuple[list[Trajectory], list[Trajectory]]:
+    """Each sample's main chain in the samples' order (every session has one: a failed trajectory stands for a
+    session without chains), and the chains its agent forked: for trainers that take one completion per prompt."""
+    ids = {sample.sample_id for sample in samples}
+    main = {t.sample_id: t for t in played if t.sample_id in ids}
+    return [main[sample.sample_id] for sample in samples], [t for t in played if t.sample_id not in ids]
 
 
 async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: RunRecord) -> RunRecord:
@@ -86,12 +119,7 @@ async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: R
     # 1. the dataset and the agent, before anything starts
     rows = read_rows(config.dataset)
     samples = to_samples(rows, config.dataset, config.samples_per_prompt)
-    program = check_agent(config)
-    from agentloop_grpc.gateway.agents import ExternalAgents, SessionKeys
-    from agentloop_grpc.gateway.app import create_app
-    from agentloop_grpc.gateway.server import serve_app
-    from agentloop_grpc.gateway.service import SessionGateway
-
+    program = check_agent(agent, config.reward)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
         tracking = open_tracking(config, stack, record, progress)
@@ -107,18 +135,8 @@ async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: R
         except NoHealthyServerError:
             down = [a for a, e in router.fleet.servers.items() if not e.healthy]
             raise RolloutError(f"engine server(s) {', '.join(down)} did not answer as SERVING") from None
-        loop = config.loop if agent.gateway.chat_template is None else \
-            config.loop.model_copy(update={"chat_template": agent.gateway.chat_template})
-        reward = config.reward.load() if agent.reward == "function" and config.reward is not None else None
-        gateway = SessionGateway(router, load_codec(model_dir, loop), agent.gateway, reward=reward)
-        token = secrets.token_urlsafe(32)
-        keys = SessionKeys(token)
-        app = create_app(gateway, user_token=token)
-        keys.install(app)
-        url = await stack.enter_async_context(serve_app(app))
-        agents = ExternalAgents(gateway, url, keys, program, max_concurrency=agent.max_concurrency,
-                                timeout_s=agent.timeout_s, log_dir=out / "logs" / "agents",
-                                posted_reward=agent.reward == "session")
+        agents = await stack.enter_async_context(agent_sessions(agent, program, router, model_dir, config.loop,
+                                                                config.reward, out / "logs" / "agents"))
         progress.start(len(samples))
         sampler = asyncio.create_task(sample_load(router.metrics, record))
 

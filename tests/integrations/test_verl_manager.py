@@ -38,7 +38,7 @@ from agentloop_grpc.common import model_store  # noqa: E402
 from agentloop_grpc.common.types import SamplingParams, StructuredOutput  # noqa: E402
 from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
 from agentloop_grpc.integrations.verl.batch import FailedTrajectoriesError  # noqa: E402
-from agentloop_grpc.integrations.verl.manager import samples_from  # noqa: E402
+from agentloop_grpc.integrations.verl.manager import LoopSettings, samples_from  # noqa: E402
 from agentloop_grpc.router import GenerateCall, Router  # noqa: E402
 from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError  # noqa: E402
 from agentloop_grpc.tools.config import ToolServerConfig  # noqa: E402
@@ -319,6 +319,33 @@ def test_our_reward_function_scores_when_set(servers, tool_server) -> None:
     assert output.batch["rm_scores"].sum(-1).tolist() == pytest.approx((tokens / 10).tolist())
     assert output.meta_info["reward_extra_keys"] == ["tokens"]
     assert list(output.non_tensor_batch["tokens"]) == tokens.tolist()
+
+
+def test_an_agent_of_your_own_plays_verls_rows(servers, tool_server) -> None:
+    """``loops.agent``: an unmodified agent (the ``openai`` SDK, one turn) plays each row as a gateway session over
+    the manager's Router; verl gets every field it reads, each model span the engine's, token for token."""
+    engine, _, loop, _ = servers
+    config = verl_config(engine, None)
+    config.actor_rollout_ref.rollout.custom.agentloop.loops.agent = {
+        "callable": "tests.rollout.external_agent:sync_agent",
+        "gateway": {"sampling": {"temperature": 0.0, "max_tokens_per_turn": 24}}}
+    rows = DataProto.from_single_dict({
+        "dummy_tensor": torch.zeros(2, 1), "raw_prompt": np.array([ROWS[2]["prompt"]] * 2, dtype=object),
+        "agent_name": np.array(["single_turn_agent"] * 2, dtype=object), "uid": np.array(["u", "u"], dtype=object),
+        **{key: np.array([ROWS[2][key]] * 2, dtype=object) for key in ("data_source", "reward_model", "extra_info")},
+    }, meta_info={"validate": True})
+    manager = load_class_from_fqn(MANAGER).create(config=config, llm_client=None)
+    try:
+        output = manager.generate_sequences(rows)
+        assert manager.forked_chains == 0
+    finally:
+        manager.close()
+    check_fields(output, 2)
+    assert list(output.non_tensor_batch["__num_turns__"]) == [2, 2]  # the user's message and the model's reply
+    assert loop.run(replay(engine, tool_server[0], output)) == 0  # one model span a row, the engine's
+    assert output.batch["rm_scores"].sum().item() == 0.0  # the agent posted no reward: the session's is 0.0
+    with pytest.raises(ValidationError, match="use_ray: false"):
+        LoopSettings.model_validate({"agent": {"callable": "m:f"}, "use_ray": True})
 
 
 def test_an_infrastructure_failure_raises_naming_the_trajectories(servers, tmp_path: Path) -> None:

@@ -9,6 +9,11 @@ The trainer calls synchronously; the manager, its channels and tokenizer live on
 the whole run (``BackgroundLoop``). A dataset row is found from its prompt: TRL passes the prompt only, so the
 rows the trainer's dataset was built from (``prompt_dataset``) are indexed by their messages.
 
+An agent of your own (``agent=``, the rollout config's ``agent:`` section) plays the samples instead of our loops:
+each sample is a session of the session gateway served in this process over the manager's Router (so weight
+pushes, pauses and failover are the loops'), and the session's main chain is the sample's completion; TRL takes one
+completion per prompt, so the chains an agent forked are counted (``forked_chains``) and not trained on.
+
 Weights: ``push_weights`` sends the trainer model's parameters to every engine (Pause ABORT, UpdateWeights with
 ``weight_version``, Resume) so the next rollout's tokens record the version that produced them;
 ``WeightSyncCallback`` calls it after every optimizer step with ``global_step`` as the version (offset by the
@@ -18,6 +23,7 @@ engines' version at start when they already had updates, so versions only go up)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -26,18 +32,23 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentloop_grpc.agent import AgentLoopConfig, AgentLoopManager, Sample, Trajectory, WorkerSpec
 from agentloop_grpc.agent.loops.base import BUILTIN_LOOPS
 from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.agent.spec import load_codec
+from agentloop_grpc.rollout.agents_run import agent_row, agent_sessions, check_agent, main_chains
+from agentloop_grpc.rollout.config import ExternalAgent
 from agentloop_grpc.rollout.dataset import row_sample
 
 from ..background_loop import BackgroundLoop
 from ..logprob_check import LogprobDiff, compare
 from .fields import trl_fields
 from .weights import model_tensors
+
+if TYPE_CHECKING:
+    from agentloop_grpc.gateway.agents import ExternalAgents
 
 #: TRL's rollout_func is experimental: the version this integration is tested with (the ``trl`` extra pins it).
 TESTED_TRL_VERSION = "1.16.0"
@@ -85,6 +96,7 @@ class AgentLoopRollout:
         check_logprobs: int = 4,
         ready_timeout_s: float = 300.0,
         keep_steps: int = 16,
+        agent: ExternalAgent | None = None,
     ) -> None:
         """``rows``: the dataset rows (``messages``, optional ``ground_truth``, ``tools``, ``tools_kwargs``,
         ``loop``, ``interaction``), as ``agentloop rollout`` reads them. ``default_loop``: the loop of rows that
@@ -92,8 +104,11 @@ class AgentLoopRollout:
         ``ground_truth_kwargs``: tools that get ``{"ground_truth": row.ground_truth}`` at CreateInstance.
         ``check_logprobs``: trajectories per step whose engine logprobs are compared with a recompute by the
         trainer's model (0: none). ``keep_steps``: rollouts kept in ``history`` (the oldest go first: a long run
-        must not hold every trajectory it made)."""
+        must not hold every trajectory it made). ``agent``: an agent of your own plays the samples (see the module
+        docstring); its program is checked here (LoopConfigError), before anything starts."""
         self.spec = spec
+        self.agent = agent
+        self._program = check_agent(agent, spec.reward) if agent is not None else None
         self.num_workers = num_workers
         self.default_loop = default_loop
         self.ground_truth_kwargs = tuple(ground_truth_kwargs)
@@ -111,6 +126,8 @@ class AgentLoopRollout:
             self._rows.setdefault(key, row)
         self._loop: BackgroundLoop | None = None
         self._manager: AgentLoopManager | None = None
+        self._sessions = contextlib.AsyncExitStack()
+        self._agents: ExternalAgents | None = None
         self._grammars = None
         self._calls = 0
         self.placeholder_id = 0
@@ -155,6 +172,11 @@ class AgentLoopRollout:
         self.placeholder_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.spec.loop.constrain_tool_calls and self.spec.tool_server and self.check_logprobs:
             self._grammars = await self._grammar_compiler(codec, infos[0].vocab_size)
+        if self.agent is not None:
+            assert self._program is not None
+            self._agents = await self._sessions.enter_async_context(agent_sessions(
+                self.agent, self._program, manager.router, self.spec.model_dir, self.spec.loop, self.spec.reward,
+                log_dir=None))
 
     async def _grammar_compiler(self, codec, vocab_size: int):
         """A function: offered tool names -> the call grammar the loops constrained those turns with, compiled
@@ -183,6 +205,8 @@ class AgentLoopRollout:
     def close(self) -> None:
         if self._loop is None:
             return
+        self._loop.run(self._sessions.aclose())  # the gateway first: it generates through the manager's Router
+        self._agents = None
         if self._manager is not None:
             self._loop.run(self._manager.close())
             self._manager = None
@@ -206,14 +230,27 @@ class AgentLoopRollout:
         samples = self.samples(prompts, group_size, f"s{step}.{self._calls}")
         self._calls += 1
         started = time.monotonic()
-        batch = self._loop.run(self.manager.generate(samples))
+        forks: list[Trajectory] = []
+        players = None if self._agents is None else (lambda s, on_done: self._play(s, on_done, forks))
+        batch = self._loop.run(self.manager.generate(samples, players=players))
         record = StepRecord(step, batch.trajectories, time.monotonic() - started)
         record.metrics = step_metrics(batch.trajectories, batch.metrics, self.base_version + step)
+        if self._agents is not None:
+            record.metrics["forked_chains"] = float(len(forks))
         if self.check_logprobs and training:
             offered = {sample.sample_id: sample.tools for sample in samples}
             record.metrics.update(self._check_logprobs(trainer, batch.trajectories, offered))
         self.history.append(record)
         return trl_fields(batch.trajectories, self.placeholder_id)
+
+    async def _play(self, samples: Sequence[Sample], on_done, forks: list[Trajectory]) -> list[Trajectory]:
+        """The samples as the agent's sessions: each sample's main chain, in the samples' order (``forks`` gets
+        the other chains)."""
+        rows = [agent_row(s, self._rows[prompt_key(s.messages)]) for s in samples]
+        assert self._agents is not None  # only a run with an agent plays its samples
+        main, forked = main_chains(samples, await self._agents.run(samples, rows, on_done))
+        forks.extend(forked)
+        return main
 
     def samples(self, prompts: Sequence[Sequence[Mapping[str, Any]]], group_size: int, prefix: str) -> list[Sample]:
         """One Sample per prompt; a run of ``group_size`` identical prompts is one group."""

@@ -32,6 +32,11 @@ the rollout (the metrics it reports for every trajectory become verl's reward ex
 ``to_dataproto``'s batch padded to ``prompt_length``/``response_length``, one row per input row in the input's
 order, with verl's manager's meta_info (``timing``, ``reward_extra_keys``). A failed trajectory raises
 ``FailedTrajectoriesError`` naming it (see ``batch.py`` for why none is dropped or masked).
+An agent of your own (``loops.agent``: the rollout config's ``agent:`` section) plays every row instead of our
+loops: each row a session of the session gateway served in the driver over the manager's Router, the session's
+main chain the row's response; the chains an agent forked are counted (``forked_chains``), not trained on (verl
+takes one response per row). Its reward is the session's (``agent.reward: session``) or, with ``function``, what
+scores loops' trajectories (``reward``, else verl's reward loop workers).
 Weight updates stay verl's (its checkpoint engine reaches our replicas); engines are neither woken nor put to
 sleep here: verl's trainer does that around ``generate_sequences``.
 """
@@ -39,6 +44,7 @@ sleep here: verl's trainer does that around ``generate_sequences``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import json
@@ -47,12 +53,12 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tensordict import TensorDict
 from verl import DataProto
 from verl.utils.fs import copy_to_local
@@ -67,12 +73,17 @@ from agentloop_grpc.agent.trajectory import Trajectory
 from agentloop_grpc.common.media import ImageExpander
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
 from agentloop_grpc.launch.launcher import ServerProcess, agentloop_command
+from agentloop_grpc.rollout.agents_run import agent_row, agent_sessions, check_agent, main_chains
+from agentloop_grpc.rollout.config import ExternalAgent
 from agentloop_grpc.rollout.dataset import row_sample
 from agentloop_grpc.router import RouterConfig
 
 from .batch import FailedTrajectoriesError, num_turns, to_dataproto
 from .picture_spans import encode_picture
 from .settings import server_addresses, settings_from
+
+if TYPE_CHECKING:
+    from agentloop_grpc.gateway.agents import ExternalAgents
 
 #: verl's agent names (and ours) -> the loop of ours that runs them.
 AGENT_LOOPS = {"tool_agent": "tool", "single_turn_agent": "single_turn", "tool": "tool", "single_turn": "single_turn"}
@@ -113,6 +124,15 @@ class LoopSettings(BaseModel):
     """``AgentLoopConfig`` fields over those derived from verl's rollout config (not the two lengths)."""
     router: RouterConfig = Field(default_factory=RouterConfig)
     """How the workers' Routers spread trajectories over the engines."""
+    agent: ExternalAgent | None = None
+    """An agent of your own that plays every row instead of our loops (see the module docstring); the gateway
+    generates through the first worker's Router, so ``use_ray`` must be false."""
+
+    @model_validator(mode="after")
+    def _agent_in_process(self) -> LoopSettings:
+        if self.agent is not None and self.use_ray:
+            raise ValueError("agent: an agent's sessions run in the driver's process; set use_ray: false")
+        return self
 
 
 def loop_config(rollout: Any, settings: LoopSettings, validate: bool) -> AgentLoopConfig:
@@ -302,6 +322,13 @@ class AgentloopAgentLoopManager:
         self._engines: tuple[str, ...] = ()
         self._pad_token_id = 0
         self._images: ImageExpander | None = None
+        agent = self.settings.agent
+        #: Checked here: an agent that cannot run fails before any server is asked anything.
+        self._program = check_agent(agent, self.settings.reward) if agent is not None else None
+        self._sessions = contextlib.AsyncExitStack()
+        self._agents: ExternalAgents | None = None
+        #: Chains the agents forked, over the run: counted, not trained on.
+        self.forked_chains = 0
 
     @classmethod
     @auto_await
@@ -336,6 +363,10 @@ class AgentloopAgentLoopManager:
         self._manager = AgentLoopManager(spec, num_workers=s.workers, use_ray=s.use_ray)
         await self._manager.start()
         await self._manager.check_tokenizer()
+        if s.agent is not None:
+            assert self._program is not None
+            self._agents = await self._sessions.enter_async_context(agent_sessions(
+                s.agent, self._program, self._manager.router, self.model_dir, self.loop, s.reward, log_dir=None))
 
     async def _launch_tools(self, config_path: str) -> str:
         """``agentloop tools serve`` for verl's tool YAML: its tools run in that process, which ends with ours."""
@@ -357,12 +388,15 @@ class AgentloopAgentLoopManager:
     async def _generate(self, prompts: DataProto, samples: list[Sample], validate: bool) -> DataProto:
         if validate:
             samples = [sample.model_copy(update={"sampling": self.val_sampling}) for sample in samples]
-        trajectories = list((await self._manager.generate(samples)).trajectories)
+        players = None if self._agents is None else self._play
+        trajectories = list((await self._manager.generate(samples, players=players)).trajectories)
         failed = [(t.sample_id, t.error or t.termination.value) for t in trajectories if t.failed]
         if failed:
             raise FailedTrajectoriesError(failed, len(trajectories))
         columns = dict(prompts.non_tensor_batch)
-        if self.reward_loop_worker_handles and self.settings.reward is None:
+        agent = self.settings.agent
+        if self.reward_loop_worker_handles and self.settings.reward is None and (agent is None or
+                                                                                agent.reward == "function"):
             scored = await asyncio.gather(*(self._verl_reward(columns, i, t) for i, t in enumerate(trajectories)))
             trajectories = [t for t, _ in scored]
             reward_extra = [extra for _, extra in scored]
@@ -374,6 +408,14 @@ class AgentloopAgentLoopManager:
         metrics = data.meta_info.pop("metrics")
         data.meta_info = {"timing": timing_metrics(metrics, data), **data.meta_info}
         return data
+
+    async def _play(self, samples: Sequence[Sample], on_done: Any) -> list[Trajectory]:
+        """The rows as the agent's sessions: each row's main chain, in the rows' order."""
+        assert self._agents is not None  # only a run with an agent plays its samples
+        played = await self._agents.run(samples, [agent_row(sample) for sample in samples], on_done)
+        main, forks = main_chains(samples, played)
+        self.forked_chains += len(forks)
+        return main
 
     async def _verl_reward(self, columns: Mapping[str, np.ndarray], row: int,
                            trajectory: Trajectory) -> tuple[Trajectory, dict[str, Any]]:
@@ -387,6 +429,8 @@ class AgentloopAgentLoopManager:
 
     def close(self) -> None:
         """Close our manager and the background loop (verl never calls this; tests and scripts do)."""
+        self._background.run(self._sessions.aclose())  # the gateway first: it generates through the manager's Router
+        self._agents = None
         manager, self._manager = self._manager, None
         if manager is not None:
             self._background.run(manager.close())
