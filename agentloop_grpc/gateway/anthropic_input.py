@@ -8,7 +8,7 @@ from typing import Any
 
 from .config import GatewayLimits
 from .exchange import ToolChoice
-from .wire_checks import Fields, SchemaChecks, check_count, check_tools, image_part, json_type, refuse, shown
+from .wire_checks import Fields, check_count, check_tools, image_part, json_type, refuse, shown
 
 #: Anthropic's image types.
 _IMAGE_TYPES = ("image/gif", "image/jpeg", "image/png", "image/webp")
@@ -157,12 +157,10 @@ def _tool_result(block: Fields) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
-def read_tools(value: list[Any], limits: GatewayLimits,
-               checks: SchemaChecks | None = None) -> tuple[dict[str, Any], ...]:
+def read_tools(value: list[Any], limits: GatewayLimits) -> tuple[dict[str, Any], ...]:
     """Custom tools as OpenAI function specs; server tools are refused by name."""
     check_count(len(value), limits.max_tools, "tools", "tools", "max_tools")
-    return check_tools(value, "tools", _function_of, name_at="name", schema_at="input_schema", max_name=128,
-                       checks=checks)
+    return check_tools(value, "tools", _function_of, name_at="name", schema_at="input_schema", max_name=128)
 
 
 def _function_of(raw: Any, where: str) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from .anthropic_input import read_messages, read_tool_choice, read_tools, system
 from .config import GatewayLimits
 from .exchange import ChatReply, ChatRequest, FinishReason, GatewayError, TextDelta, ToolChoice, agentloop_extension
 from .wire import sse
-from .wire_checks import TOP, Fields, SchemaChecks, refuse
+from .wire_checks import TOP, Fields, refuse
 
 #: The top-level fields of a Messages request this format reads.
 _FIELDS = frozenset(
@@ -114,13 +114,13 @@ class AnthropicMessages:
 
     name = "messages"
 
-    def parse(self, body: Any, limits: GatewayLimits, checks: SchemaChecks | None = None) -> ChatRequest:
+    def parse(self, body: Any, limits: GatewayLimits) -> ChatRequest:
         f = Fields(body, _FIELDS | {*_IGNORED_OBJECTS, *_IGNORED_STRINGS}, TOP)
         messages = read_messages(f.required_items("messages", limits.max_messages, "max_messages"))
         system = system_text(f.get("system", ""))
         if system:
             messages.insert(0, {"role": "system", "content": system})
-        tools = read_tools(f.items("tools") or [], limits, checks)
+        tools = read_tools(f.items("tools") or [], limits)
         choice: ToolChoice = "auto"
         if f.get("tool_choice") is not None:
             choice = read_tool_choice(f.get("tool_choice"), tools)

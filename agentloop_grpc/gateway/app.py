@@ -37,7 +37,6 @@ from .service import SessionGateway
 from .sessions import SESSION_ID_PATTERN, SessionSpec
 from .trajectory_json import trajectory_json
 from .wire import WireFormat
-from .wire_checks import SchemaChecks
 
 
 class RewardBody(BaseModel):
@@ -51,7 +50,6 @@ def create_app(gateway: SessionGateway, user_token: str | None = None, admin_tok
     app = FastAPI(title="agentloop session gateway", docs_url=None, redoc_url=None, openapi_url=None)
     limits = gateway.config.limits
     metrics = gateway.metrics
-    schemas = SchemaChecks()  # the tool schemas that compiled: agents send theirs with every turn
 
     def allowed(request: Request, admin: bool) -> bool:
         sent = _token(request)
@@ -72,7 +70,7 @@ def create_app(gateway: SessionGateway, user_token: str | None = None, admin_tok
         with metrics.latency.labels(fmt.name).time():
             try:
                 _check_session_id(session_id)
-                chat = fmt.parse(await _read_json(request, limits.max_body_bytes), limits, schemas)
+                chat = fmt.parse(await _read_json(request, limits.max_body_bytes), limits)
                 events = gateway.chat_stream(session_id, chat)
                 if not chat.stream:
                     reply = None

@@ -20,7 +20,7 @@ from .config import GatewayLimits
 from .exchange import ChatReply, ChatRequest, GatewayError, TextDelta, TokenLogprob, agentloop_extension
 from .openai_errors import openai_error
 from .wire import sse
-from .wire_checks import TOP, Fields, SchemaChecks, check_tools, image_part
+from .wire_checks import TOP, Fields, check_tools, image_part
 
 _ACCEPTED_AND_IGNORED = frozenset({
     "user", "metadata", "store", "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
@@ -37,11 +37,11 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 class OpenAIChat:
     name = "chat_completions"
 
-    def parse(self, body: Any, limits: GatewayLimits, checks: SchemaChecks | None = None) -> ChatRequest:
+    def parse(self, body: Any, limits: GatewayLimits) -> ChatRequest:
         f = Fields(body, _FIELDS, TOP)
         _refuse_unsupported(f)
         messages = f.required_items("messages", max_items=limits.max_messages)
-        tools = check_tools(f.items("tools", max_items=limits.max_tools) or [], "tools", _function_of, checks=checks)
+        tools = check_tools(f.items("tools", max_items=limits.max_tools) or [], "tools", _function_of)
         logprobs = f.flag("logprobs")
         top = f.integer("top_logprobs", 0, limits.max_top_logprobs) or 0
         if top and not logprobs:

@@ -45,7 +45,7 @@ from .openai_errors import openai_error
 from .responses_input import STATELESS, read_input, read_tool_choice, read_tools
 from .responses_output import output_items, output_logprob, response_object
 from .wire import sse
-from .wire_checks import TOP, Fields, SchemaChecks, refuse
+from .wire_checks import TOP, Fields, refuse
 
 # Fields the gateway serves; anything else is refused by name.
 _FIELDS = frozenset(
@@ -66,7 +66,7 @@ class OpenAIResponses:
 
     # --- the request ---
 
-    def parse(self, body: Any, limits: GatewayLimits, checks: SchemaChecks | None = None) -> ChatRequest:
+    def parse(self, body: Any, limits: GatewayLimits) -> ChatRequest:
         f = Fields(body, _FIELDS, TOP)
         for key in ("previous_response_id", "conversation"):
             if f.get(key) is not None:
@@ -84,7 +84,7 @@ class OpenAIResponses:
                          "token)", "truncation")
         _check_text(f.mapping("text"))
         _check_reasoning(f.mapping("reasoning"))
-        tools = read_tools(f.items("tools"), limits, checks)
+        tools = read_tools(f.items("tools"), limits)
         top_logprobs = f.integer("top_logprobs", 0, limits.max_top_logprobs, bound="max_top_logprobs")
         include = f.strings("include", max_items=_MAX_INCLUDE)
         return ChatRequest(

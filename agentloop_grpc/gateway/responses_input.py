@@ -7,7 +7,7 @@ from typing import Any
 
 from .config import GatewayLimits
 from .exchange import ToolChoice
-from .wire_checks import Fields, SchemaChecks, check_count, check_tools, image_part, json_type, refuse, shown
+from .wire_checks import Fields, check_count, check_tools, image_part, json_type, refuse, shown
 
 #: Why ids of earlier responses and items cannot be used: the gateway keeps no Responses state.
 STATELESS = "send the whole input; store is not supported"
@@ -118,13 +118,12 @@ def _parts(value: Any, role: str, where: str) -> list[dict[str, Any]]:
     return parts
 
 
-def read_tools(value: list[Any] | None, limits: GatewayLimits,
-               checks: SchemaChecks | None = None) -> tuple[dict[str, Any], ...]:
+def read_tools(value: list[Any] | None, limits: GatewayLimits) -> tuple[dict[str, Any], ...]:
     """Function tools (OpenAI's Responses shape: the function's fields on the tool itself)."""
     if value is None:
         return ()
     check_count(len(value), limits.max_tools, "tools", "tools", "max_tools")
-    return check_tools(value, "tools", _function_of, name_at="name", schema_at="parameters", checks=checks)
+    return check_tools(value, "tools", _function_of, name_at="name", schema_at="parameters")
 
 
 def _function_of(raw: Any, where: str) -> dict[str, Any]:

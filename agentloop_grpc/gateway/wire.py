@@ -9,16 +9,14 @@ from typing import Any, Protocol
 
 from .config import GatewayLimits
 from .exchange import ChatReply, ChatRequest, GatewayError, TextDelta
-from .wire_checks import SchemaChecks
 
 
 class WireFormat(Protocol):
     #: For metrics and logs: "chat_completions", "responses", "messages".
     name: str
 
-    def parse(self, body: Any, limits: GatewayLimits, checks: SchemaChecks | None = None) -> ChatRequest:
-        """The request, or GatewayError naming the field at fault and the bound (``param`` set); ``checks``: the
-        tool schemas already found to compile."""
+    def parse(self, body: Any, limits: GatewayLimits) -> ChatRequest:
+        """The request, or GatewayError naming the field at fault and the bound (``param`` set)."""
         ...
 
     def reply(self, reply: ChatReply) -> dict[str, Any]:

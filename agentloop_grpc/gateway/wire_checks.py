@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import math
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -221,52 +219,26 @@ def depth(value: Any) -> int:
     return deepest
 
 
-class SchemaChecks:
-    """The tool schemas that compiled, by their JSON text, the ``size`` most recent: an agent sends its tools with
-    every turn, and jsonschema's check of one schema costs more than the rest of a request's parsing."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._compiled: OrderedDict[str, None] = OrderedDict()
-
-    def seen(self, text: str) -> bool:
-        if text in self._compiled:
-            self._compiled.move_to_end(text)
-            return True
-        return False
-
-    def add(self, text: str) -> None:
-        self._compiled[text] = None
-        if len(self._compiled) > self.size:
-            self._compiled.popitem(last=False)
-
-
-def check_schema(schema: Any, where: str, checks: SchemaChecks | None = None) -> dict[str, Any]:
-    """A tool's parameters: a JSON Schema object, nested at most MAX_SCHEMA_DEPTH levels, that compiles (once per
-    distinct schema with ``checks``)."""
+def check_schema(schema: Any, where: str) -> dict[str, Any]:
+    """A tool's parameters: a JSON Schema object, nested at most MAX_SCHEMA_DEPTH levels, that compiles."""
     if not isinstance(schema, dict):
         raise refuse(f"{where} must be a JSON Schema object, not {json_type(schema)}", where)
     if depth(schema) > MAX_SCHEMA_DEPTH:
         raise refuse(f"{where} nests deeper than {MAX_SCHEMA_DEPTH} levels", where)
     if not isinstance(schema.get("$schema", ""), str):
         raise refuse(f"{where}.$schema must be a string, not {json_type(schema['$schema'])}", f"{where}.$schema")
-    text = json.dumps(schema, sort_keys=True) if checks is not None else ""
-    if checks is not None and checks.seen(text):
-        return schema
     try:
         validator_for(schema, default=Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as error:
         raise refuse(f"{where} is not a valid JSON Schema ({error.message[:200]})", where) from None
     except RecursionError:  # a reference cycle or nesting the depth bound did not see
         raise refuse(f"{where} is nested too deeply to check", where) from None
-    if checks is not None:
-        checks.add(text)
     return schema
 
 
 def check_tools(items: list[Any], where: str, function_of: Callable[[Any, str], dict[str, Any]], *,
                 name_at: str = "function.name", schema_at: str = "function.parameters",
-                max_name: int = 64, checks: SchemaChecks | None = None) -> tuple[dict[str, Any], ...]:
+                max_name: int = 64) -> tuple[dict[str, Any], ...]:
     """Tools as OpenAI function specs; ``function_of`` reads one item of the format into ``{name, description?,
     parameters?}``; ``name_at`` and ``schema_at`` say where the format keeps those in an item (for the error's
     path). Names must be unique, 1 to ``max_name`` letters, digits, '_', '.' or '-'; parameters a JSON Schema."""
@@ -283,7 +255,7 @@ def check_tools(items: list[Any], where: str, function_of: Callable[[Any, str], 
             raise refuse(f"{path}.{name_at} {name!r} is offered twice", f"{path}.{name_at}")
         names.add(name)
         if "parameters" in function:
-            check_schema(function["parameters"], f"{path}.{schema_at}", checks)
+            check_schema(function["parameters"], f"{path}.{schema_at}")
         tools.append({"type": "function", "function": function})
     return tuple(tools)
 
