@@ -94,6 +94,17 @@ async def test_the_chains_an_agent_forks_are_counted_and_one_completion_per_prom
     assert all("2 + 3" in codec.decode(t.prompt_ids) for t in record.trajectories[:2])  # the main chains
 
 
+def test_the_gateway_samples_as_the_trainer_assumes_unless_told_otherwise():
+    spec = WorkerSpec(engines=("127.0.0.1:1",), loop={"sampling": {"temperature": 0.7}})
+    agent = ExternalAgent(callable=f"{PATH}:tool_agent")
+    assert AgentLoopRollout(spec, ROWS, agent=agent).agent.gateway.sampling.temperature == 0.7
+    assert AgentLoopRollout(spec, ROWS, agent=agent).agent.gateway.sampling.top_p == 1.0
+    forced = ExternalAgent(callable=f"{PATH}:tool_agent", gateway={"sampling": {"temperature": 0.0}})
+    assert AgentLoopRollout(spec, ROWS, agent=forced).agent.gateway.sampling.temperature == 0.0
+    with pytest.raises(ValueError, match="agent.reward: function scores with spec.reward"):
+        AgentLoopRollout(spec, ROWS, agent=ExternalAgent(callable=f"{PATH}:tool_agent", reward="function"))
+
+
 def test_an_agent_that_cannot_run_is_refused_before_anything_starts():
     with pytest.raises(LoopConfigError, match=r"agent\.callable: tests\.rollout\.nowhere:agent cannot be imported"):
         AgentLoopRollout(WorkerSpec(engines=("127.0.0.1:1",)), ROWS,

@@ -107,7 +107,9 @@ class AgentLoopRollout:
         must not hold every trajectory it made). ``agent``: an agent of your own plays the samples (see the module
         docstring); its program is checked here (LoopConfigError), before anything starts."""
         self.spec = spec
-        self.agent = agent
+        self.agent = agent if agent is None else trainer_sampling(agent, spec.loop)
+        if agent is not None and agent.reward == "function" and spec.reward is None:
+            raise ValueError("agent.reward: function scores with spec.reward, which is not set")
         self._program = check_agent(agent, spec.reward) if agent is not None else None
         self.num_workers = num_workers
         self.default_loop = default_loop
@@ -305,6 +307,16 @@ class AgentLoopRollout:
         infos = self._loop.run(self.manager.control.server_info())
         infos.raise_for_errors()
         return {address: int(info.weight_version) for address, info in infos.responses.items()}
+
+
+def trainer_sampling(agent: ExternalAgent, loop: AgentLoopConfig) -> ExternalAgent:
+    """``agent`` with the gateway forcing the loop's temperature and top_p where it forces none: TRL's loss
+    describes the engines' sampling by the trainer's temperature (the loop's), whatever an agent asks for."""
+    forced = agent.gateway.sampling
+    sampling = forced.model_copy(update={
+        "temperature": loop.sampling.temperature if forced.temperature is None else forced.temperature,
+        "top_p": loop.sampling.top_p if forced.top_p is None else forced.top_p})
+    return agent.model_copy(update={"gateway": agent.gateway.model_copy(update={"sampling": sampling})})
 
 
 def _without_id(row: Mapping[str, Any]) -> dict[str, Any]:
