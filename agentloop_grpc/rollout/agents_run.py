@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import shutil
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,12 +102,36 @@ def agent_rows(rows: list[dict[str, Any]], samples: list[Sample], samples_per_pr
     return [agent_row(sample, rows[i // samples_per_prompt]) for i, sample in enumerate(samples)]
 
 
-def main_chains(samples: Sequence[Sample], played: Sequence[Trajectory]) -> tuple[list[Trajectory], list[Trajectory]]:
-    """Each sample's main chain in the samples' order (every session has one: a failed trajectory stands for a
-    session without chains), and the chains its agent forked: for trainers that take one completion per prompt."""
-    ids = {sample.sample_id for sample in samples}
-    main = {t.sample_id: t for t in played if t.sample_id in ids}
-    return [main[sample.sample_id] for sample in samples], [t for t in played if t.sample_id not in ids]
+class AgentPlayers:
+    """An agent of your own playing samples for a trainer that takes one completion per prompt (TRL, verl): its
+    program checked when made (LoopConfigError), its sessions served over the manager's Router from ``start`` to
+    ``close``; ``play`` gives each sample's main chain (every session has one: a failed trajectory stands for a
+    session without chains) and counts the chains the agent forked in ``forked_chains``, not trained on."""
+
+    def __init__(self, agent: ExternalAgent, reward: ComponentSpec | None) -> None:
+        self.agent, self.reward = agent, reward
+        self.program = check_agent(agent, reward)
+        self.forked_chains = 0
+        self._stack = AsyncExitStack()
+        self._agents: ExternalAgents | None = None
+
+    async def start(self, router: Router, model_dir: str | None, loop: AgentLoopConfig) -> None:
+        self._agents = await self._stack.enter_async_context(
+            agent_sessions(self.agent, self.program, router, model_dir, loop, self.reward, log_dir=None))
+
+    async def play(self, samples: Sequence[Sample], rows: Sequence[Mapping[str, Any]],
+                   on_done: Callable[[Trajectory], None] | None) -> list[Trajectory]:
+        if self._agents is None:
+            raise RuntimeError("the agent's sessions are not started")
+        played = await self._agents.run(samples, rows, on_done)
+        ids = {sample.sample_id for sample in samples}
+        main = {t.sample_id: t for t in played if t.sample_id in ids}
+        self.forked_chains += sum(t.sample_id not in ids for t in played)
+        return [main[sample.sample_id] for sample in samples]
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+        self._agents = None
 
 
 async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: RunRecord) -> RunRecord:

@@ -23,7 +23,6 @@ engines' version at start when they already had updates, so versions only go up)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.metadata
 import json
 import logging
@@ -32,13 +31,13 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentloop_grpc.agent import AgentLoopConfig, AgentLoopManager, Sample, Trajectory, WorkerSpec
 from agentloop_grpc.agent.loops.base import BUILTIN_LOOPS
 from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.agent.spec import load_codec
-from agentloop_grpc.rollout.agents_run import agent_row, agent_sessions, check_agent, main_chains
+from agentloop_grpc.rollout.agents_run import AgentPlayers, agent_row
 from agentloop_grpc.rollout.config import ExternalAgent
 from agentloop_grpc.rollout.dataset import row_sample
 
@@ -46,9 +45,6 @@ from ..background_loop import BackgroundLoop
 from ..logprob_check import LogprobDiff, compare
 from .fields import trl_fields
 from .weights import model_tensors
-
-if TYPE_CHECKING:
-    from agentloop_grpc.gateway.agents import ExternalAgents
 
 #: TRL's rollout_func is experimental: the version this integration is tested with (the ``trl`` extra pins it).
 TESTED_TRL_VERSION = "1.16.0"
@@ -110,7 +106,7 @@ class AgentLoopRollout:
         self.agent = agent if agent is None else trainer_sampling(agent, spec.loop)
         if agent is not None and agent.reward == "function" and spec.reward is None:
             raise ValueError("agent.reward: function scores with spec.reward, which is not set")
-        self._program = check_agent(agent, spec.reward) if agent is not None else None
+        self._players = AgentPlayers(self.agent, spec.reward) if self.agent is not None else None
         self.num_workers = num_workers
         self.default_loop = default_loop
         self.ground_truth_kwargs = tuple(ground_truth_kwargs)
@@ -128,8 +124,6 @@ class AgentLoopRollout:
             self._rows.setdefault(key, row)
         self._loop: BackgroundLoop | None = None
         self._manager: AgentLoopManager | None = None
-        self._sessions = contextlib.AsyncExitStack()
-        self._agents: ExternalAgents | None = None
         self._grammars = None
         self._calls = 0
         self.placeholder_id = 0
@@ -174,11 +168,8 @@ class AgentLoopRollout:
         self.placeholder_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.spec.loop.constrain_tool_calls and self.spec.tool_server and self.check_logprobs:
             self._grammars = await self._grammar_compiler(codec, infos[0].vocab_size)
-        if self.agent is not None:
-            assert self._program is not None
-            self._agents = await self._sessions.enter_async_context(agent_sessions(
-                self.agent, self._program, manager.router, self.spec.model_dir, self.spec.loop, self.spec.reward,
-                log_dir=None))
+        if self._players is not None:
+            await self._players.start(manager.router, self.spec.model_dir, self.spec.loop)
 
     async def _grammar_compiler(self, codec, vocab_size: int):
         """A function: offered tool names -> the call grammar the loops constrained those turns with, compiled
@@ -207,8 +198,8 @@ class AgentLoopRollout:
     def close(self) -> None:
         if self._loop is None:
             return
-        self._loop.run(self._sessions.aclose())  # the gateway first: it generates through the manager's Router
-        self._agents = None
+        if self._players is not None:  # the gateway first: it generates through the manager's Router
+            self._loop.run(self._players.close())
         if self._manager is not None:
             self._loop.run(self._manager.close())
             self._manager = None
@@ -232,27 +223,24 @@ class AgentLoopRollout:
         samples = self.samples(prompts, group_size, f"s{step}.{self._calls}")
         self._calls += 1
         started = time.monotonic()
-        forks: list[Trajectory] = []
-        players = None if self._agents is None else (lambda s, on_done: self._play(s, on_done, forks))
+        forked = self._players.forked_chains if self._players is not None else 0
+        players = None if self._players is None else self._play
         batch = self._loop.run(self.manager.generate(samples, players=players))
         record = StepRecord(step, batch.trajectories, time.monotonic() - started)
         record.metrics = step_metrics(batch.trajectories, batch.metrics, self.base_version + step)
-        if self._agents is not None:
-            record.metrics["forked_chains"] = float(len(forks))
+        if self._players is not None:
+            record.metrics["forked_chains"] = float(self._players.forked_chains - forked)
         if self.check_logprobs and training:
             offered = {sample.sample_id: sample.tools for sample in samples}
             record.metrics.update(self._check_logprobs(trainer, batch.trajectories, offered))
         self.history.append(record)
         return trl_fields(batch.trajectories, self.placeholder_id)
 
-    async def _play(self, samples: Sequence[Sample], on_done, forks: list[Trajectory]) -> list[Trajectory]:
-        """The samples as the agent's sessions: each sample's main chain, in the samples' order (``forks`` gets
-        the other chains)."""
+    async def _play(self, samples: Sequence[Sample], on_done) -> list[Trajectory]:
+        """The samples as the agent's sessions (each agent gets its sample's dataset row): their main chains."""
+        assert self._players is not None  # only a run with an agent plays its samples
         rows = [agent_row(s, self._rows[prompt_key(s.messages)]) for s in samples]
-        assert self._agents is not None  # only a run with an agent plays its samples
-        main, forked = main_chains(samples, await self._agents.run(samples, rows, on_done))
-        forks.extend(forked)
-        return main
+        return await self._players.play(samples, rows, on_done)
 
     def samples(self, prompts: Sequence[Sequence[Mapping[str, Any]]], group_size: int, prefix: str) -> list[Sample]:
         """One Sample per prompt; a run of ``group_size`` identical prompts is one group."""

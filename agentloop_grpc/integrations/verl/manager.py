@@ -44,7 +44,6 @@ sleep here: verl's trainer does that around ``generate_sequences``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import json
@@ -53,7 +52,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,7 +72,7 @@ from agentloop_grpc.agent.trajectory import Trajectory
 from agentloop_grpc.common.media import ImageExpander
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
 from agentloop_grpc.launch.launcher import ServerProcess, agentloop_command
-from agentloop_grpc.rollout.agents_run import agent_row, agent_sessions, check_agent, main_chains
+from agentloop_grpc.rollout.agents_run import AgentPlayers, agent_row
 from agentloop_grpc.rollout.config import ExternalAgent
 from agentloop_grpc.rollout.dataset import row_sample
 from agentloop_grpc.router import RouterConfig
@@ -81,9 +80,6 @@ from agentloop_grpc.router import RouterConfig
 from .batch import FailedTrajectoriesError, num_turns, to_dataproto
 from .picture_spans import encode_picture
 from .settings import server_addresses, settings_from
-
-if TYPE_CHECKING:
-    from agentloop_grpc.gateway.agents import ExternalAgents
 
 #: verl's agent names (and ours) -> the loop of ours that runs them.
 AGENT_LOOPS = {"tool_agent": "tool", "single_turn_agent": "single_turn", "tool": "tool", "single_turn": "single_turn"}
@@ -323,12 +319,8 @@ class AgentloopAgentLoopManager:
         self._pad_token_id = 0
         self._images: ImageExpander | None = None
         agent = self.settings.agent
-        #: Checked here: an agent that cannot run fails before any server is asked anything.
-        self._program = check_agent(agent, self.settings.reward) if agent is not None else None
-        self._sessions = contextlib.AsyncExitStack()
-        self._agents: ExternalAgents | None = None
-        #: Chains the agents forked, over the run: counted, not trained on.
-        self.forked_chains = 0
+        #: Made here: an agent that cannot run fails before any server is asked anything.
+        self._players = AgentPlayers(agent, self.settings.reward) if agent is not None else None
 
     @classmethod
     @auto_await
@@ -363,10 +355,8 @@ class AgentloopAgentLoopManager:
         self._manager = AgentLoopManager(spec, num_workers=s.workers, use_ray=s.use_ray)
         await self._manager.start()
         await self._manager.check_tokenizer()
-        if s.agent is not None:
-            assert self._program is not None
-            self._agents = await self._sessions.enter_async_context(agent_sessions(
-                s.agent, self._program, self._manager.router, self.model_dir, self.loop, s.reward, log_dir=None))
+        if self._players is not None:
+            await self._players.start(self._manager.router, self.model_dir, self.loop)
 
     async def _launch_tools(self, config_path: str) -> str:
         """``agentloop tools serve`` for verl's tool YAML: its tools run in that process, which ends with ours."""
@@ -388,7 +378,7 @@ class AgentloopAgentLoopManager:
     async def _generate(self, prompts: DataProto, samples: list[Sample], validate: bool) -> DataProto:
         if validate:
             samples = [sample.model_copy(update={"sampling": self.val_sampling}) for sample in samples]
-        players = None if self._agents is None else self._play
+        players = None if self._players is None else self._play
         trajectories = list((await self._manager.generate(samples, players=players)).trajectories)
         failed = [(t.sample_id, t.error or t.termination.value) for t in trajectories if t.failed]
         if failed:
@@ -411,11 +401,13 @@ class AgentloopAgentLoopManager:
 
     async def _play(self, samples: Sequence[Sample], on_done: Any) -> list[Trajectory]:
         """The rows as the agent's sessions: each row's main chain, in the rows' order."""
-        assert self._agents is not None  # only a run with an agent plays its samples
-        played = await self._agents.run(samples, [agent_row(sample) for sample in samples], on_done)
-        main, forks = main_chains(samples, played)
-        self.forked_chains += len(forks)
-        return main
+        assert self._players is not None  # only a run with an agent plays its samples
+        return await self._players.play(samples, [agent_row(sample) for sample in samples], on_done)
+
+    @property
+    def forked_chains(self) -> int:
+        """Chains the agents forked over the run: counted, not trained on."""
+        return self._players.forked_chains if self._players is not None else 0
 
     async def _verl_reward(self, columns: Mapping[str, np.ndarray], row: int,
                            trajectory: Trajectory) -> tuple[Trajectory, dict[str, Any]]:
@@ -429,8 +421,8 @@ class AgentloopAgentLoopManager:
 
     def close(self) -> None:
         """Close our manager and the background loop (verl never calls this; tests and scripts do)."""
-        self._background.run(self._sessions.aclose())  # the gateway first: it generates through the manager's Router
-        self._agents = None
+        if self._players is not None:  # the gateway first: it generates through the manager's Router
+            self._background.run(self._players.close())
         manager, self._manager = self._manager, None
         if manager is not None:
             self._background.run(manager.close())
