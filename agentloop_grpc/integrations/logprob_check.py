@@ -47,18 +47,27 @@ def recompute_logprobs(model, trajectory: Trajectory, temperature: float = 1.0, 
 
 
 def compare(model, trajectories: Sequence[Trajectory], temperature: float,
-            grammar: Callable[[Trajectory], Any] | None = None) -> tuple[LogprobDiff, LogprobDiff]:
+            grammar: Callable[[Trajectory], Any] | None = None,
+            version: int | None = None) -> tuple[LogprobDiff, LogprobDiff]:
     """(policy, sampler): engine logprobs against both recomputes over every model token of ``trajectories``,
     from one forward pass each; ``grammar`` gives a constrained trajectory's compiled grammar (the one its
-    sample's offered tools made), None to skip the sampler recompute (then it equals the policy's)."""
+    sample's offered tools made), None to skip the sampler recompute (then it equals the policy's).
+    ``version``: only the tokens made by that weight version (the trainer's, when others made the rest)."""
     engine, policy, sampler = [], [], []
     for t in trajectories:
+        keep = [version is None or v == version for v, m in zip(t.weight_versions, t.response_mask, strict=True) if m]
+        if not any(keep):
+            continue
         logits = _logits(model, t, temperature)
-        engine += [lp for lp, m in zip(t.response_logprobs, t.response_mask, strict=True) if m]
+        engine += _kept([lp for lp, m in zip(t.response_logprobs, t.response_mask, strict=True) if m], keep)
         own = _recompute(logits, t, None)
-        policy += own
-        sampler += _recompute(logits, t, grammar(t)) if grammar is not None and t.constrained else own
+        policy += _kept(own, keep)
+        sampler += _kept(_recompute(logits, t, grammar(t)) if grammar is not None and t.constrained else own, keep)
     return LogprobDiff.of(engine, policy), LogprobDiff.of(engine, sampler)
+
+
+def _kept(values: list[float], keep: list[bool]) -> list[float]:
+    return [v for v, k in zip(values, keep, strict=True) if k]
 
 
 def _logits(model, trajectory: Trajectory, temperature: float):

@@ -7,6 +7,7 @@ The engines, tools, dataset, loop and loops sections are the rollout's (``agentl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -40,6 +41,12 @@ class TrainConfig(AgentRunConfig):
     """A training run: engines and tools for the rollouts, the prompts, the loops, the trainer, the outputs."""
 
     grpo: GrpoSettings = Field(default_factory=GrpoSettings, description="The trainer.")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: each step rolls out its prompts, then trains (engines idle while it trains). "
+        "async: rollouts never stop; a step trains the oldest finished groups while the next ones roll out, each "
+        "at most max_staleness weight versions behind the trainer (docs/trl.md, Fully-async).")
+    max_staleness: int = Field(1, ge=0, description="async: how many versions a trained group may lag the trainer "
+                               "(admission holds new groups back to keep it so; 0: no overlap).")
     check_logprobs: int = Field(4, ge=0, description="Trajectories per step whose engine logprobs are compared "
                                 "with the trainer's recompute (0: none).")
     compare_steps: int = Field(5, ge=1, description="The ratio compares the mean reward of this many last steps "

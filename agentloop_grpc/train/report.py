@@ -1,4 +1,5 @@
-"""report.html of a training run: the reward curve, where each step's time went, engine-vs-trainer logprobs.
+"""report.html of a training run: the reward curve, where each step's time went, engine-vs-trainer logprobs,
+and who waited for whom (with async mode's staleness histogram and queue).
 
 PNG plots beside the page (matplotlib, Agg backend), the summary as a table, and the per-step metrics.
 """
@@ -81,6 +82,39 @@ def _logprobs(steps: list[dict], path: Path) -> bool:
     return True
 
 
+def _pipeline(steps: list[dict], path: Path) -> bool:
+    """Async mode: each step's staleness histogram and queue; both modes: who waited for whom."""
+    if not steps or "trainer_idle_s" not in steps[0]:
+        return False
+    plt = _pyplot()
+    x = [s["step"] for s in steps]
+    histogram = sorted((k for k in steps[0] if k.startswith("staleness_") and k[10:].isdigit()),
+                       key=lambda k: int(k[10:]))
+    fig, axes = plt.subplots(2 if histogram else 1, 1, figsize=(9, 6 if histogram else 3.2), squeeze=False)
+    if histogram:
+        ax, bottom = axes[0][0], [0.0] * len(steps)
+        for key in histogram:
+            counts = [s.get(key, 0.0) for s in steps]
+            ax.bar(x, counts, bottom=bottom, label=f"{key[10:]} version(s) behind")
+            bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
+        queue = ax.twinx()
+        queue.plot(x, [s.get("queue_groups", 0.0) for s in steps], "k.--", label="finished groups waiting")
+        queue.set_ylabel("groups waiting")
+        ax.set_ylabel("trajectories trained")
+        ax.set_title("Staleness: trained version minus the oldest token's version")
+        ax.legend(loc="upper left", fontsize=8)
+        queue.legend(loc="upper right", fontsize=8)
+    ax = axes[-1][0]
+    ax.plot(x, [s["trainer_idle_s"] for s in steps], "o-", label="trainer idle (waiting for rollouts)")
+    ax.plot(x, [s["engine_idle_s"] for s in steps], "s-", label="engines idle (no group in flight)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("seconds")
+    ax.set_title("Who waited for whom")
+    ax.legend(fontsize=8)
+    _save(plt, fig, path)
+    return True
+
+
 def write_report(record, path: Path) -> None:
     steps, summary = record.steps, record.summary
     folder = path.parent
@@ -91,9 +125,12 @@ def write_report(record, path: Path) -> None:
         images = ["reward_curve.png", "time_per_step.png"]
         if _logprobs(steps, folder / "logprob_diff.png"):
             images.append("logprob_diff.png")
+        if _pipeline(steps, folder / "pipeline.png"):
+            images.append("pipeline.png")
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
     columns = ["step", "reward_mean", "correct_rate", "valid_call_rate", "frac_groups_zero_std", "rollout_s",
-               "train_s", "weight_sync_s", "logprob_diff_sampler_max", "logprob_diff_policy_mean", "loss",
+               "train_s", "weight_sync_s", "trainer_idle_s", "engine_idle_s", "staleness_max", "queue_groups",
+               "logprob_diff_sampler_max", "logprob_diff_policy_mean", "loss",
                "grad_norm"]
     head = "".join(f"<th>{c}</th>" for c in columns)
     body = "".join(

@@ -31,6 +31,7 @@ from agentloop_grpc.agent import WorkerSpec, write_parquet
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
 from agentloop_grpc.integrations.trl import (
     AgentLoopRollout,
+    AsyncAgentLoopRollout,
     WeightSyncCallback,
     agentloop_reward,
     prompt_dataset,
@@ -93,6 +94,9 @@ class StepLog(TrainerCallback):
             "entropy": logs.get("entropy"),
             "completion_mean_length": logs.get("completions/mean_length"),
         }
+        # sync: the trainer waits out the rollout, the engines the training and the push (async measures both)
+        entry.setdefault("trainer_idle_s", entry["rollout_s"])
+        entry.setdefault("engine_idle_s", round(entry["train_s"] + entry["weight_sync_s"], 3))
         self.record.steps.append(entry)
         logs.update(rollout_log_metrics(entry, rollout.metrics))
         with self._path.open("a") as f:
@@ -102,6 +106,8 @@ class StepLog(TrainerCallback):
             f"  valid calls {entry['valid_call_rate']:.0%}  rollout {entry['rollout_s']:.1f}s"
             f"  train {entry['train_s']:.1f}s  sync {entry['weight_sync_s']:.1f}s"
             f"  |dlogp| {entry.get('logprob_diff_sampler_max', float('nan')):.1e}"
+            + (f"  staleness<={entry['staleness_max']:.0f}  queue {entry['queue_groups']:.0f}"
+               if "staleness_max" in entry else "")
         )
 
 
@@ -173,11 +179,12 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
         model, tokenizer = model_store.load(checkpoint)
         train_top_layers(model, config.grpo.trainable_layers)
         model.train()
-        with AgentLoopRollout(spec, rows, num_workers=config.workers, default_loop=config.dataset.default_loop,
-                              ground_truth_kwargs=config.dataset.ground_truth_kwargs,
-                              check_logprobs=config.check_logprobs,
-                              ready_timeout_s=config.engines.launch.startup_timeout_s if config.engines.launch
-                              else 300.0) as rollout:
+        options = {"max_staleness": config.max_staleness, "seed": config.grpo.seed} if config.mode == "async" else {}
+        with (AsyncAgentLoopRollout if config.mode == "async" else AgentLoopRollout)(
+                spec, rows, num_workers=config.workers, default_loop=config.dataset.default_loop,
+                ground_truth_kwargs=config.dataset.ground_truth_kwargs, check_logprobs=config.check_logprobs,
+                ready_timeout_s=config.engines.launch.startup_timeout_s if config.engines.launch else 300.0,
+                **options) as rollout:
             sync = WeightSyncCallback(rollout)
             g = config.grpo
             args = GRPOConfig(
@@ -244,8 +251,8 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
         servers.close()
     write_csv(record.steps, out / "metrics.csv")
     first, last, ratio = reward_ratio(record.steps, config.compare_steps) if record.steps else (0.0, 0.0, 1.0)
-    record.summary = summarize(record.steps, first, last, ratio, versions, time.monotonic() - started,
-                               config.compare_steps, transfer)
+    record.summary = {"mode": config.mode, **summarize(record.steps, first, last, ratio, versions,
+                                                        time.monotonic() - started, config.compare_steps, transfer)}
     (out / "summary.json").write_text(json.dumps(record.summary, indent=2) + "\n")
     from .report import write_report
 
@@ -273,6 +280,10 @@ def summarize(steps: list[dict], first: float, last: float, ratio: float, versio
         "mean_rollout_s": mean("rollout_s"),
         "mean_train_s": mean("train_s"),
         "mean_weight_sync_s": mean("weight_sync_s"),
+        "mean_trainer_idle_s": mean("trainer_idle_s"),
+        "mean_engine_idle_s": mean("engine_idle_s"),
+        "staleness_max": most("staleness_max"),
+        "dropped_stale": sum(s.get("dropped_stale", 0) for s in steps),
         "weight_transfer": weight_transfer,
         "logprob_diff_sampler_mean": mean("logprob_diff_sampler_mean"),
         "logprob_diff_sampler_max": most("logprob_diff_sampler_max"),

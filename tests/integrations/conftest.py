@@ -58,3 +58,16 @@ def own_servers():
     other modules must keep seeing the bundled model."""
     with _served() as started:
         yield started
+
+
+@pytest.fixture
+def model():
+    """The default model and tokenizer for a trainer, only its top two layers trainable (a step takes seconds on
+    two cores)."""
+    from agentloop_grpc.common import model_store
+    from agentloop_grpc.integrations.trl import train_top_layers
+
+    loaded, tokenizer = model_store.load(model_store.prepare())
+    train_top_layers(loaded, 2)
+    loaded.train()
+    return loaded, tokenizer

@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer learning from our rollouts on the real default model: weights change, engines take them with
 the step as their version, tokens made after a push carry it and their logprobs equal the trainer's recompute,
-and trajectories that failed for infrastructure reasons never reach the loss."""
+and trajectories that failed for infrastructure reasons never reach the loss (in fully-async mode too)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from agentloop_grpc.agent import AgentLoopConfig, SamplingConfig, Termination, Trajectory, WorkerSpec
 from agentloop_grpc.integrations.logprob_check import recompute_logprobs
 from agentloop_grpc.integrations.trl import (
-    AgentLoopRollout, WeightSyncCallback, agentloop_reward, prompt_dataset, train_top_layers, trl_fields,
+    AgentLoopRollout, AsyncAgentLoopRollout, WeightSyncCallback, agentloop_reward, prompt_dataset, trl_fields,
 )
 from agentloop_grpc.rollout.arithmetic import dataset_rows
 
@@ -38,16 +38,6 @@ def grpo_config(tmp_path, max_steps: int):
         logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False, gradient_checkpointing=False,
         disable_tqdm=True,
     )
-
-
-@pytest.fixture
-def model():
-    from agentloop_grpc.common import model_store
-
-    loaded, tokenizer = model_store.load(model_store.prepare())
-    train_top_layers(loaded, 2)  # the top two layers: a step takes seconds on two cores
-    loaded.train()
-    return loaded, tokenizer
 
 
 def test_two_grpo_steps_move_the_trainer_and_the_engines_together(own_servers, model, tmp_path):
@@ -129,7 +119,9 @@ def test_an_infrastructure_failure_never_reaches_the_loss(model, tmp_path):
     assert scored["tool_mask"][0].tolist() == [1, 1, 1, 0, 0]
 
 
-def test_a_dead_tool_server_mid_run_fails_trajectories_as_infrastructure(own_servers, model, tmp_path):
+@pytest.mark.parametrize("rollout_class", [AgentLoopRollout, AsyncAgentLoopRollout])
+def test_a_dead_tool_server_mid_run_fails_trajectories_as_infrastructure(own_servers, model, tmp_path,
+                                                                           rollout_class):
     from trl import GRPOTrainer
 
     from agentloop_grpc.tools.config import load_config
@@ -144,7 +136,7 @@ def test_a_dead_tool_server_mid_run_fails_trajectories_as_infrastructure(own_ser
     # greedy: the untrained model then completes its first call (~30 tokens), which reaches the dead server
     greedy = LOOP.model_copy(update={"sampling": SamplingConfig(temperature=0.0), "max_new_tokens_per_turn": 64})
     spec = WorkerSpec(engines=(engine,), tool_server=f"127.0.0.1:{doomed.port}", loop=greedy)
-    with AgentLoopRollout(spec, ROWS, check_logprobs=0) as rollout:
+    with rollout_class(spec, ROWS, check_logprobs=0) as rollout:
         loop.run(doomed.stop(grace_s=0))  # started fine, gone before the first rollout
         trainer = GRPOTrainer(
             model=model, reward_funcs=[agentloop_reward, position_in_group], args=grpo_config(tmp_path, 1),

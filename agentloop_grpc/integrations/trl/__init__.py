@@ -9,12 +9,13 @@ with AgentLoopRollout(spec, rows) as rollout:
 ```
 """
 
+from .async_rollout import AsyncAgentLoopRollout
 from .callback import WeightSyncCallback
 from .fields import agentloop_reward, trl_fields
 from .rollout import TESTED_TRL_VERSION, AgentLoopRollout, StepRecord, prompt_dataset, prompt_key
 from .weights import model_tensors, train_top_layers
 
 __all__ = [
-    "TESTED_TRL_VERSION", "AgentLoopRollout", "StepRecord", "WeightSyncCallback", "agentloop_reward",
-    "model_tensors", "prompt_dataset", "prompt_key", "train_top_layers", "trl_fields",
+    "TESTED_TRL_VERSION", "AgentLoopRollout", "AsyncAgentLoopRollout", "StepRecord", "WeightSyncCallback",
+    "agentloop_reward", "model_tensors", "prompt_dataset", "prompt_key", "train_top_layers", "trl_fields",
 ]

@@ -262,11 +262,13 @@ class AgentLoopRollout:
         return samples
 
     def _check_logprobs(self, trainer, trajectories: Sequence[Trajectory],
-                        offered: Mapping[str, tuple[str, ...] | None]) -> dict[str, float]:
-        """Engine logprobs against the trainer model's recompute on the first scorable trajectories."""
+                        offered: Mapping[str, tuple[str, ...] | None], version: int | None = None) -> dict[str, float]:
+        """Engine logprobs against the trainer model's recompute on the first scorable trajectories (``version``:
+        only their tokens made by that weight version, the trainer's)."""
         import torch
 
-        chosen = [t for t in trajectories if not t.failed and t.model_tokens][: self.check_logprobs]
+        chosen = [t for t in trajectories if not t.failed and t.model_tokens
+                  and (version is None or version in t.weight_versions)][: self.check_logprobs]
         if not chosen:
             return {}
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -276,7 +278,7 @@ class AgentLoopRollout:
         try:
             with torch.no_grad():
                 grammar = None if self._grammars is None else (lambda t: self._grammars(offered[t.sample_id]))
-                policy, sampler = compare(model, chosen, temperature, grammar)
+                policy, sampler = compare(model, chosen, temperature, grammar, version)
         finally:
             model.train(was_training)
         return {**_diff("logprob_diff_policy", policy), **_diff("logprob_diff_sampler", sampler)}
