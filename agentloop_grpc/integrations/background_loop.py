@@ -8,6 +8,7 @@ channel handshake and a tokenizer load every step; this loop keeps them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -29,6 +30,13 @@ class BackgroundLoop:
             coroutine.close()
             raise RuntimeError("the background loop is closed")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coroutine`` on the loop without waiting: its future (cancel() cancels the coroutine)."""
+        if self._loop.is_closed():
+            coroutine.close()
+            raise RuntimeError("the background loop is closed")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     def close(self) -> None:
         """Stop the loop and join its thread (idempotent)."""

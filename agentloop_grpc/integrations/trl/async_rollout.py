@@ -17,6 +17,7 @@ trainer and engines waited for each other.
 
 from __future__ import annotations
 
+import concurrent.futures
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -48,10 +49,14 @@ class AsyncAgentLoopRollout(AgentLoopRollout):
         self._last = {"trainer_wait_s": 0.0, "engine_idle_s": 0.0, "dropped_stale": 0, "forked_chains": 0}
 
     def close(self) -> None:
+        self.close_stream()
+        super().close()
+
+    def close_stream(self) -> None:
+        """Stop admitting and cancel the groups still rolling out (the manager stays up)."""
         if self._stream is not None and self._loop is not None:
             self._loop.run(self._stream.close())
         self._stream = None
-        super().close()
 
     def _row(self, index: int) -> Mapping[str, Any]:
         """The row of the ``index``-th group: every row once per epoch, each epoch in its own seeded order."""
@@ -74,6 +79,19 @@ class AsyncAgentLoopRollout(AgentLoopRollout):
         await stream.start()
         return stream
 
+    def open_stream(self, group_size: int, groups_per_step: int) -> GroupStream:
+        """Start the stream of groups of ``group_size`` (admitting ``groups_per_step`` per trainer version, from
+        the engines' version now); a consumer drives it on this rollout's loop (``set_version``, ``take``)."""
+        if self._stream is not None:
+            raise RuntimeError("this rollout's stream is already open")
+        if group_size < 1:
+            raise ValueError("group_size must be >= 1")
+        self.start()
+        assert self._loop is not None  # started
+        self._group_size = group_size
+        self._stream = self._loop.run(self._start_stream(groups_per_step, self.base_version))
+        return self._stream
+
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
         if self._loop is None:
             self.start()
@@ -86,10 +104,7 @@ class AsyncAgentLoopRollout(AgentLoopRollout):
             raise ValueError(f"{len(prompts)} prompts do not split into groups of num_generations={group_size}")
         step = int(trainer.state.global_step)
         version = self.base_version + step
-        if self._stream is None:
-            self._group_size = group_size
-            self._stream = loop.run(self._start_stream(len(prompts) // group_size, version))
-        stream = self._stream
+        stream = self._stream or self.open_stream(group_size, len(prompts) // group_size)
         loop.run(_set_version(stream, version))
         started = time.monotonic()
         groups = loop.run(stream.take(len(prompts) // group_size))
@@ -129,10 +144,26 @@ class AsyncAgentLoopRollout(AgentLoopRollout):
                           dropped_stale=counters.dropped_stale)
         return metrics
 
+    @property
+    def stream(self) -> GroupStream | None:
+        """The open stream of groups (None before ``open_stream`` or the first training call)."""
+        return self._stream
+
+    def submit(self, coroutine) -> concurrent.futures.Future:
+        """Start ``coroutine`` on this rollout's loop (where the stream lives) without waiting."""
+        if self._loop is None:
+            coroutine.close()
+            raise RuntimeError("the rollout is not started")
+        return self._loop.submit(coroutine)
+
+    def advance(self, trained_versions: int) -> None:
+        """The engines now hold the trainer's weights after ``trained_versions`` updates: more groups may start."""
+        if self._stream is not None and self._loop is not None:
+            self._loop.run(_set_version(self._stream, self.base_version + trained_versions))
+
     def push_weights(self, model, step: int) -> float:
         seconds = super().push_weights(model, step)
-        if self._stream is not None and self._loop is not None:  # the new weights are on the engines: more may start
-            self._loop.run(_set_version(self._stream, self.base_version + step))
+        self.advance(step)
         return seconds
 
 

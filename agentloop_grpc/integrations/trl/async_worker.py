@@ -1,0 +1,139 @@
+"""Our rollouts and weight pushes behind TRL AsyncGRPOTrainer's two seams (``trl.experimental.async_grpo``).
+
+```python
+with AsyncAgentLoopRollout(spec, rows, max_staleness=args.max_staleness) as rollout:
+    trainer = AsyncGRPOTrainer(model_dir, args=args, train_dataset=prompt_dataset(rows),
+                               rollout_worker=AgentLoopRolloutWorker(rollout, args.num_generations, groups_per_step),
+                               weight_transfer=AgentLoopWeightTransfer(rollout))
+    trainer.train()
+```
+
+- ``AgentLoopRolloutWorker`` (``RolloutWorkerProtocol``): the rollout's ``GroupStream`` runs our loops (or an
+  agent's gateway sessions) without stopping, admitted by the trainer's version (``update_model_version``), and a
+  pump turns each finished group, oldest first, into ``RolloutSample``s (``rollout_samples.py``) on
+  ``rollout_buffer``; failures are counted on ``metrics_queue``, never queued as samples. ``check_health`` raises
+  the stream's error, or when no group finished for ``stale_after_s`` while groups were running.
+- ``AgentLoopWeightTransfer`` (``WeightTransferProtocol``): ``send_weights`` pushes the trainer's tensors through
+  the manager (collective, path or stream, as ``auto`` chooses), versioned so that engine version minus the
+  engines' version at start is the trainer's ``model_version``; ``pause``/``resume`` do nothing by default (the
+  engines stage the weights and swap them between two decode steps, requests in flight go on), or pause the
+  engines with KEEP when ``keep=True``.
+
+The trainer's loss takes ``old_log_probs`` as the policy that sampled: with ``constrain_tool_calls`` the engine's
+logprobs are under the call grammar's mask (see ``logprob_check.py``), so its ratio then mixes in the mass the
+grammar removed; leave calls unconstrained for this trainer.
+
+AsyncGRPOTrainer itself (trl 1.16) needs CUDA: it asks ``torch.cuda`` for the device's peak FLOPs when built, and
+its model's attention is the ``tree_fa3`` kernel fetched from the Hub by the ``kernels`` package (FlashAttention 3).
+On a CPU, ``agentloop train`` with ``mode: async`` runs the same stream under GRPOTrainer (``async_rollout.py``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from agentloop_grpc.common.types import PauseMode
+
+from ..named_tensors import named_tensor
+from .async_rollout import AsyncAgentLoopRollout
+from .rollout_samples import rollout_samples
+
+
+class AgentLoopRolloutWorker:
+    """TRL's ``RolloutWorkerProtocol`` over an ``AsyncAgentLoopRollout`` (see the module docstring).
+    ``groups_per_step``: groups one optimizer step trains (its samples / ``num_generations``)."""
+
+    def __init__(self, rollout: AsyncAgentLoopRollout, num_generations: int, groups_per_step: int) -> None:
+        if num_generations < 1 or groups_per_step < 1:
+            raise ValueError("num_generations and groups_per_step must be >= 1")
+        self.rollout = rollout
+        self.num_generations, self.groups_per_step = num_generations, groups_per_step
+        self.rollout_buffer: queue.Queue = queue.Queue()
+        self.metrics_queue: queue.Queue = queue.Queue()
+        self._pump: concurrent.futures.Future | None = None
+        self._last_group_at = time.monotonic()
+
+    def start(self) -> None:
+        stream = self.rollout.open_stream(self.num_generations, self.groups_per_step)
+        self._last_group_at = time.monotonic()
+        self._pump = self.rollout.submit(self._fill(stream))
+
+    async def _fill(self, stream) -> None:
+        while True:
+            [group] = await stream.take(1)
+            samples, metrics = rollout_samples(group.samples, group.trajectories, group.index,
+                                               self.rollout.base_version)
+            for sample in samples:
+                self.rollout_buffer.put_nowait(sample)  # unbounded: admission bounds what can be queued
+            self.metrics_queue.put_nowait({**metrics, "agentloop/rollout_queue_groups": float(stream.counters.waiting)})
+            self._last_group_at = time.monotonic()
+
+    def update_model_version(self, model_version: int) -> None:
+        self.rollout.advance(model_version)
+
+    def check_health(self, stale_after_s: float) -> None:
+        if self._pump is None:
+            raise RuntimeError("the rollout worker was not started")
+        if self._pump.done():
+            error = None if self._pump.cancelled() else self._pump.exception()
+            raise RuntimeError("the rollout worker stopped producing") from error
+        stream = self.rollout.stream
+        idle = time.monotonic() - self._last_group_at
+        if stream is not None and stream.counters.in_flight and idle > stale_after_s:
+            raise RuntimeError(f"no group finished for {idle:.0f} s (> {stale_after_s:.0f} s) while "
+                               f"{stream.counters.in_flight} ran")
+
+    def stop(self) -> None:
+        """Stop the pump and the stream; the rollout (its manager and engines' channels) stays its owner's."""
+        if self._pump is not None:
+            self._pump.cancel()
+            self._pump = None
+        self.rollout.close_stream()
+
+
+class AgentLoopWeightTransfer:
+    """TRL's ``WeightTransferProtocol`` through the rollout's manager (see the module docstring)."""
+
+    def __init__(self, rollout: AsyncAgentLoopRollout, keep: bool = False) -> None:
+        self.rollout = rollout
+        self.keep = keep
+        self.sent = 0  # the trainer's model_version after the last send
+
+    def init_weight_transfer(self) -> None:
+        self.rollout.start()
+
+    def _run(self, coroutine) -> Any:
+        return self.rollout.submit(coroutine).result()
+
+    def pause(self) -> None:
+        if self.keep:
+            self._run(_pause_keep(self.rollout))
+
+    def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
+        tensors = [named_tensor(name, tensor) for name, tensor in iterator]
+        self._run(self.rollout.manager.update_weights(tensors, self.rollout.base_version + self.sent + 1))
+        self.sent += 1
+
+    def resume(self) -> None:
+        if self.keep:
+            self._run(_resume(self.rollout))
+
+    def destroy(self) -> None:
+        """The rollout (and its manager) is the worker's to close."""
+
+
+async def _pause_keep(rollout: AsyncAgentLoopRollout) -> None:
+    control = rollout.manager.control
+    assert control is not None  # a started manager has its Fleet
+    (await control.pause(PauseMode.KEEP)).raise_for_errors()
+
+
+async def _resume(rollout: AsyncAgentLoopRollout) -> None:
+    control = rollout.manager.control
+    assert control is not None
+    (await control.resume()).raise_for_errors()
+

@@ -1,0 +1,50 @@
+"""A rolled-out group -> AsyncGRPOTrainer's RolloutSamples: token for token, our mask, the engine's logprobs,
+TRL's advantage formula over the trajectories that did not fail, versions as the trainer counts them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentloop_grpc.agent import Sample
+from agentloop_grpc.integrations.trl.rollout_samples import rollout_samples
+
+from .test_trl_fields import failed, trajectory
+
+MESSAGES = ({"role": "user", "content": "What is 2 + 3?"},)
+
+
+def _samples(n: int) -> list[Sample]:
+    return [Sample(sample_id=f"s{k}", group_id="g", messages=MESSAGES) for k in range(n)]
+
+
+def test_a_trajectory_becomes_a_sample_token_for_token():
+    t = trajectory("s0", reward=1.0, weight_versions=(7, 7, 8, -1, -1, 8, 8))
+    (sample,), metrics = rollout_samples(_samples(1), [t], group_id=12, base_version=5)
+    assert sample.input_ids.tolist() == list(t.prompt_ids) + list(t.response_ids)
+    assert sample.input_ids.dtype == np.int64 and sample.completion_mask.dtype == np.int64
+    assert sample.completion_mask.tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+    assert sample.old_log_probs.dtype == np.float32
+    assert sample.old_log_probs.tolist() == [0.0, 0.0, 0.0, -0.5, -0.25, -0.125, 0.0, 0.0, -1.0, -0.0625]
+    assert sample.model_version == 2  # the oldest model token's version (7), counted from the run's start (5)
+    assert sample.group_id == 12 and sample.prompt == list(MESSAGES)
+    assert sample.advantage == 0.0  # alone in its group
+    assert metrics["agentloop/groups_total"] == 1.0 and metrics["agentloop/failed_trajectories_total"] == 0.0
+
+
+def test_advantages_are_trls_over_the_trajectories_that_did_not_fail():
+    group = [trajectory("s0", reward=1.0), trajectory("s1", reward=0.0), trajectory("s2", reward=1.0),
+             failed("s3", infrastructure=True), failed("s4", infrastructure=False)]
+    samples, metrics = rollout_samples(_samples(5), group, group_id=0, base_version=0)
+    assert len(samples) == 3  # the failed ones are no samples
+    rewards = np.array([1.0, 0.0, 1.0])
+    expected = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
+    assert [s.advantage for s in samples] == pytest.approx(expected.tolist())
+    assert all(s.metrics["reward_std"] == pytest.approx(rewards.std()) for s in samples)
+    assert metrics["agentloop/failed_trajectories_total"] == 2.0
+    assert metrics["agentloop/infrastructure_failures_total"] == 1.0
+
+
+def test_a_group_that_failed_whole_yields_nothing_but_its_count():
+    samples, metrics = rollout_samples(_samples(2), [failed("s0", True), failed("s1", True)], 3, 0)
+    assert samples == [] and metrics["agentloop/infrastructure_failures_total"] == 2.0
