@@ -13,6 +13,7 @@ workers have their own Routers) one of the manager's own.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
@@ -28,6 +29,8 @@ from .spec import WeightUpdatePause, WorkerSpec, build_worker, load_codec
 from .tokenizer_check import check_engine_tokenizers
 from .trajectory import Trajectory
 from .weight_transfer import StreamTransfer, WeightTransfer, choose_weight_transfer
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -176,15 +179,18 @@ class AgentLoopManager:
             self._tokenizer = (await asyncio.to_thread(load_codec, self.spec.model_dir)).tokenizer
         self._tokenizer_checked = check_engine_tokenizers(self._tokenizer, infos, self.spec.model_dir) > 0
 
-    async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int) -> None:
-        """Update every engine's weights, also while ``generate`` runs (see ``update_weights_mid_rollout``)."""
+    async def update_weights(self, tensors: Sequence[NamedTensor], weight_version: int,
+                             leave_out_unreachable: bool = False) -> frozenset[str]:
+        """Update every engine's weights, also while ``generate`` runs (see ``update_weights_mid_rollout``);
+        ``leave_out_unreachable``: the engines that do not answer are left out (returned) instead of failing it."""
         if self._weights is None:
             self._weights = await choose_weight_transfer(
                 self.spec.weight_transfer, self.control, self.spec.weights_dir, self.spec.weight_group_address
             )
         try:
-            await update_weights_mid_rollout(
-                self.control, tensors, weight_version, self._weights, self.spec.weight_update_pause
+            return await update_weights_mid_rollout(
+                self.control, tensors, weight_version, self._weights, self.spec.weight_update_pause,
+                leave_out_unreachable,
             )
         finally:
             # the workers' Fleets did not push: told the fleet's version now, they hold out an engine that
@@ -195,28 +201,41 @@ class AgentLoopManager:
 
 async def update_weights_mid_rollout(
     control: Fleet, tensors: Sequence[NamedTensor], weight_version: int, transfer: WeightTransfer | None = None,
-    pause: WeightUpdatePause = "abort",
-) -> None:
-    """Update every engine's weights (by ``transfer``; default: stream) while loops run.
+    pause: WeightUpdatePause = "abort", leave_out_unreachable: bool = False,
+) -> frozenset[str]:
+    """Update every engine's weights (by ``transfer``; default: stream) while loops run; return the engines left
+    out.
 
     ``pause="none"``: no pause; each engine stages the update while generating and swaps it in between two steps.
     Otherwise Pause(``pause``) -> transfer -> Resume; running loops keep their tokens and go on. Whatever fails,
     every engine is resumed before the error is raised: an engine left paused holds each later generation until its
     deadline. When some engine is down (it cannot pause, or answer), nothing is applied anywhere, so the engines
-    that are up keep one weight version between them.
+    that are up keep one weight version between them; unless ``leave_out_unreachable``: then the engines that do
+    not answer GetServerInfo are left out (a trainer goes on with the others) and, being behind the fleet's version
+    from then on, are held out of routing should they come back, until an update reaches them.
     """
     transfer = transfer or StreamTransfer()
+    infos = await control.server_info()
+    servers: frozenset[str] | None = None
+    if leave_out_unreachable and infos.responses:
+        servers = frozenset(infos.responses)
+        if infos.errors:
+            log.warning("weight version %d leaves out %d engine(s) that do not answer: %s", weight_version,
+                        len(infos.errors), "; ".join(f"{a}: {e}" for a, e in sorted(infos.errors.items())))
+    else:
+        infos.raise_for_errors()
+    left_out = frozenset(infos.errors) if servers is not None else frozenset()
     if pause == "none":
-        (await control.server_info()).raise_for_errors()
-        (await transfer.push(control, tensors, weight_version)).raise_for_errors()
-        return
-    paused = await control.pause(PauseMode(pause))
+        (await transfer.push(control, tensors, weight_version, servers)).raise_for_errors()
+        return left_out
+    paused = await control.pause(PauseMode(pause), servers)
     try:
         paused.raise_for_errors()
-        (await transfer.push(control, tensors, weight_version)).raise_for_errors()
+        (await transfer.push(control, tensors, weight_version, servers)).raise_for_errors()
     finally:
-        resumed = await control.resume()
+        resumed = await control.resume(servers)
     resumed.raise_for_errors()
+    return left_out
 
 
 async def _gather_refs(refs: list) -> list:

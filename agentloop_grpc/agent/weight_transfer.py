@@ -17,7 +17,7 @@ import logging
 import socket
 import tempfile
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -48,8 +48,9 @@ class WeightTransfer(Protocol):
     def name(self) -> str:  # read-only: the transfers are frozen dataclasses
         ...
 
-    async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int) -> FanOutResult:
-        """Apply ``tensors`` as ``weight_version`` on every server of ``fleet``."""
+    async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int,
+                   servers: Collection[str] | None = None) -> FanOutResult:
+        """Apply ``tensors`` as ``weight_version`` on every server of ``fleet`` (those in ``servers``)."""
         ...
 
     async def close(self, fleet: Fleet) -> None:
@@ -61,8 +62,9 @@ class WeightTransfer(Protocol):
 class StreamTransfer:
     name: str = "stream"
 
-    async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int) -> FanOutResult:
-        return await fleet.update_weights(tensors, weight_version)
+    async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int,
+                   servers: Collection[str] | None = None) -> FanOutResult:
+        return await fleet.update_weights(tensors, weight_version, servers=servers)
 
     async def close(self, fleet: Fleet) -> None:
         """Nothing held."""
@@ -75,11 +77,12 @@ class PathTransfer:
     folder: Path
     name: str = "path"
 
-    async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int) -> FanOutResult:
+    async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int,
+                   servers: Collection[str] | None = None) -> FanOutResult:
         file = self.folder / f"weights-v{weight_version}.safetensors"
         await asyncio.to_thread(write_safetensors, file, tensors)
         try:
-            return await fleet.load_weights(str(file), weight_version)
+            return await fleet.load_weights(str(file), weight_version, servers=servers)
         finally:
             file.unlink(missing_ok=True)
 
@@ -116,16 +119,20 @@ class CollectiveTransfer:
         """The servers in the group (their addresses)."""
         return self._members if self._leader is not None else frozenset()
 
-    async def form(self, fleet: Fleet) -> None:
-        """Form the group with every server of ``fleet``; WeightGroupError (nothing left behind) if it cannot."""
+    async def form(self, fleet: Fleet, servers: Collection[str] | None = None) -> None:
+        """Form the group with every server of ``fleet`` (those in ``servers``); WeightGroupError (nothing left
+        behind) if it cannot."""
         from agentloop_grpc.common.weight_group import WeightGroupLeader  # torch: imported only by trainers using it
 
         await self.close(fleet)
         infos = await fleet.server_info()
-        if infos.errors or not infos.responses:
-            raise WeightGroupError(f"not every engine answered GetServerInfo: {sorted(infos.errors) or 'no engines'}")
+        wanted = set(fleet.servers) if servers is None else set(servers)
+        errors = sorted(set(infos.errors) & wanted)
+        answered = {a: info for a, info in infos.responses.items() if a in wanted}
+        if errors or not answered:
+            raise WeightGroupError(f"not every engine answered GetServerInfo: {errors or 'no engines'}")
         offsets, world = {}, 1
-        for address, info in sorted(infos.responses.items()):
+        for address, info in sorted(answered.items()):
             if info.weight_group_ranks < 1:
                 raise WeightGroupError(f"the {info.engine_kind} engine at {address} cannot join a weight group")
             offsets[address], world = world, world + info.weight_group_ranks
@@ -147,17 +154,19 @@ class CollectiveTransfer:
         log.info("weight group %s formed at %s:%d: %d engines, %d ranks, %s", group, self.address, port,
                  len(offsets), world, self.backend)
 
-    async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int) -> FanOutResult:
+    async def push(self, fleet: Fleet, tensors: Sequence[NamedTensor], weight_version: int,
+                   servers: Collection[str] | None = None) -> FanOutResult:
+        wanted = frozenset(fleet.servers if servers is None else servers)
         if self._leader is not None:
             # every member answers before the bytes move: a broadcast with a member gone waits out the timeout
             answered = await fleet.server_info()
-            if answered.errors:
+            if set(answered.errors) & wanted:
                 await self.close(fleet)
                 return answered
-            if self._members != frozenset(fleet.servers):
+            if self._members != wanted:
                 await self.close(fleet)
         if self._leader is None:
-            await self.form(fleet)
+            await self.form(fleet, wanted)
         specs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in tensors]
         layout = BucketLayout.of(specs, self.bucket_bytes)
         receiving = asyncio.ensure_future(fleet.receive_weights(

@@ -199,18 +199,20 @@ class Fleet:
         update), which front ends that must not wait (the session gateway's ``when_paused: retry``) ask."""
         return self._paused
 
-    async def pause(self, mode: PauseMode = PauseMode.ABORT) -> FanOutResult[PauseResult]:
+    async def pause(self, mode: PauseMode = PauseMode.ABORT,
+                    servers: Collection[str] | None = None) -> FanOutResult[PauseResult]:
+        """Pause every server (those in ``servers``)."""
         request = engine_pb2.PauseRequest(mode=wire.PAUSE_MODES[mode])
         self._paused = True  # before the calls: a request arriving meanwhile meets a pausing engine
         return await self._fan_out(
-            lambda e: e.control.Pause(request, timeout=self.config.control_timeout_s), pause_result
+            lambda e: e.control.Pause(request, timeout=self.config.control_timeout_s), pause_result, only=servers
         )
 
-    async def resume(self) -> FanOutResult[EngineState | None]:
+    async def resume(self, servers: Collection[str] | None = None) -> FanOutResult[EngineState | None]:
         try:
             return await self._fan_out(
                 lambda e: e.control.Resume(engine_pb2.ResumeRequest(), timeout=self.config.control_timeout_s),
-                engine_state,
+                engine_state, only=servers,
             )
         finally:
             self._paused = False
@@ -222,10 +224,12 @@ class Fleet:
         )
 
     async def update_weights(
-        self, tensors: Iterable[NamedTensor], weight_version: int | None = None, flush_cache: bool = True
+        self, tensors: Iterable[NamedTensor], weight_version: int | None = None, flush_cache: bool = True,
+        servers: Collection[str] | None = None,
     ) -> FanOutResult[WeightsApplied]:
-        """Stream the same tensors to every server concurrently; each applies them atomically on the commit. The
-        version the servers answer becomes the fleet's: a server that missed it is held out until it has it."""
+        """Stream the same tensors to every server (those in ``servers``) concurrently; each applies them
+        atomically on the commit. The version the servers answer becomes the fleet's: a server that missed it is
+        held out until it has it."""
         messages = weight_update_messages(tensors, weight_version, flush_cache, self.config.weight_chunk_bytes)
 
         async def send(endpoint: Endpoint):
@@ -235,12 +239,13 @@ class Fleet:
 
             return await endpoint.control.UpdateWeights(stream(), timeout=self.config.control_timeout_s)
 
-        result = await self._fan_out(send, weights_applied)
+        result = await self._fan_out(send, weights_applied, only=servers)
         self._report_versions(result)
         return result
 
     async def load_weights(
-        self, path: str, weight_version: int | None = None, flush_cache: bool = True
+        self, path: str, weight_version: int | None = None, flush_cache: bool = True,
+        servers: Collection[str] | None = None,
     ) -> FanOutResult[WeightsApplied]:
         """Have every server load the safetensors checkpoint at ``path`` (a file or folder each server can read,
         e.g. on shared storage): one small call each, the bytes never cross gRPC. Versions as ``update_weights``."""
@@ -248,7 +253,8 @@ class Fleet:
         if weight_version is not None:
             request.weight_version = weight_version
         result = await self._fan_out(
-            lambda e: e.control.LoadWeights(request, timeout=self.config.control_timeout_s), weights_applied
+            lambda e: e.control.LoadWeights(request, timeout=self.config.control_timeout_s), weights_applied,
+            only=servers,
         )
         self._report_versions(result)
         return result

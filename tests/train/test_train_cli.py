@@ -4,6 +4,8 @@ tool server, TRL's GRPOTrainer), its outputs, the closing RATIO line, and bad co
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +42,7 @@ def _config(tmp_path: Path, **overrides) -> Path:
 @pytest.mark.slow
 def test_train_writes_metrics_report_weights_and_the_ratio(tmp_path):
     result = subprocess.run([*AGENTLOOP, "train", "--config", str(_config(tmp_path))], capture_output=True,
-                            text=True, timeout=600, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+                            text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[-1].startswith("RATIO train_reward_last_over_first ") and lines[-1].endswith(" target 1.5")
@@ -61,6 +63,54 @@ def test_train_writes_metrics_report_weights_and_the_ratio(tmp_path):
     assert len(read_parquet(out / "trajectories.parquet")) == 2
     assert (out / "final" / "model.safetensors").is_file() and (out / "final" / "tokenizer.json").is_file()
     _check_trackers(out, steps)
+
+
+def _descendants(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return [d for c in children for d in (c, *_descendants(c))]
+
+
+@pytest.mark.slow
+def test_async_training_goes_on_when_an_engine_is_killed(tmp_path):
+    """`mode: async` end to end on two replicas; one is SIGKILLed after the first step: its groups fail over to the
+    other, the weight pushes leave it out, every step trains and the survivor ends on the last version."""
+    config = _config(tmp_path, mode="async", max_staleness=1, report_to=[],
+                     grpo={"max_steps": 3, "prompts_per_step": 1, "num_generations": 2, "trainable_layers": 1})
+    document = yaml.safe_load(config.read_text())
+    document["engines"]["launch"].update(replicas=2)
+    document["engines"]["launch"]["engine"]["threads"] = 1
+    config.write_text(yaml.safe_dump(document))
+    errors = tmp_path / "stderr.log"
+    with errors.open("w") as stderr_file:
+        process = subprocess.Popen([*AGENTLOOP, "train", "--config", str(config)], stdout=subprocess.PIPE,
+                                   stderr=stderr_file, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    killed = None
+    try:
+        lines = []
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("step   1/") and killed is None:
+                engines = [p for p in _descendants(process.pid)
+                           if b"engine\x00serve" in Path(f"/proc/{p}/cmdline").read_bytes()]
+                assert len(engines) == 2, engines
+                killed = engines[0]
+                os.kill(killed, signal.SIGKILL)
+        assert process.wait(timeout=300) == 0, errors.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert killed is not None
+    assert sum(line.startswith("step ") for line in lines) == 3
+    out = tmp_path / "out"
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(s["trajectories"] == 2 and s["staleness_max"] <= 1 for s in steps)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mode"] == "async" and summary["staleness_max"] <= 1
+    assert list(summary["engine_weight_versions"].values()) == [3]  # the survivor, on the last weights
+    assert "leaves out 1 engine(s) that do not answer" in errors.read_text()
 
 
 def _check_trackers(out: Path, steps: list[dict]) -> None:

@@ -84,7 +84,7 @@ class AgentLoopRolloutWorker:
         stream = self.rollout.stream
         idle = time.monotonic() - self._last_group_at
         if stream is not None and stream.counters.in_flight and idle > stale_after_s:
-            raise RuntimeError(f"no group finished for {idle:.0f} s (> {stale_after_s:.0f} s) while "
+            raise RuntimeError(f"no group finished for {idle:.1f} s (> {stale_after_s:g} s) while "
                                f"{stream.counters.in_flight} ran")
 
     def stop(self) -> None:
@@ -115,7 +115,8 @@ class AgentLoopWeightTransfer:
 
     def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
         tensors = [named_tensor(name, tensor) for name, tensor in iterator]
-        self._run(self.rollout.manager.update_weights(tensors, self.rollout.base_version + self.sent + 1))
+        self._run(self.rollout.manager.update_weights(tensors, self.rollout.base_version + self.sent + 1,
+                                                      leave_out_unreachable=True))
         self.sent += 1
 
     def resume(self) -> None:

@@ -131,6 +131,8 @@ class AgentLoopRollout:
         #: on fresh engines, so the version is the step); versions only go up, also across runs on one engine.
         self.base_version = 0
         self.history: deque[StepRecord] = deque(maxlen=keep_steps)
+        #: The engines the last weight push left out (they did not answer).
+        self.left_out: frozenset[str] = frozenset()
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     def __enter__(self) -> AgentLoopRollout:
@@ -285,17 +287,21 @@ class AgentLoopRollout:
 
     # -- weights ----------------------------------------------------------------------------------------------
     def push_weights(self, model, step: int) -> float:
-        """Send ``model``'s trainable parameters to every engine as the weights of optimizer step ``step``
-        (version ``base_version + step``); return the seconds it took."""
+        """Send ``model``'s trainable parameters to every engine that answers as the weights of optimizer step
+        ``step`` (version ``base_version + step``; those that do not are in ``left_out``); return the seconds it
+        took."""
         started = time.monotonic()
         tensors = model_tensors(model)
-        self._loop.run(self.manager.update_weights(tensors, self.base_version + step))
+        # an engine that died is left out (the Router has failed its work over): training goes on with the others
+        self.left_out = self._loop.run(self.manager.update_weights(tensors, self.base_version + step,
+                                                                   leave_out_unreachable=True))
         return time.monotonic() - started
 
     def engine_versions(self) -> dict[str, int]:
-        """Each engine server's weight version now."""
+        """The weight version now of each engine server that answers (InfrastructureError when none does)."""
         infos = self._loop.run(self.manager.control.server_info())
-        infos.raise_for_errors()
+        if not infos.responses:
+            infos.raise_for_errors()
         return {address: int(info.weight_version) for address, info in infos.responses.items()}
 
 
