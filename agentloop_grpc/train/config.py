@@ -12,7 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentloop_grpc.rollout.config import AgentRunConfig
+from agentloop_grpc.rollout.config import AgentRunConfig, ExternalAgent
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
@@ -47,12 +47,23 @@ class TrainConfig(AgentRunConfig):
         "at most max_staleness weight versions behind the trainer (docs/trl.md, Fully-async).")
     max_staleness: int = Field(1, ge=0, description="async: how many versions a trained group may lag the trainer "
                                "(admission holds new groups back to keep it so; 0: no overlap).")
+    agent: ExternalAgent | None = Field(
+        None, description="Train an agent of your own instead of our loops (docs/gateway.md): each trajectory is a "
+        "session of the session gateway served over the run's Router, and TRL trains its main chain; its reward is "
+        "what the agent posts (reward: session). None: the loops.")
     check_logprobs: int = Field(4, ge=0, description="Trajectories per step whose engine logprobs are compared "
                                 "with the trainer's recompute (0: none).")
     compare_steps: int = Field(5, ge=1, description="The ratio compares the mean reward of this many last steps "
                                "with as many first steps.")
     output_dir: str = Field("runs/train", description="Metrics, TRL logs, report, last trajectories, final weights.")
     save_model: bool = Field(True, description="Write the final weights (safetensors) to output_dir/final.")
+
+    @model_validator(mode="after")
+    def _agent_reward(self) -> TrainConfig:
+        if self.agent is not None and self.agent.reward == "function":
+            raise ValueError("agent.reward: function needs a reward function, which agentloop train does not take "
+                             "(tool rewards score the loops); use reward: session")
+        return self
 
     @model_validator(mode="after")
     def _sampling_is_trl_compatible(self) -> TrainConfig:

@@ -37,6 +37,7 @@ from agentloop_grpc.integrations.trl import (
     prompt_dataset,
     train_top_layers,
 )
+from agentloop_grpc.rollout.agents_run import check_agent
 from agentloop_grpc.rollout.dataset import read_rows, to_samples
 from agentloop_grpc.rollout.run import check_loops, error_causes, start_engines, start_tools
 from agentloop_grpc.trackers import resolve_report_to
@@ -160,6 +161,8 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
     # 1. the dataset and every loop its rows name, before anything starts
     rows = read_rows(config.dataset)
     check_loops(config, to_samples(rows, config.dataset, 1))
+    if config.agent is not None:
+        check_agent(config.agent, None)
     report_to = resolve_report_to(config.report_to)
     servers = BackgroundLoop("agentloop-servers")
     stack = AsyncExitStack()
@@ -184,7 +187,7 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
                 spec, rows, num_workers=config.workers, default_loop=config.dataset.default_loop,
                 ground_truth_kwargs=config.dataset.ground_truth_kwargs, check_logprobs=config.check_logprobs,
                 ready_timeout_s=config.engines.launch.startup_timeout_s if config.engines.launch else 300.0,
-                **options) as rollout:
+                agent=config.agent, **options) as rollout:
             sync = WeightSyncCallback(rollout)
             g = config.grpo
             args = GRPOConfig(

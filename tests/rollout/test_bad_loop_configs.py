@@ -32,8 +32,8 @@ COMMAND_FIELDS = {
 }
 
 
-def _run(tmp_path: Path, command: str, rows: list[dict], default_loop: str, loops: dict) -> tuple[
-        subprocess.CompletedProcess, Path]:
+def _run(tmp_path: Path, command: str, rows: list[dict], default_loop: str, loops: dict,
+         extra: dict | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "out"
@@ -45,6 +45,7 @@ def _run(tmp_path: Path, command: str, rows: list[dict], default_loop: str, loop
         "report_to": [],
         "output_dir": str(out),
         **COMMAND_FIELDS[command],
+        **(extra or {}),
     }
     path = tmp_path / f"{command}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -88,3 +89,13 @@ def test_a_loop_no_worker_could_run_ends_in_one_line_before_any_server_starts(tm
     assert expected in line
     assert "starting engine and tool servers" not in result.stdout + result.stderr
     assert not (out / "logs").exists()  # where launched servers log: nothing was launched
+
+
+@pytest.mark.parametrize("command", ["rollout", pytest.param("train", marks=pytest.mark.slow)])
+def test_an_agent_that_cannot_run_ends_in_one_line_before_any_server_starts(tmp_path, command):
+    result, out = _run(tmp_path, command, ROWS, "tool", {}, {"agent": {"callable": "tests.no_such_module:play"}})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "agent.callable: tests.no_such_module:play" in line
+    assert "starting engine and tool servers" not in result.stdout + result.stderr
+    assert not (out / "logs").exists()
