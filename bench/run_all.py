@@ -40,6 +40,9 @@ BENCHMARKS = {
     "weight_sync": ("weight_sync.py", "SmolLM2-135M's weights (fp32) to 2 embedded servers by stream, path and "
                     "collective (mid-rollout: pause, transfer, resume) vs one in-memory copy of the same bytes; "
                     "then one collective update to 32 running generations, staged vs paused around it"),
+    "train_async": ("train_async.py", "agentloop train on make train's task, mode sync vs mode async "
+                    "(max_staleness 1), same config and seed, 300 s of training each, alternating, 2 rounds: steps "
+                    "per hour and the mean reward of the last 3 steps within the budget"),
     "async_rollout": ("async_rollout.py", "256 tool-loop trajectories: async vs lockstep vs the critical-path "
                       "bound; 10,000 concurrent trajectories in one worker"),
 }

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agentloop_grpc.agent import Sample, Trajectory
 from agentloop_grpc.agent.manager import RolloutBatch
@@ -67,7 +67,6 @@ class StreamCounters:
     engine_idle_s: float = 0.0
     in_flight: int = 0
     waiting: int = 0  # finished, not yet taken
-    taken_indices: list[int] = field(default_factory=list)
 
 
 class GroupStream:
@@ -189,7 +188,6 @@ class GroupStream:
                     self._wake()
                     continue
                 self.counters.taken += 1
-                self.counters.taken_indices.append(group.index)
                 taken.append(group)
         finally:
             self.counters.trainer_wait_s += self._clock() - started

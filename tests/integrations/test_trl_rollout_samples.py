@@ -1,5 +1,6 @@
 """A rolled-out group -> AsyncGRPOTrainer's RolloutSamples: token for token, our mask, the engine's logprobs,
-TRL's advantage formula over the trajectories that did not fail, versions as the trainer counts them."""
+TRL's advantage formula over the trajectories that did not fail, versions as the trainer counts them; and the
+worker that queues them raises from check_health when its rollouts fail or hang."""
 
 from __future__ import annotations
 
@@ -48,3 +49,79 @@ def test_advantages_are_trls_over_the_trajectories_that_did_not_fail():
 def test_a_group_that_failed_whole_yields_nothing_but_its_count():
     samples, metrics = rollout_samples(_samples(2), [failed("s0", True), failed("s1", True)], 3, 0)
     assert samples == [] and metrics["agentloop/infrastructure_failures_total"] == 2.0
+
+
+class _Rollout:
+    """What AgentLoopRolloutWorker asks of an AsyncAgentLoopRollout, over a real GroupStream whose groups fail to
+    roll out (the worker's health logic is under test, not the loops)."""
+
+    base_version = 0
+
+    def __init__(self, run_group) -> None:
+        from agentloop_grpc.integrations.background_loop import BackgroundLoop
+
+        self.loop = BackgroundLoop("test-worker")
+        self.run_group = run_group
+        self.stream = None
+
+    def open_stream(self, group_size: int, groups_per_step: int):
+        from agentloop_grpc.integrations.group_stream import GroupStream
+
+        async def open_():
+            stream = GroupStream(lambda i: _samples(group_size), self.run_group, groups_per_step, 1)
+            await stream.start()
+            return stream
+
+        self.stream = self.loop.run(open_())
+        return self.stream
+
+    def submit(self, coroutine):
+        return self.loop.submit(coroutine)
+
+    def close_stream(self) -> None:
+        if self.stream is not None:
+            self.loop.run(self.stream.close())
+        self.loop.close()
+
+
+def test_a_worker_whose_rollouts_fail_raises_from_check_health():
+    import time
+
+    from agentloop_grpc.integrations.trl.async_worker import AgentLoopRolloutWorker
+
+    async def broken(samples):
+        raise ConnectionError("every engine is gone")
+
+    worker = AgentLoopRolloutWorker(_Rollout(broken), num_generations=2, groups_per_step=1)
+    with pytest.raises(RuntimeError, match="not started"):
+        worker.check_health(60)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        with pytest.raises(RuntimeError, match="stopped producing") as raised:
+            while time.monotonic() < deadline:
+                worker.check_health(60)
+                time.sleep(0.05)
+        assert "every engine is gone" in repr(raised.value.__cause__)
+    finally:
+        worker.stop()
+
+
+def test_a_worker_whose_groups_hang_raises_once_its_bound_passes():
+    import asyncio
+    import time
+
+    from agentloop_grpc.integrations.trl.async_worker import AgentLoopRolloutWorker
+
+    async def hangs(samples):
+        await asyncio.sleep(3600)
+
+    worker = AgentLoopRolloutWorker(_Rollout(hangs), num_generations=2, groups_per_step=1)
+    worker.start()
+    try:
+        worker.check_health(60)  # within its bound: healthy
+        time.sleep(0.3)
+        with pytest.raises(RuntimeError, match=r"no group finished for 0\.\d s \(> 0\.1 s\) while 2 ran"):
+            worker.check_health(0.1)
+    finally:
+        worker.stop()

@@ -44,6 +44,7 @@ class AsyncAgentLoopRollout(AgentLoopRollout):
         self.max_staleness = max_staleness
         self.seed = seed
         self._order = list(self._rows.values())
+        self._epoch: tuple[int, list[int]] = (-1, [])  # groups are admitted in order: one epoch's order at a time
         self._stream: GroupStream | None = None
         self._group_size = 0
         self._last = {"trainer_wait_s": 0.0, "engine_idle_s": 0.0, "dropped_stale": 0, "forked_chains": 0}
@@ -61,9 +62,11 @@ class AsyncAgentLoopRollout(AgentLoopRollout):
     def _row(self, index: int) -> Mapping[str, Any]:
         """The row of the ``index``-th group: every row once per epoch, each epoch in its own seeded order."""
         epoch, position = divmod(index, len(self._order))
-        order = list(range(len(self._order)))
-        random.Random(f"{self.seed}/{epoch}").shuffle(order)
-        return self._order[order[position]]
+        if self._epoch[0] != epoch:
+            order = list(range(len(self._order)))
+            random.Random(f"{self.seed}/{epoch}").shuffle(order)
+            self._epoch = (epoch, order)
+        return self._order[self._epoch[1][position]]
 
     def _group(self, index: int) -> list[Sample]:
         row = self._row(index)
@@ -86,6 +89,8 @@ class AsyncAgentLoopRollout(AgentLoopRollout):
             raise RuntimeError("this rollout's stream is already open")
         if group_size < 1:
             raise ValueError("group_size must be >= 1")
+        if not self._order:
+            raise ValueError("no dataset rows to roll out")
         self.start()
         assert self._loop is not None  # started
         self._group_size = group_size
