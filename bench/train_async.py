@@ -1,4 +1,4 @@
-"""Training, sync against fully-async: `agentloop train` on `make train`'s task, same config, seed and wall-clock budget.
+"""Training, sync against fully-async: `agentloop train` on `make train`'s task, same config, seed and budget.
 
 Each run is `agentloop train --config examples/train.yaml` (two embedded replicas, one thread each, the built-in
 tool server, TRL's GRPOTrainer on SmolLM2-135M's top 8 layers, 3 prompts x 4 trajectories a step) with
@@ -69,7 +69,8 @@ def run(mode: str, budget_s: float, folder: Path, max_staleness: int) -> dict:
         _stop(process)
         reader.join(timeout=10)
     finished = [at for at, text in lines if text.startswith("step ") and at <= started[0] + budget_s]
-    steps = [json.loads(s) for s in (folder / "out" / "metrics.jsonl").read_text().splitlines()][:len(finished)]
+    metrics = folder / "out" / "metrics.jsonl"
+    steps = [json.loads(s) for s in metrics.read_text().splitlines()][:len(finished)] if metrics.exists() else []
     if not steps:
         raise RuntimeError(f"{mode}: no step within {budget_s:.0f} s:\n" + "\n".join(t for _, t in lines[-30:]))
     rewards = [s["reward_mean"] for s in steps]
@@ -87,21 +88,17 @@ def run(mode: str, budget_s: float, folder: Path, max_staleness: int) -> dict:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """The run and every process it started (its session): SIGTERM, then SIGKILL."""
-    for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+    """Stop the run as Ctrl-C does (it stops the servers it launched), else SIGKILL it: its servers stop with it
+    (they are started to end with their run)."""
+    for sig, wait_s in ((signal.SIGINT, 60), (signal.SIGKILL, 10)):
         try:
             os.killpg(process.pid, sig)
+            process.wait(timeout=wait_s)
+            return
         except ProcessLookupError:
             return
-        try:
-            process.wait(timeout=wait_s)
-            # the engines may outlive the CLI process a moment: the group goes with SIGKILL below
         except subprocess.TimeoutExpired:
             continue
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def main() -> None:

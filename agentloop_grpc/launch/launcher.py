@@ -214,12 +214,16 @@ class Launcher(abc.ABC):
 class EngineLauncher(Launcher):
     """Start ``launch.dp`` engine servers as local processes."""
 
-    def __init__(self, launch: EngineLaunch, log_dir: str | Path, grace_s: float = 10.0) -> None:
+    def __init__(self, launch: EngineLaunch, log_dir: str | Path, grace_s: float = 10.0,
+                 terminate_with_parent: bool = False) -> None:
+        """``terminate_with_parent``: the servers stop when this process dies, however it dies (servers that
+        belong to one run, not ones an ``agentloop engine launch`` keeps up)."""
         self.launch = launch
         self.log_dir = Path(log_dir)
         self.grace_s = grace_s
         self.servers = [
-            ServerProcess(launch.command(rank), self.log_dir / f"engine-{rank}.log", security=launch.client_security)
+            ServerProcess(launch.command(rank), self.log_dir / f"engine-{rank}.log", security=launch.client_security,
+                          terminate_with_parent=terminate_with_parent)
             for rank in range(launch.dp)
         ]
 

@@ -131,6 +131,7 @@ async def start_engines(engines: Engines, stack: AsyncExitStack, out: Path) -> t
             EngineLaunch(engine=launch.engine, dp=launch.replicas, extra_args=launch.extra_args,
                          startup_timeout_s=launch.startup_timeout_s),
             out / "logs",
+            terminate_with_parent=True,  # a run killed without notice (SIGKILL, SIGTERM) must not leave them up
         )
         await stack.enter_async_context(launcher)
         launcher.write_discovery(out / "discovery.json")
@@ -155,7 +156,7 @@ async def start_tools(tools: Tools, stack: AsyncExitStack, out: Path) -> str | N
     if not path.is_file():
         raise RolloutError(f"the tools config {path} does not exist")
     server = ServerProcess([*agentloop_command(), "tools", "serve", "--config", str(path), "--port", "0"],
-                           out / "logs" / "tools.log")
+                           out / "logs" / "tools.log", terminate_with_parent=True)
     stack.push_async_callback(server.stop, 5.0)
     return await server.start(timeout_s=60)
 
