@@ -109,3 +109,23 @@ def test_an_agent_that_cannot_run_is_refused_before_anything_starts():
     with pytest.raises(LoopConfigError, match=r"agent\.callable: tests\.rollout\.nowhere:agent cannot be imported"):
         AgentLoopRollout(WorkerSpec(engines=("127.0.0.1:1",)), ROWS,
                          agent=ExternalAgent(callable="tests.rollout.nowhere:agent"))
+
+
+async def test_an_agent_plays_the_groups_of_fully_async_training(engine):
+    """``AsyncAgentLoopRollout(agent=...)``: the stream's groups are the agent's sessions, the same fields."""
+    from agentloop_grpc.integrations.trl import AsyncAgentLoopRollout
+
+    agent = ExternalAgent(callable=f"{PATH}:tool_agent", gateway={"sampling": {"temperature": 0.0}})
+    rollout = AsyncAgentLoopRollout(WorkerSpec(engines=(engine,)), ROWS, agent=agent, check_logprobs=0,
+                                    max_staleness=1)
+    try:
+        steps = [await asyncio.to_thread(rollout, [ROWS[0]["messages"]] * 2, _trainer(step)) for step in (0, 1)]
+    finally:
+        await asyncio.to_thread(rollout.close)
+    assert [[t.sample_id for t in r.trajectories] for r in rollout.history] == [["a0/0", "a0/1"], ["a1/0", "a1/1"]]
+    assert {tuple(r["agentloop_reward"]) for r in steps} <= {(1.0, 1.0), (0.25, 0.25)}  # posted by the agent
+    for record, fields in zip(rollout.history, steps, strict=True):
+        assert not any(t.failed for t in record.trajectories) and record.metrics["forked_chains"] == 0.0
+        assert "staleness_max" in record.metrics
+        assert [list(t.response_ids) for t in record.trajectories] == fields["completion_ids"]
+        assert all(0 in mask and 1 in mask for mask in fields["env_mask"])  # the agent's tool turn is not the model's
