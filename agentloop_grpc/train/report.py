@@ -22,6 +22,13 @@ def _save(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
+def _labels(ax, ylabel: str, title: str) -> None:
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
 def _rolling(values: list[float], window: int) -> list[float]:
     out = []
     for i in range(len(values)):
@@ -56,10 +63,7 @@ def _time_split(steps: list[dict], path: Path) -> None:
     ax.bar(x, train, bottom=rollout, label="train (logprobs, loss, backward, optimizer)", color="#ff7f0e")
     ax.bar(x, sync, bottom=[a + b for a, b in zip(rollout, train, strict=True)], label="weight sync",
            color="#2ca02c")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("seconds")
-    ax.set_title("Time per step")
-    ax.legend(fontsize=8)
+    _labels(ax, "seconds", "Time per step")
     _save(plt, fig, path)
 
 
@@ -74,10 +78,7 @@ def _logprobs(steps: list[dict], path: Path) -> bool:
                        ("logprob_diff_sampler_mean", "sampler: mean"),
                        ("logprob_diff_policy_mean", "policy (no grammar): mean")):
         ax.semilogy(x, [max(s[key], 1e-9) for s in measured], "o-", label=label)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("|engine - trainer| logprob")
-    ax.set_title("Engine logprobs against the trainer's recompute under the same weights")
-    ax.legend(fontsize=8)
+    _labels(ax, "|engine - trainer| logprob", "Engine logprobs against the trainer's recompute under the same weights")
     _save(plt, fig, path)
     return True
 
@@ -107,10 +108,7 @@ def _pipeline(steps: list[dict], path: Path) -> bool:
     ax = axes[-1][0]
     ax.plot(x, [s["trainer_idle_s"] for s in steps], "o-", label="trainer idle (waiting for rollouts)")
     ax.plot(x, [s["engine_idle_s"] for s in steps], "s-", label="engines idle (no group in flight)")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("seconds")
-    ax.set_title("Who waited for whom")
-    ax.legend(fontsize=8)
+    _labels(ax, "seconds", "Who waited for whom")
     _save(plt, fig, path)
     return True
 
