@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +59,12 @@ def needs_extra(what: str, extra: str, error: ImportError) -> None:
     _fail(f"{what} needs the '{extra}' extra (pip install 'agentloop-grpc[{extra}]'): {error}")
 
 
+def stop_on_sigterm() -> None:
+    """A SIGTERM (a job scheduler, ``timeout``, CI) stops the run as Ctrl-C does: its servers stopped, what it
+    finished kept, exit 130 (by default Python dies at once, skipping both)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 def rollout(
     config: Path = typer.Option(..., "--config", "-c", help="Rollout YAML (see examples/demo.yaml)."),
     output_dir: str = typer.Option(None, help="Override the config's output_dir."),
@@ -73,6 +80,7 @@ def rollout(
               "installed); or set report: false")
     progress = Progress()
     record = RunRecord(output_dir=Path(settings.output_dir))
+    stop_on_sigterm()
     try:
         asyncio.run(run_rollout(settings, progress, record))
     except KeyboardInterrupt:

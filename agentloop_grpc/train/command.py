@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from agentloop_grpc.launch.launcher import LaunchError
-from agentloop_grpc.rollout.command import _fail, end_on_failures, load_settings, needs_extra
+from agentloop_grpc.rollout.command import _fail, end_on_failures, load_settings, needs_extra, stop_on_sigterm
 from agentloop_grpc.rollout.dataset import DatasetError
 from agentloop_grpc.rollout.run import LoopConfigError, RolloutError
 
@@ -40,6 +40,7 @@ def train(
     settings = load_settings(config, load_train_config, "training", output_dir)
     if max_steps is not None:
         settings = settings.model_copy(update={"grpo": settings.grpo.model_copy(update={"max_steps": max_steps})})
+    stop_on_sigterm()
     try:
         record = run_training(settings, echo=typer.echo)
     except KeyboardInterrupt:

@@ -1,6 +1,6 @@
-"""A run killed without notice takes the servers it launched with it: `agentloop rollout` SIGKILLed while its fake
-engine and tool server are up leaves no process behind (they used to outlive it, each holding its memory: a
-killed benchmark's engines once pushed a later test run out of memory)."""
+"""A run killed takes the servers it launched with it: `agentloop rollout` SIGKILLed or SIGTERMed while its fake
+engines and tool server are up leaves no process behind (they used to outlive it, each holding its memory: a
+killed benchmark's engines once pushed a later test run out of memory); a SIGTERM stops it as Ctrl-C does."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
@@ -30,7 +31,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_killed_rollout_leaves_no_server_behind(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_rollout_leaves_no_server_behind(tmp_path, signum):
     out = tmp_path / "out"
     config = {
         # a slow fake engine: the run is still rolling out when it is killed
@@ -43,8 +45,10 @@ def test_a_killed_rollout_leaves_no_server_behind(tmp_path):
     }
     path = tmp_path / "rollout.yaml"
     path.write_text(yaml.safe_dump(config))
-    process = subprocess.Popen([*AGENTLOOP, "rollout", "--config", str(path)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    errors = tmp_path / "stderr.log"
+    with errors.open("w") as stderr_file:
+        process = subprocess.Popen([*AGENTLOOP, "rollout", "--config", str(path)], stdout=subprocess.DEVNULL,
+                                   stderr=stderr_file, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     servers: list[int] = []
     try:
         deadline = time.monotonic() + 120
@@ -54,12 +58,15 @@ def test_a_killed_rollout_leaves_no_server_behind(tmp_path):
         time.sleep(1.0)  # the tool server starts beside the engines
         servers = [p for p in _descendants(process.pid) if b"serve" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(servers) == 3, servers  # two engines, one tool server
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        process.send_signal(signum)
+        code = process.wait(timeout=60)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(_alive(p) for p in servers):
             time.sleep(0.2)
         assert not [p for p in servers if _alive(p)]
+        if signum == signal.SIGTERM:  # as Ctrl-C: the run stopped its servers and said so
+            assert code == 130, errors.read_text()[-2000:]
+            assert "interrupted: servers stopped" in errors.read_text()
     finally:
         for pid in [process.pid, *servers]:
             try:
