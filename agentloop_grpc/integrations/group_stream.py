@@ -41,14 +41,11 @@ def oldest_version(trajectories: Sequence[Trajectory]) -> int | None:
 
 @dataclass
 class FinishedGroup:
-    """One group, rolled out: its trajectories in the samples' order and when it ran."""
+    """One group, rolled out: its trajectories in the samples' order."""
 
     index: int
     samples: tuple[Sample, ...]
     trajectories: tuple[Trajectory, ...]
-    admitted_version: int
-    admitted_at: float
-    finished_at: float
 
     @property
     def oldest_version(self) -> int | None:
@@ -60,8 +57,6 @@ class StreamCounters:
     """What the stream did so far (cumulative; a consumer reports differences per step)."""
 
     admitted: int = 0
-    finished: int = 0
-    taken: int = 0
     dropped_stale: int = 0
     trainer_wait_s: float = 0.0
     engine_idle_s: float = 0.0
@@ -141,19 +136,17 @@ class GroupStream:
             self.counters.engine_idle_s += self._clock() - self._idle_since
             self._idle_since = None
         self.counters.in_flight += 1
-        task = asyncio.create_task(self._run(index, samples, self._version, self._clock()))
+        task = asyncio.create_task(self._run(index, samples))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, index: int, samples: tuple[Sample, ...], version: int, admitted_at: float) -> None:
+    async def _run(self, index: int, samples: tuple[Sample, ...]) -> None:
         try:
             batch = await self.run_group(samples)
         except Exception as error:  # noqa: BLE001 (the consumer raises it: a broken stream must not look idle)
             self._error = self._error or error
         else:
-            self._finished[index] = FinishedGroup(index, samples, batch.trajectories, version, admitted_at,
-                                                  self._clock())
-            self.counters.finished += 1
+            self._finished[index] = FinishedGroup(index, samples, batch.trajectories)
             self.counters.waiting += 1
         finally:
             self.counters.in_flight -= 1
@@ -187,7 +180,6 @@ class GroupStream:
                     self._discarded += 1
                     self._wake()
                     continue
-                self.counters.taken += 1
                 taken.append(group)
         finally:
             self.counters.trainer_wait_s += self._clock() - started

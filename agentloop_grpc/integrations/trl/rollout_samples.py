@@ -32,17 +32,15 @@ def rollout_samples(samples: Sequence[Sample], trajectories: Sequence[Trajectory
     import numpy as np
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-    kept = [(s, t) for s, t in zip(samples, trajectories, strict=True)
-            if not t.failed and t.model_tokens and oldest_version((t,)) is not None]
-    rewards = [t.reward for _, t in kept]
+    versions = [oldest_version((t,)) for t in trajectories]  # None: failed, or no model token
+    kept = [(s, t, v) for s, t, v in zip(samples, trajectories, versions, strict=True) if v is not None]
+    rewards = [t.reward for _, t, _ in kept]
     mean = statistics.fmean(rewards) if rewards else 0.0
     std = statistics.pstdev(rewards) if rewards else 0.0
     now = time.time()
     out = []
-    for sample, t in kept:
+    for sample, t, version in kept:
         prompt = len(t.prompt_ids)
-        version = oldest_version((t,))
-        assert version is not None  # kept above
         out.append(RolloutSample(
             prompt=list(sample.messages),
             completion=[],
