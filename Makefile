@@ -5,14 +5,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 NODE_DIR := clients/node
+# MCP servers from npm that tests/tools run behind ToolExecute (PyPI's come with the dev extra)
+MCP_NPM_DIR := tests/tools/mcp_servers
 BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
 .PHONY: setup sandbox browser protos protos-python protos-lint protos-breaking demo train lint test test-python test-node test-faults bench clean
 
-setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(NODE_DIR)/node_modules/.installed sandbox \
-	browser
+setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(NODE_DIR)/node_modules/.installed \
+	$(MCP_NPM_DIR)/node_modules/.installed sandbox browser
 
 ## sandbox: bubblewrap isolates the python tool (installed from Debian's packages when we may)
 sandbox:
@@ -70,6 +72,10 @@ $(VENV)/.verl-installed: $(VENV)/.vllm-installed
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
 	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(MCP_NPM_DIR)/node_modules/.installed: $(MCP_NPM_DIR)/package.json $(MCP_NPM_DIR)/package-lock.json
+	cd $(MCP_NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 ## protos: generate the Python stubs (agentloop_grpc/v1) and the Node types (clients/node/generated)
@@ -131,5 +137,5 @@ bench: protos
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(NODE_DIR)/node_modules $(NODE_DIR)/generated build dist *.egg-info
+	rm -rf $(VENV) $(NODE_DIR)/node_modules $(MCP_NPM_DIR)/node_modules $(NODE_DIR)/generated build dist *.egg-info
 	rm -f agentloop_grpc/v1/*_pb2*.py agentloop_grpc/v1/*_pb2*.pyi
