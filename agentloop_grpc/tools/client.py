@@ -25,13 +25,19 @@ from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
 
 from . import convert
-from .errors import FULL_METADATA, ToolServerError, ToolServerFullError
+from .errors import FULL_METADATA, INFRASTRUCTURE_METADATA, ToolBackendError, ToolServerError, ToolServerFullError
 from .instances import InstanceManager
 from .result import LoopSnapshot, RewardResult, ToolResult, ToolSpec
 
 
 class ToolInfrastructureError(Exception):
-    """The tool infrastructure failed (not the tool's work)."""
+    """The tool infrastructure failed (not the tool's work). ``cause`` names what failed, for counting:
+    ``tool_server_unavailable``, ``tool_deadline``, ``tool_instance_lost``, ``tool_server_overloaded``,
+    ``tool_server_error``, or what the server said failed behind the tool (``mcp_server_crashed``, ...)."""
+
+    def __init__(self, message: str, cause: str = "tool_server_error") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class ToolServerOverloadedError(ToolInfrastructureError):
@@ -40,7 +46,7 @@ class ToolServerOverloadedError(ToolInfrastructureError):
 
     def __init__(self, what: str, details: str) -> None:
         # the first line is the cause a report groups by, so it holds no figures
-        super().__init__(f"tool server overloaded: {what}\n{details}")
+        super().__init__(f"tool server overloaded: {what}\n{details}", "tool_server_overloaded")
 
     @classmethod
     def refused(cls, method: str, details: str, refusals: int, started: float) -> ToolServerOverloadedError:
@@ -83,6 +89,25 @@ _REPEATABLE = frozenset({"ListTools", "CreateInstance", "CalcReward", "ReleaseIn
 UNAVAILABLE_TRIES = 3
 
 
+#: The cause of an infrastructure failure by status code, when the server did not name one.
+_CAUSES = {grpc.StatusCode.UNAVAILABLE: "tool_server_unavailable", grpc.StatusCode.DEADLINE_EXCEEDED: "tool_deadline",
+           grpc.StatusCode.NOT_FOUND: "tool_instance_lost"}
+
+
+def _behind_tool(error: grpc.aio.AioRpcError) -> str | None:
+    """The cause the server named for a failure of what a tool depends on (an MCP server), if it named one: the
+    server tried already, so such a failure is not sent again."""
+    for key, value in tuple(error.trailing_metadata() or ()):
+        if key == INFRASTRUCTURE_METADATA:
+            return str(value)
+    return None
+
+
+def _cause(error: grpc.aio.AioRpcError) -> str:
+    """What failed: the cause the server named in its trailing metadata, else the status code's."""
+    return _behind_tool(error) or _CAUSES.get(error.code(), "tool_server_error")
+
+
 def _refused_as_full(error: grpc.aio.AioRpcError) -> bool:
     """The server refused the call having run nothing (not a RESOURCE_EXHAUSTED of gRPC's own, which may come
     after the tool ran)."""
@@ -110,7 +135,7 @@ class GrpcToolClient:
             try:
                 return await getattr(self._stub, method)(request, timeout=deadline - time.monotonic())
             except grpc.aio.AioRpcError as error:
-                if (error.code() == grpc.StatusCode.UNAVAILABLE and method in _REPEATABLE
+                if (error.code() == grpc.StatusCode.UNAVAILABLE and method in _REPEATABLE and not _behind_tool(error)
                         and tries < UNAVAILABLE_TRIES and time.monotonic() + backoff < deadline):
                     tries += 1
                     await asyncio.sleep(backoff)
@@ -132,7 +157,7 @@ class GrpcToolClient:
                 if error.code() in _REQUEST_CODES or (method == "CreateInstance"
                                                       and error.code() == grpc.StatusCode.NOT_FOUND):
                     raise ToolRequestError(message) from error
-                raise ToolInfrastructureError(message) from error
+                raise ToolInfrastructureError(message, _cause(error)) from error
 
     async def list_tools(self) -> list[ToolSpec]:
         response = await self._call("ListTools", tool_pb2.ListToolsRequest())
@@ -174,6 +199,8 @@ class InProcessToolClient:
             return await coroutine
         except ToolServerFullError as error:  # the queue is in this process: nothing to wait for but its limit
             raise ToolServerOverloadedError(f"{coroutine.__name__} refused as full (in process)", str(error)) from error
+        except ToolBackendError as error:
+            raise ToolInfrastructureError(str(error), error.cause) from error
         except ToolServerError as error:
             raise ToolRequestError(str(error)) from error
 

@@ -4,14 +4,15 @@
       - function: agentloop_grpc.tools.builtin.calculator:calculator   # a typed function; schema inferred
       - class: agentloop_grpc.tools.builtin.python_tool:PythonTool     # a Tool class
         kwargs: {wall_timeout_s: 10}
+      - mcp: {name: time, command: [mcp-server-time]}                  # an MCP server's tools (mcp_config.py)
     limits: {max_instances: 1024, max_concurrent_executions: 64, max_queued_executions: 1024, instance_ttl_s: 600}
 
 verl's tool YAML is accepted as it is: an entry with ``class_name`` (``pkg.module.Class``, a verl ``BaseTool``),
 ``config`` and ``tool_schema`` becomes a class tool of verl's adapter (``VERL_ADAPTER``, imported only when such a
 file is served), so a verl tool runs in this server's process like ours. Both kinds may share one file.
 
-Tools are built once at start-up by ``build_tools`` into a dict by name (an explicit object: no global
-registry); a name collision or an import failure is a start-up error.
+Tools are built once at start-up by ``open_tools`` into a dict by name (an explicit object: no global
+registry); a name collision, an import failure or an MCP server that cannot start is a start-up error.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .mcp_config import McpServerEntry
 from .tool import FunctionTool, Tool
 
 #: The adapter that hosts a verl tool (the verl integration's; named, not imported: this package needs no verl).
@@ -43,7 +45,7 @@ def _from_verl(entry: Any) -> Any:
 
 
 class ToolEntry(BaseModel):
-    """One hosted tool: exactly one of ``function`` or ``class``."""
+    """One hosted tool (``function`` or ``class``), or the tools of one MCP server (``mcp``)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -51,11 +53,14 @@ class ToolEntry(BaseModel):
     class_: str | None = Field(None, alias="class", description="module:Class implementing the Tool protocol.")
     name: str | None = Field(None, description="Override the tool's name.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments of a class tool.")
+    mcp: McpServerEntry | None = Field(None, description="An MCP server whose tools are hosted (mcp_config.py).")
 
     @model_validator(mode="after")
     def _one_kind(self) -> ToolEntry:
-        if (self.function is None) == (self.class_ is None):
-            raise ValueError("a tool entry names exactly one of `function` or `class`")
+        if sum(kind is not None for kind in (self.function, self.class_, self.mcp)) != 1:
+            raise ValueError("a tool entry names exactly one of `function`, `class` or `mcp`")
+        if self.mcp is not None and (self.name or self.kwargs):
+            raise ValueError("an `mcp` entry takes its options inside `mcp:` (`prefix` renames its tools)")
         if self.function is not None and self.kwargs:
             raise ValueError("`kwargs` is for class tools")
         return self
@@ -105,9 +110,11 @@ def _import(reference: str) -> Any:
 
 
 def build_tools(config: ToolServerConfig) -> dict[str, Tool]:
-    """Instantiate every tool; names must be unique."""
+    """Instantiate every function and class tool; names must be unique. MCP servers need ``open_tools``."""
     tools: dict[str, Tool] = {}
     for entry in config.tools:
+        if entry.mcp is not None:
+            raise ValueError(f"MCP server {entry.mcp.name!r}: its tools are listed by open_tools, not build_tools")
         if entry.function is not None:
             tool: Tool = FunctionTool(_import(entry.function), name=entry.name,
                                       timeout_s=config.limits.function_timeout_s,
@@ -119,6 +126,24 @@ def build_tools(config: ToolServerConfig) -> dict[str, Tool]:
         if tool.spec.name in tools:
             raise ValueError(f"two tools are named {tool.spec.name!r}")
         tools[tool.spec.name] = tool
+    return tools
+
+
+async def open_tools(config: ToolServerConfig) -> dict[str, Tool]:
+    """Every tool of the config, MCP servers' included (each started once to list its tools); names must be
+    unique. ToolBackendError when an MCP server cannot start, ValueError for the rest of what is wrong."""
+    plain = config.model_copy(update={"tools": [e for e in config.tools if e.mcp is None]})
+    tools = build_tools(plain) if plain.tools else {}
+    servers = [entry.mcp for entry in config.tools if entry.mcp is not None]
+    if servers:
+        from .mcp_tools import McpServer  # the mcp extra, imported only when a config names an MCP server
+
+        for server in servers:
+            for tool in await McpServer(server).tools():
+                if tool.spec.name in tools:
+                    raise ValueError(f"two tools are named {tool.spec.name!r} (MCP server {server.name!r}: "
+                                     "set `prefix`)")
+                tools[tool.spec.name] = tool
     return tools
 
 

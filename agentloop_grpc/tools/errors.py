@@ -10,10 +10,18 @@ the client takes) may come after the tool did its work, which a retry would do t
 
 from __future__ import annotations
 
-from agentloop_grpc.common.errors import EngineError, EngineOverloadedError, InvalidRequestError, NotFoundError
+from agentloop_grpc.common.errors import (
+    EngineError,
+    EngineOverloadedError,
+    EngineUnavailableError,
+    InvalidRequestError,
+    NotFoundError,
+)
 
 #: Trailing metadata of a refusal that ran nothing because the server was full (key, value).
 FULL_METADATA = ("agentloop-tool-server-full", "1")
+#: Trailing metadata key of an UNAVAILABLE that a tool's own infrastructure caused; its value is the cause.
+INFRASTRUCTURE_METADATA = "agentloop-tool-infrastructure"
 
 
 class ToolServerError(EngineError):
@@ -30,3 +38,15 @@ class ToolNotFoundError(ToolServerError, NotFoundError):
 
 class ToolServerFullError(ToolServerError, EngineOverloadedError):
     """A limit is reached (RESOURCE_EXHAUSTED): live instances, or running plus queued executions."""
+
+
+class ToolBackendError(ToolServerError, EngineUnavailableError):
+    """What a tool depends on failed, not the tool's work (UNAVAILABLE, the cause in trailing metadata
+    ``INFRASTRUCTURE_METADATA``): an MCP server that crashed, hung past its call timeout or never started. The
+    trajectory that made the call is an infrastructure failure, never trained on as the model's mistake.
+
+    ``cause`` is a short name a report counts failures by (``mcp_server_crashed``); the message says the rest."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause

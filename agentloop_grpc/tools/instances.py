@@ -26,7 +26,7 @@ from typing import Any
 import jsonschema
 
 from .config import ToolLimits
-from .errors import InvalidToolRequestError, ToolNotFoundError, ToolServerFullError
+from .errors import InvalidToolRequestError, ToolBackendError, ToolNotFoundError, ToolServerFullError
 from .result import LoopSnapshot, RewardResult, ToolErrorKind, ToolResult, ToolSpec, exception_result
 from .tool import Tool
 
@@ -194,6 +194,8 @@ class InstanceManager:
                         result = await instance.tool.execute(instance.state, arguments, loop_state=loop_state)
                     else:
                         result = await instance.tool.execute(instance.state, arguments)
+                except ToolBackendError:  # what the tool depends on failed: the caller's infrastructure failure
+                    raise
                 except Exception as error:  # noqa: BLE001 - a tool's failure is the model's to read
                     result = exception_result(error)
                 finally:

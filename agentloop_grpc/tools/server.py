@@ -14,7 +14,7 @@ from agentloop_grpc.serving.server import new_server, start_listening, stop_sign
 from agentloop_grpc.serving.server_security import ServerSecurity, bind
 from agentloop_grpc.v1 import tool_pb2_grpc
 
-from .config import ToolServerConfig, build_tools
+from .config import ToolServerConfig, open_tools
 from .instances import InstanceManager
 from .servicer import SERVICE_NAME, ToolExecuteServicer
 
@@ -62,7 +62,7 @@ async def create_tool_server(
     security: ServerSecurity | None = None,
     metrics: ServerMetrics | None = None,
 ) -> ToolServer:
-    instances = InstanceManager(build_tools(config), config.limits)
+    instances = InstanceManager(await open_tools(config), config.limits)
     if metrics is not None:
         metrics.registry.register(tool_gauges(instances))
     server, health = new_server((SERVICE_NAME,), security, metrics)

@@ -8,7 +8,7 @@ from agentloop_grpc.serving.status import map_errors
 from agentloop_grpc.v1 import tool_pb2, tool_pb2_grpc
 
 from . import convert
-from .errors import FULL_METADATA, ToolServerFullError
+from .errors import FULL_METADATA, INFRASTRUCTURE_METADATA, ToolBackendError, ToolServerFullError
 from .instances import InstanceManager, loop_snapshot
 
 SERVICE_NAME = tool_pb2.DESCRIPTOR.services_by_name["ToolExecute"].full_name
@@ -24,9 +24,10 @@ def queue_wait(time_remaining: float | None) -> float | None:
     return max(time_remaining - min(QUEUE_DEADLINE_MARGIN_S, time_remaining / 4), 0.0)
 
 
-def _marks_full(handler):
+def _marks_metadata(handler):
     """A refusal for a full server also says so in its trailing metadata, which is how a client knows that
-    nothing ran and a retry is safe (see ``errors.FULL_METADATA``)."""
+    nothing ran and a retry is safe (see ``errors.FULL_METADATA``); a tool's backend failure says its cause there,
+    which the client's infrastructure error carries (``errors.INFRASTRUCTURE_METADATA``)."""
 
     @functools.wraps(handler)
     async def marked(self, request, context):
@@ -34,6 +35,9 @@ def _marks_full(handler):
             return await handler(self, request, context)
         except ToolServerFullError:
             context.set_trailing_metadata((FULL_METADATA,))
+            raise
+        except ToolBackendError as error:
+            context.set_trailing_metadata(((INFRASTRUCTURE_METADATA, error.cause),))
             raise
 
     return marked
@@ -48,13 +52,13 @@ class ToolExecuteServicer(tool_pb2_grpc.ToolExecuteServicer):
         return tool_pb2.ListToolsResponse(tools=[convert.spec_to_proto(s) for s in self._instances.specs()])
 
     @map_errors
-    @_marks_full
+    @_marks_metadata
     async def CreateInstance(self, request, context):
         instance_id = await self._instances.create(request.tool_name, request.trajectory_id, request.create_kwargs_json)
         return tool_pb2.CreateInstanceResponse(instance_id=instance_id)
 
     @map_errors
-    @_marks_full
+    @_marks_metadata
     async def Execute(self, request, context):
         state = request.loop_state
         loop_state = (loop_snapshot(state.trajectory_id, state.turn, state.messages_json)
@@ -64,6 +68,7 @@ class ToolExecuteServicer(tool_pb2_grpc.ToolExecuteServicer):
         return convert.result_to_proto(result)
 
     @map_errors
+    @_marks_metadata
     async def CalcReward(self, request, context):
         reward = await self._instances.reward(request.instance_id)
         return tool_pb2.CalcRewardResponse(reward=reward.reward, metrics=reward.metrics)
