@@ -13,7 +13,8 @@ Engine level (verl's loops unchanged):
     where verl's pictures sit in its prompt ids, so they go as media).
 Loop level (our loops inside verl's trainer): ``agent.agent_loop_manager_class=...manager...`` reads verl's dataset
 columns, runs our agent loops and returns verl's agent-loop batch (``batch.py``); verl's tool YAML runs in our tool
-server (``tools.py``). Our settings live under ``rollout.custom.agentloop`` (``settings.py``).
+server (``tools.py``). Tool level (verl's loops unchanged): ``remote_tool.py``'s ``ToolExecuteTool``, named in verl's
+tool YAML, runs a tool on a ToolExecute server. Our settings live under ``rollout.custom.agentloop`` (``settings.py``).
 """
 
 from .sampling import sampling_from_verl
