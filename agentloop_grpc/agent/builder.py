@@ -98,6 +98,7 @@ class TrajectoryBuilder:
         reward_s: float = 0.0,
         error: str | None = None,
         infrastructure_failure: bool = False,
+        infrastructure_cause: str | None = None,
         drift: Drift | None = None,
         metrics: dict[str, float] | None = None,
     ) -> Trajectory:
@@ -122,6 +123,7 @@ class TrajectoryBuilder:
             malformed_tool_calls=self.malformed_tool_calls,
             constrained=self.constrained,
             infrastructure_failure=infrastructure_failure,
+            infrastructure_cause=infrastructure_cause,
             error=error,
             drift=drift,
             resumed_generations=self.resumed_generations,

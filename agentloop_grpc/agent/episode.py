@@ -106,6 +106,7 @@ class Episode:
         interaction_score: float | None = None,
         error: str | None = None,
         infrastructure_failure: bool = False,
+        infrastructure_cause: str | None = None,
     ) -> Trajectory:
         """Drift check, reward (not for failed trajectories), then the frozen Trajectory."""
         drift = None
@@ -143,6 +144,7 @@ class Episode:
             reward_s=reward_s,
             error=error,
             infrastructure_failure=infrastructure_failure,
+            infrastructure_cause=infrastructure_cause,
             drift=drift,
             metrics=metrics,
         )

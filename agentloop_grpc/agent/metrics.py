@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -14,6 +15,8 @@ class RolloutMetrics:
     trajectories: int
     failures: int
     infrastructure_failures: int
+    #: Infrastructure failures by what failed (``Trajectory.infrastructure_cause``), most common first.
+    infrastructure_causes: dict[str, int]
     wall_s: float
     mean_reward: float
     #: Share of the scorable (not failed) trajectories whose reward reached 1.0.
@@ -44,6 +47,7 @@ class RolloutMetrics:
             trajectories=len(trajectories),
             failures=len(trajectories) - len(ok),
             infrastructure_failures=sum(t.infrastructure_failure for t in trajectories),
+            infrastructure_causes=infrastructure_causes(trajectories),
             wall_s=wall_s,
             mean_reward=statistics.fmean(t.reward for t in ok) if ok else 0.0,
             correct_rate=sum(t.reward >= 1.0 for t in ok) / len(ok) if ok else 0.0,
@@ -75,3 +79,9 @@ class RolloutMetrics:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def infrastructure_causes(trajectories: Sequence[Trajectory]) -> dict[str, int]:
+    """Infrastructure failures by cause, most common first (``unspecified`` where none was recorded)."""
+    counts = Counter(t.infrastructure_cause or "unspecified" for t in trajectories if t.infrastructure_failure)
+    return dict(counts.most_common())

@@ -55,6 +55,7 @@ def read_parquet(path: str | Path) -> list[Trajectory]:
     trajectories = []
     for row in pq.read_table(Path(path)).to_pylist():
         row.setdefault("tool_call_metrics", "[]")  # files written before the column existed
+        row.setdefault("infrastructure_cause", None)  # likewise
         row["termination"] = Termination(row["termination"])
         row["timings"] = Timings(**row["timings"])
         row["drift"] = Drift(**row["drift"]) if row["drift"] is not None else None

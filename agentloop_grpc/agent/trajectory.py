@@ -76,6 +76,10 @@ class Drift:
     rendered_text: str = ""
 
 
+#: ``ToolCallMetrics.error`` of a call the infrastructure failed (the tool server, or what a tool depends on).
+INFRASTRUCTURE_CALL = "infrastructure"
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCallMetrics:
     """One executed tool call: the tool, the turn that made it, and the metrics its server returned."""
@@ -84,7 +88,9 @@ class ToolCallMetrics:
     #: 0-based index of the assistant turn that made the call.
     turn: int
     call_id: str
-    #: The tool-error kind when the tool's work failed; None when it succeeded.
+    #: The tool-error kind when the tool's work failed (the model's to learn from), ``infrastructure`` when the
+    #: call failed for want of the infrastructure (the trajectory's ``infrastructure_cause`` says what); None when
+    #: it succeeded.
     error: str | None = None
     step_reward: float = 0.0
     #: What the tool server's Execute returned (e.g. ``seconds``).
@@ -118,6 +124,10 @@ class Trajectory:
     #: Whether tool calls were constrained by structured output (the grammar of the call format).
     constrained: bool = False
     infrastructure_failure: bool = False
+    #: What failed when ``infrastructure_failure`` is set, for counting: an engine (``engine``), the tool server
+    #: (``tool_server_unavailable``, ``tool_deadline``, ...), what a tool depends on (``mcp_server_crashed``), an
+    #: agent of the gateway (``agent_timeout``), an environment.
+    infrastructure_cause: str | None = None
     error: str | None = None
     drift: Drift | None = None
     #: Generations resumed after an engine abort (partial rollout across a weight update).
@@ -166,6 +176,8 @@ class Trajectory:
                 raise ValueError(f"trajectory {self.sample_id}: media[{i}]'s span holds model tokens (mask 1)")
         if self.termination is not Termination.ERROR and (self.error is not None or self.infrastructure_failure):
             raise ValueError(f"trajectory {self.sample_id}: an error needs termination ERROR")
+        if self.infrastructure_cause is not None and not self.infrastructure_failure:
+            raise ValueError(f"trajectory {self.sample_id}: an infrastructure cause without an infrastructure failure")
 
     @property
     def model_tokens(self) -> int:

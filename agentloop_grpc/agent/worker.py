@@ -24,8 +24,9 @@ from .trajectory import Termination, Trajectory
 log = logging.getLogger(__name__)
 
 
-def failed_trajectory(sample: Sample, error: str, infrastructure: bool) -> Trajectory:
-    """The record of a sample whose loop could not even produce a partial trajectory."""
+def failed_trajectory(sample: Sample, error: str, infrastructure: bool, cause: str | None = None) -> Trajectory:
+    """The record of a sample whose loop could not even produce a partial trajectory (``cause``: what failed, for
+    an infrastructure failure)."""
     return Trajectory(
         sample_id=sample.sample_id,
         loop=sample.loop,
@@ -39,6 +40,7 @@ def failed_trajectory(sample: Sample, error: str, infrastructure: bool) -> Traje
         termination=Termination.ERROR,
         error=error,
         infrastructure_failure=infrastructure,
+        infrastructure_cause=(cause or "unspecified") if infrastructure else None,
         messages=tuple(unread(sample.messages)),  # no picture bytes in a record meant to be read
     )
 
@@ -54,7 +56,7 @@ class AgentLoopWorker:
         try:
             return await self.registry.get(sample.loop).run(sample)
         except INFRASTRUCTURE_ERRORS as error:
-            return failed_trajectory(sample, str(error), infrastructure=True)
+            return failed_trajectory(sample, str(error), infrastructure=True, cause=error.cause)
         except (*REQUEST_ERRORS, KeyError, ValueError) as error:
             return failed_trajectory(sample, f"{type(error).__name__}: {error}", infrastructure=False)
         except Exception as error:  # isolation: a loop bug must not fail the batch

@@ -58,6 +58,15 @@ _SCOPED = re.compile(r"^/sessions/([^/]+)/(?:v1/.*|reward)$")
 
 
 @dataclass(frozen=True, slots=True)
+class AgentFailure:
+    """Why an agent's session failed: ``cause`` for counting (``agent_timeout``, ``agent_raised``,
+    ``agent_exited``), ``message`` for people."""
+
+    cause: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class AgentProgram:
     """What plays a session: exactly one of a Python function and a command line."""
 
@@ -192,17 +201,17 @@ class ExternalAgents:
             self.gateway.create(SessionSpec(session_id=session_id, sample_id=sample.sample_id,
                                             group_id=sample.group_id, ground_truth=sample.ground_truth, row=row))
         except (GatewayError, ValueError) as error:  # a full table, a ground truth too long for a session
-            return [self._failed(sample, f"the session could not be created: {error}")]
+            return [self._failed(sample, f"the session could not be created: {error}", "gateway_session")]
         key = self.keys.grant(session_id)
         # 2. the agent
         try:
-            cause = await self._agent(session_id, key, row)
+            failure = await self._agent(session_id, key, row)
         finally:
             self.keys.revoke(session_id)
         # 3-4. a crash fails the chains; the trajectories
-        return await self._finish(session_id, sample, cause)
+        return await self._finish(session_id, sample, failure)
 
-    async def _agent(self, session_id: str, key: str, row: dict[str, Any]) -> str | None:
+    async def _agent(self, session_id: str, key: str, row: dict[str, Any]) -> AgentFailure | None:
         """Run the agent; None when it ended by itself, else why it failed."""
         timer = asyncio.timeout(self.timeout_s)
         try:
@@ -215,10 +224,10 @@ class ExternalAgents:
                 return await self._spawn(session_id, agent_environment(self.url, session_id, key, row))
         except TimeoutError as error:
             if timer.expired():
-                return f"the agent ran past timeout_s={self.timeout_s:g} and was stopped"
-            return f"the agent raised {type(error).__name__}: {error}"
+                return AgentFailure("agent_timeout", f"the agent ran past timeout_s={self.timeout_s:g} and was stopped")
+            return AgentFailure("agent_raised", f"the agent raised {type(error).__name__}: {error}")
         except Exception as error:  # noqa: BLE001 - an agent's code may raise anything: its session fails alone
-            return f"the agent raised {type(error).__name__}: {error}"
+            return AgentFailure("agent_raised", f"the agent raised {type(error).__name__}: {error}")
 
     @staticmethod
     async def _call(function: Callable[..., Any], kwargs: dict[str, Any]) -> None:
@@ -229,7 +238,7 @@ class ExternalAgents:
         if inspect.isawaitable(result):
             await result
 
-    async def _spawn(self, session_id: str, env: dict[str, str]) -> str | None:
+    async def _spawn(self, session_id: str, env: dict[str, str]) -> AgentFailure | None:
         log = self.log_dir / f"{session_id}.log" if self.log_dir is not None else None
         sink = await asyncio.to_thread(open, log, "wb") if log is not None else subprocess.DEVNULL
         try:
@@ -249,9 +258,9 @@ class ExternalAgents:
         if code == 0:
             return None
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return f"the agent {how}" + (f" (its log: {log})" if log is not None else "")
+        return AgentFailure("agent_exited", f"the agent {how}" + (f" (its log: {log})" if log is not None else ""))
 
-    async def _finish(self, session_id: str, sample: Sample, cause: str | None) -> list[Trajectory]:
+    async def _finish(self, session_id: str, sample: Sample, failure: AgentFailure | None) -> list[Trajectory]:
         try:
             session = self.gateway.sessions.get(session_id)
             # a turn the agent left in flight (cancelled, timed out) ends within the turn's deadline
@@ -259,22 +268,23 @@ class ExternalAgents:
             while session.in_flight and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110 - no event
                 await asyncio.sleep(0.02)
             # from here to finish's pop nothing awaits: no request slips in between
-            if cause is not None:
-                self.gateway.fail(session_id, cause)
+            if failure is not None:
+                self.gateway.fail(session_id, failure.message, failure.cause)
             if not self.posted_reward:
                 session.reward, session.reward_metrics = None, {}
             _, trajectories = await self.gateway.finish(session_id)
         except GatewayError as error:  # expired (session_ttl_s), or a turn still in flight past its deadline
             return [self._failed(sample, f"the session could not be finished: {error}" +
-                                 (f"; {cause}" if cause else ""))]
+                                 (f"; {failure.message}" if failure else ""), "gateway_session")]
         if trajectories:
             return trajectories
-        return [self._failed(sample, f"{cause} before asking the model anything" if cause is not None
-                             else "the agent ended without asking the model anything")]
+        if failure is not None:
+            return [self._failed(sample, f"{failure.message} before asking the model anything", failure.cause)]
+        return [self._failed(sample, "the agent ended without asking the model anything", "agent_no_turn")]
 
     @staticmethod
-    def _failed(sample: Sample, cause: str) -> Trajectory:
-        return failed_trajectory(sample.model_copy(update={"loop": LOOP}), cause, infrastructure=True)
+    def _failed(sample: Sample, error: str, cause: str) -> Trajectory:
+        return failed_trajectory(sample.model_copy(update={"loop": LOOP}), error, infrastructure=True, cause=cause)
 
 
 async def _in_thread(function: Callable[..., Any], kwargs: dict[str, Any]) -> Any:

@@ -61,6 +61,7 @@ class Chain:
     ended: Termination | None = None
     error: str | None = None
     infrastructure_failure: bool = False
+    infrastructure_cause: str | None = None
     last_finish: str = "stop"
     #: Turns whose calls a grammar forced (tool_choice required or a named function).
     forced_turns: int = 0
@@ -124,8 +125,10 @@ class Chain:
         self.open_for_assistant = False
         self.last_finish = finish_reason
 
-    def fail(self, error: str, infrastructure: bool) -> None:
+    def fail(self, error: str, infrastructure: bool, cause: str | None = None) -> None:
+        """End the chain failed; ``cause`` names what failed when the infrastructure did."""
         self.ended, self.error, self.infrastructure_failure = Termination.ERROR, error, infrastructure
+        self.infrastructure_cause = (cause or "unspecified") if infrastructure else None
 
     def trajectory(self, codec: ChatCodec, reward: float, metrics: dict[str, float], drift_check: bool) -> Trajectory:
         termination = self.ended or (Termination.LENGTH if self.last_finish == "length" else Termination.STOP)
@@ -142,7 +145,8 @@ class Chain:
         self.builder.constrained = 0 < self.builder.assistant_turns == self.forced_turns
         metrics = {**metrics, "forced_turns": float(self.forced_turns)}
         return self.builder.build(termination, reward=0.0 if failed else reward, error=self.error,
-                                  infrastructure_failure=self.infrastructure_failure, drift=drift,
+                                  infrastructure_failure=self.infrastructure_failure,
+                                  infrastructure_cause=self.infrastructure_cause, drift=drift,
                                   metrics={} if failed else metrics)
 
 

@@ -63,12 +63,12 @@ class SessionGateway:
         session = self.sessions.get(session_id)
         session.reward, session.reward_metrics = reward, dict(metrics or {})
 
-    def fail(self, session_id: str, error: str) -> None:
-        """Mark every chain of the session failed by the infrastructure (its agent crashed or timed out): its
-        trajectories are kept for the record and never trained on."""
+    def fail(self, session_id: str, error: str, cause: str) -> None:
+        """Mark every chain of the session failed by the infrastructure (its agent crashed or timed out: ``cause``
+        says which): its trajectories are kept for the record and never trained on."""
         for chain in self.sessions.get(session_id).chains:
             if chain.ended is not Termination.ERROR:
-                chain.fail(error, infrastructure=True)
+                chain.fail(error, infrastructure=True, cause=cause)
 
     async def finish(self, session_id: str) -> tuple[Session, list[Trajectory]]:
         """The session's trajectories, one per chain (reward: the session's, else the reward function's with its
@@ -80,7 +80,8 @@ class SessionGateway:
             try:
                 reward, metrics = await self._reward(session, chain)
             except Exception as error:  # noqa: BLE001 - a user's reward function that raises fails its chain alone
-                chain.fail(f"the reward function raised {type(error).__name__}: {error}", infrastructure=True)
+                chain.fail(f"the reward function raised {type(error).__name__}: {error}", infrastructure=True,
+                           cause="reward_function")
                 reward, metrics = 0.0, {}
             trajectories.append(chain.trajectory(self.codec, reward, metrics, drift_check=True))
         return session, trajectories
@@ -179,7 +180,7 @@ class SessionGateway:
             yield reply
         except InfrastructureError as error:
             if chain is not None:  # kept, failed: the record says the engines lost it, and it is never trained on
-                chain.fail(f"the engines failed the turn: {error}", infrastructure=True)
+                chain.fail(f"the engines failed the turn: {error}", infrastructure=True, cause=error.cause)
             self.metrics.infrastructure_failures.inc()
             raise GatewayError(f"the engines could not serve the turn ({error})", status=502,
                                kind="infrastructure") from None

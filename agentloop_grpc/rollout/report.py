@@ -52,7 +52,7 @@ def summary_section(record, summary: dict, data: dict) -> str:
     facts = "".join([
         _fact("trajectories", len(ts), " (interrupted: finished before Ctrl-C)" if record.interrupted else ""),
         _fact("failed", f"{failed} ({_percent(failed / len(ts) if ts else None)})",
-              f"{infra} infrastructure" if failed else ""),
+              f"{infra} infrastructure" + _by_cause(summary) if failed else ""),
         _fact("mean reward", summary.get("mean_reward", "n/a"), " of the trajectories that did not fail"),
         _fact("correct rate", _percent(summary.get("correct_answers_rate")), " reward 1.0"),
         _fact("model tokens/s", summary.get("model_tokens_per_s", "n/a"), f" {summary.get('model_tokens', 0)} tokens"),
@@ -66,6 +66,11 @@ def summary_section(record, summary: dict, data: dict) -> str:
     return (f"<p>Loops: {_e(loops)}. Engine servers: {_e(servers)}. Terminations: {_e(terminations)}. "
             f"Every figure is in <code>summary.json</code> beside this page; nothing is filtered.</p>"
             f'<div class="facts">{facts}</div>')
+
+
+def _by_cause(summary: dict) -> str:
+    causes = summary.get("infrastructure_causes") or {}
+    return " (" + ", ".join(f"{cause} {n}" for cause, n in causes.items()) + ")" if causes else ""
 
 
 def groups_section(groups: dict) -> str:
@@ -95,13 +100,17 @@ def groups_section(groups: dict) -> str:
             f"<th>reward std</th><th>zero variance</th><th>complete</th></tr>{rows}</table></div>")
 
 
+def _side(cause: dict) -> str:
+    return f"infrastructure: {_e(cause['what_failed'])}" if cause["infrastructure"] else "sample / model"
+
+
 def errors_section(data: dict) -> str:
     """Failed trajectories by cause, infrastructure told apart; failed tool calls inside finished trajectories."""
     if data["errors"]:
         rows = "".join(
             f'<tr><td class="cause"><a href="#{_e(urlencode({"cause": c["cause"]}, quote_via=quote))}">'
             f'{_e(c["cause"])}</a></td>'
-            f'<td class="side">{"infrastructure" if c["infrastructure"] else "sample / model"}</td>'
+            f'<td class="side">{_side(c)}</td>'
             f'<td class="count">{c["count"]}</td><td>'
             + ", ".join(f'<a href="#select={_e(s)}">{_e(s)}</a>' for s in c["samples"]) + "</td></tr>"
             for c in data["errors"])

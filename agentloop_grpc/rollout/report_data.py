@@ -150,16 +150,20 @@ def group_stats(trajectories: list[Trajectory]) -> dict[str, Any]:
 def error_causes(trajectories: list[Trajectory]) -> list[dict[str, Any]]:
     """Failed trajectories by cause (the error's first line) and by side (infrastructure or the sample/model),
     most common first, each with its first sample ids."""
-    causes: dict[tuple[str, bool], list[str]] = defaultdict(list)
+    causes: dict[tuple[str, bool, str | None], list[str]] = defaultdict(list)
     for t in trajectories:
         if t.failed:
-            causes[((t.error or "no error recorded").splitlines()[0], t.infrastructure_failure)].append(t.sample_id)
-    return [{"cause": cause, "infrastructure": infra, "count": len(ids), "samples": ids[:SAMPLE_IDS_PER_CAUSE]}
-            for (cause, infra), ids in sorted(causes.items(), key=lambda item: -len(item[1]))]
+            what = (t.infrastructure_cause or "unspecified") if t.infrastructure_failure else None
+            causes[((t.error or "no error recorded").splitlines()[0], t.infrastructure_failure, what)].append(
+                t.sample_id)
+    return [{"cause": cause, "infrastructure": infra, "what_failed": what, "count": len(ids),
+             "samples": ids[:SAMPLE_IDS_PER_CAUSE]}
+            for (cause, infra, what), ids in sorted(causes.items(), key=lambda item: -len(item[1]))]
 
 
 def tool_errors(trajectories: list[Trajectory]) -> list[dict[str, Any]]:
-    """Failed tool calls inside trajectories (which still finished), by tool and error kind."""
+    """Failed tool calls by tool and error kind: the tool's (the model reads it, the trajectory goes on) or
+    ``infrastructure`` (the call's trajectory failed)."""
     counts = Counter((m.tool, m.error) for t in trajectories for m in t.tool_call_metrics if m.error is not None)
     return [{"tool": tool, "error": error, "count": count} for (tool, error), count in counts.most_common()]
 

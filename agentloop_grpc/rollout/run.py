@@ -289,6 +289,7 @@ def summarize(record: RunRecord) -> dict:
         "wall_s": round(record.wall_s, 2),
         "failures": m.failures,
         "infrastructure_failures": m.infrastructure_failures,
+        "infrastructure_causes": m.infrastructure_causes,
         "mean_reward": round(m.mean_reward, 4),
         "correct_answers_rate": round(m.correct_rate, 4),
         "tool_call_attempts": m.tool_call_attempts,

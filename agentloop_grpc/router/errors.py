@@ -25,8 +25,16 @@ class RequestError(RouterError):
 
 
 class InfrastructureError(RouterError):
-    """No server could serve: all down, retries exhausted, or the deadline passed while failing over."""
+    """No server could serve: all down, retries exhausted, or the deadline passed while failing over. ``cause``
+    names it for counting (``engine``, ``no_healthy_engine``)."""
+
+    def __init__(self, message: str, cause: str = "engine") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class NoHealthyServerError(InfrastructureError):
     """No healthy server within the wait bound."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "no_healthy_engine")

@@ -18,6 +18,7 @@ import csv
 import json
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -294,8 +295,20 @@ def summarize(steps: list[dict], first: float, last: float, ratio: float, versio
         "logprob_diff_policy_max": most("logprob_diff_policy_max"),
         "stale_tokens": sum(s.get("stale_tokens", 0) for s in steps),
         "infrastructure_failures": sum(s.get("infrastructure_failures", 0) for s in steps),
+        "infrastructure_causes": _causes(steps),
         "engine_weight_versions": versions,
     }
+
+
+def _causes(steps: list[dict]) -> dict[str, int]:
+    """The run's infrastructure failures by cause, from each step's ``infrastructure_failures/<cause>``."""
+    prefix = "infrastructure_failures/"
+    counts: Counter[str] = Counter()
+    for step in steps:
+        for key, value in step.items():
+            if key.startswith(prefix):
+                counts[key[len(prefix):]] += int(value)
+    return dict(counts.most_common())
 
 
 def write_csv(steps: list[dict], path: Path) -> None:

@@ -133,3 +133,40 @@ async def test_partial_rollout_keeps_every_token_across_a_weight_update(embedded
     for t in spanning:
         assert t.min_weight_version == version - 1 and t.max_weight_version == version
         assert sorted(t.weight_versions) == list(t.weight_versions)  # old tokens first, then new ones
+
+
+async def test_the_real_model_calls_an_mcp_servers_tool(embedded_server, codec):
+    """A constrained tool loop on the real model whose only tool is mcp-server-time's, served by a ToolExecute
+    server that runs the MCP server for the trajectory: the call is the model's, the answer the MCP server's."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("mcp_server_time", reason="the dev extra's MCP server is not installed")
+    from agentloop_grpc.tools.client import GrpcToolClient
+    from agentloop_grpc.tools.config import ToolServerConfig
+    from agentloop_grpc.tools.server import create_tool_server
+
+    time_server = [str(Path(sys.executable).parent / "mcp-server-time"), "--local-timezone", "UTC"]
+    config = ToolServerConfig.model_validate(
+        {"tools": [{"mcp": {"name": "time", "command": time_server, "tools": ["get_current_time"]}}]})
+    loop = AgentLoopConfig(constrain_tool_calls=True, max_assistant_turns=1, max_new_tokens_per_turn=40,
+                           max_parallel_tool_calls=1, sampling=SamplingConfig(temperature=0.0))
+    sample = Sample(sample_id="mcp-1", messages=(
+        {"role": "user", "content": "What time is it now in UTC? Call get_current_time with timezone UTC."},))
+    server = await create_tool_server(config, "127.0.0.1:0")
+    tools = GrpcToolClient(f"127.0.0.1:{server.port}")
+    try:
+        async with Router([embedded_server]) as router:
+            await router.fleet.wait_ready()
+            specs = {s.name: s for s in await tools.list_tools()}
+            context = LoopContext(generator=router, codec=codec, config=loop, tools=tools, tool_specs=specs)
+            [t] = await AgentLoopWorker(LoopRegistry.default(context)).run([sample])
+    finally:
+        await tools.close()
+        await server.stop(grace_s=1)
+    assert not t.failed, t.error
+    calls = [m for m in t.tool_call_metrics if m.tool == "get_current_time"]
+    assert calls and all(m.error != "infrastructure" for m in calls)
+    answer = next(m for m in t.messages if m["role"] == "tool")["content"]  # what the MCP server said
+    assert '"timezone"' in answer or "timezone" in answer.lower(), answer
+    assert server.instances.live_instances == 0

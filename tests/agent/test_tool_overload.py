@@ -34,4 +34,4 @@ async def test_a_tool_server_full_until_the_deadline_is_reported_as_overload(cod
     assert trajectory.failed and trajectory.infrastructure_failure
     assert error_causes([trajectory]) == [{
         "cause": "tool server overloaded: Execute refused as full until its deadline", "infrastructure": True,
-        "count": 1, "samples": ["s"]}]
+        "what_failed": "tool_server_overloaded", "count": 1, "samples": ["s"]}]

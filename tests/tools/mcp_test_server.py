@@ -2,7 +2,8 @@
 a failing call and a large output. ``python mcp_test_server.py`` serves stdio; ``--http`` serves streamable HTTP
 on a free loopback port and prints ``PORT <n>`` once it listens.
 
-With ``MCP_TEST_HANG_FILE`` set, a start while that file exists hangs before the handshake (a server that never
+With ``MCP_TEST_MARK_DIR`` set, ``slow`` marks its call there (a file named by the pid) before it waits. With
+``MCP_TEST_HANG_FILE`` set, a start while that file exists hangs before the handshake (a server that never
 starts, after the tool server listed its tools)."""
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def pid() -> int:
 @server.tool()
 async def slow(seconds: float) -> str:
     """Wait ``seconds``, then answer."""
+    marks = os.environ.get("MCP_TEST_MARK_DIR")
+    if marks:  # the test learns that this process's call is in flight
+        with open(os.path.join(marks, str(os.getpid())), "w"):
+            pass
     await asyncio.sleep(seconds)
     return "done"
 

@@ -121,12 +121,14 @@ async def test_each_trajectory_holds_its_own_session_unless_shared():
         assert await gone(pid_b)
 
 
-async def test_a_killed_server_fails_only_its_trajectory_and_is_restarted():
-    async with mcp_tools({"name": "test", "command": TEST_SERVER}) as (server, client):
+async def test_a_killed_server_fails_only_its_trajectory_and_is_restarted(tmp_path):
+    entry = {"name": "test", "command": TEST_SERVER, "env": {"MCP_TEST_MARK_DIR": str(tmp_path)}}
+    async with mcp_tools(entry) as (server, client):
         victim, bystander = [await client.create_instance("slow", t) for t in ("victim", "bystander")]
         victim_pid = int((await call(client, await client.create_instance("pid", "victim"))).content)
         calls = [asyncio.create_task(call(client, i, seconds=3)) for i in (victim, bystander)]
-        await asyncio.sleep(0.5)
+        while len(list(tmp_path.iterdir())) < 2:  # both calls in flight
+            await asyncio.sleep(0.05)
         os.kill(victim_pid, signal.SIGKILL)
         with pytest.raises(ToolInfrastructureError, match="closed the connection during slow") as failure:
             await calls[0]

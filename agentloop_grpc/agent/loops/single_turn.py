@@ -24,7 +24,8 @@ class SingleTurnLoop:
             budget = min(self.context.config.max_new_tokens_per_turn, episode.budget_left)
             turn = await generate_turn(self.context, episode.builder, 0, budget, sampling=sample.sampling)
         except INFRASTRUCTURE_ERRORS as error:
-            return await episode.finish(Termination.ERROR, error=str(error), infrastructure_failure=True)
+            return await episode.finish(Termination.ERROR, error=str(error), infrastructure_failure=True,
+                                        infrastructure_cause=error.cause)
         except REQUEST_ERRORS as error:
             return await episode.finish(Termination.ERROR, error=str(error))
         text = self.context.codec.assistant_text(turn.token_ids, turn.stopped_on)

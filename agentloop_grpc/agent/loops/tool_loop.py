@@ -28,6 +28,7 @@ from typing import Any
 
 from agentloop_grpc.common.media import ImageError
 from agentloop_grpc.common.types import FinishReason, StructuredOutput
+from agentloop_grpc.tools.client import ToolInfrastructureError
 from agentloop_grpc.tools.result import LoopSnapshot
 
 from ..config import AgentLoopConfig
@@ -39,7 +40,7 @@ from ..images import Picture
 from ..interaction import Interaction
 from ..parsers import ParsedTurn, ToolCall
 from ..sample import Sample
-from ..trajectory import Termination, ToolCallMetrics, Trajectory
+from ..trajectory import INFRASTRUCTURE_CALL, Termination, ToolCallMetrics, Trajectory
 from ..truncation import truncate
 
 log = logging.getLogger(__name__)
@@ -93,12 +94,16 @@ class _Run:
             return _tool_message(
                 call.name, f"Error: unknown tool {call.name!r}; available: {', '.join(self.tool_names)}"
             )
-        instance, arguments = await self.instance(call.name), json.dumps(call.arguments)
-        if self.context.tool_specs[call.name].wants_loop_state:
-            state = LoopSnapshot(self.sample.sample_id, turn, tuple(dict(m) for m in builder.messages))
-            result = await self.context.tools.execute(instance, arguments, call_id, loop_state=state)
-        else:  # the plain call: a tool that did not ask for the state costs nothing extra (and old clients work)
-            result = await self.context.tools.execute(instance, arguments, call_id)
+        try:
+            instance, arguments = await self.instance(call.name), json.dumps(call.arguments)
+            if self.context.tool_specs[call.name].wants_loop_state:
+                state = LoopSnapshot(self.sample.sample_id, turn, tuple(dict(m) for m in builder.messages))
+                result = await self.context.tools.execute(instance, arguments, call_id, loop_state=state)
+            else:  # the plain call: a tool that did not ask for the state costs nothing extra (and old clients work)
+                result = await self.context.tools.execute(instance, arguments, call_id)
+        except ToolInfrastructureError:  # the call is on record as the infrastructure's; the trajectory ends
+            builder.tool_call_metrics.append(ToolCallMetrics(call.name, turn, call_id, INFRASTRUCTURE_CALL))
+            raise
         builder.tool_rewards.append(result.step_reward)
         builder.tool_call_metrics.append(ToolCallMetrics(
             call.name, turn, call_id, None if result.error_kind is None else result.error_kind.value,
@@ -186,7 +191,7 @@ class ToolLoop:
         run = _Run(self.context, sample)
         episode = run.episode
         episode.builder.constrained = self._constraint(run) is not None
-        termination, error, infrastructure = Termination.STOP, None, False
+        termination, error, infrastructure, cause = Termination.STOP, None, False, None
         interaction_score = None
         rewards: dict[str, float] = {}
         try:
@@ -201,14 +206,14 @@ class ToolLoop:
             if run.instances:
                 rewards = await run.instance_rewards()
         except INFRASTRUCTURE_ERRORS as exc:
-            termination, error, infrastructure = Termination.ERROR, str(exc), True
+            termination, error, infrastructure, cause = Termination.ERROR, str(exc), True, exc.cause
         except REQUEST_ERRORS as exc:
             termination, error = Termination.ERROR, str(exc)
         finally:
             await run.release()
             if run.interaction is not None:
                 await run.interaction.finish(run.interaction_state)
-        return await episode.finish(termination, rewards, interaction_score, error, infrastructure)
+        return await episode.finish(termination, rewards, interaction_score, error, infrastructure, cause)
 
     async def _drive(self, run: _Run) -> Termination:
         """Step the state machine until TERMINATED; return why it ended."""

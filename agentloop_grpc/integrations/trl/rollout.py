@@ -340,6 +340,7 @@ def step_metrics(trajectories: Sequence[Trajectory], rollout: RolloutMetrics, ve
         "trajectories": float(len(trajectories)),
         "failures": float(rollout.failures),
         "infrastructure_failures": float(rollout.infrastructure_failures),
+        **{f"infrastructure_failures/{cause}": float(n) for cause, n in rollout.infrastructure_causes.items()},
         "frac_groups_zero_std": len(flat) / len(groups) if groups else 0.0,
         "rollout_s": rollout.wall_s,
         # tokens made by weights other than the trainer's current ones (0 when every push landed)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentloop_grpc.agent import Sample, Trajectory
+from agentloop_grpc.agent.metrics import infrastructure_causes
 
 from ..group_stream import oldest_version
 
@@ -59,6 +60,8 @@ def rollout_samples(samples: Sequence[Sample], trajectories: Sequence[Trajectory
     metrics = {
         "agentloop/failed_trajectories_total": float(len(failed)),
         "agentloop/infrastructure_failures_total": float(sum(t.infrastructure_failure for t in failed)),
+        **{f"agentloop/infrastructure_failures/{cause}_total": float(n)
+           for cause, n in infrastructure_causes(failed).items()},
         "agentloop/groups_total": 1.0,
     }
     return out, metrics
