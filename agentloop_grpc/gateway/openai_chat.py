@@ -207,7 +207,8 @@ def _content(value: Any, where: str, images: bool) -> str | list[dict[str, Any]]
 
 
 def _call(value: Any, where: str) -> dict[str, Any]:
-    c = Fields(value, {"id", "type", "function"}, where)
+    # index: a call the openai SDK assembled from a stream keeps its delta's position, and agents echo it (ignored)
+    c = Fields(value, {"id", "type", "function", "index"}, where)
     fn = Fields(c.get("function"), {"name", "arguments"}, f"{where}.function")
     return {"id": c.text("id") or "", "type": "function",
             "function": {"name": fn.required_text("name"), "arguments": fn.text("arguments") or ""}}
