@@ -20,7 +20,8 @@ class McpServerEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, description="Names the server in errors, logs and failure causes.")
-    command: list[str] | None = Field(None, min_length=1, description="Program and arguments of a stdio server.")
+    command: list[str] | None = Field(None, min_length=1, description="Program and arguments of a stdio server (a "
+                                      "bare program name not on PATH is looked up beside the tool server's Python).")
     url: str | None = Field(None, description="Endpoint of a streamable-HTTP server (http:// or https://).")
     env: dict[str, str] = Field(default_factory=dict,
                                 description="Environment variables of a command, over the SDK's safe defaults.")

@@ -18,7 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from mcp import types
@@ -36,6 +40,15 @@ log = logging.getLogger(__name__)
 #: How long a closing connection may take to stop its server (stdin closed, then the SDK's terminate) before its
 #: task is cancelled.
 CLOSE_TIMEOUT_S = 10.0
+
+
+def program(name: str) -> str:
+    """``name`` as the command to start: a bare name not on PATH is looked up beside this Python too, so an MCP
+    server installed in the tool server's virtual environment starts without that environment on PATH."""
+    if os.sep in name or shutil.which(name) is not None:
+        return name
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else name
 
 
 class InvalidParamsError(Exception):
@@ -67,7 +80,7 @@ class McpConnection:
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
         if self._command is not None:
-            return stdio_client(StdioServerParameters(command=self._command[0], args=self._command[1:],
+            return stdio_client(StdioServerParameters(command=program(self._command[0]), args=self._command[1:],
                                                       env=self._env or None, cwd=self._cwd))
         assert self._url is not None
         return streamable_http_client(self._url, http_client=create_mcp_http_client(headers=self._headers or None))

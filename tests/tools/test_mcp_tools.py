@@ -197,3 +197,31 @@ async def test_a_server_reached_by_url_and_output_bounds():
     finally:
         process.kill()
         process.wait()
+
+
+async def test_the_documented_config_serves_as_written():
+    """examples/mcp-tools.yaml, shown in docs/tools.md, served by the CLI with the virtual environment off PATH:
+    the MCP server's program is found beside the server's Python."""
+    root = HERE.parents[1]
+    example = (root / "examples" / "mcp-tools.yaml").read_text()
+    assert example.split("\ntools:", 1)[1] in (root / "docs" / "tools.md").read_text()
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                           if Path(p).resolve() != Path(sys.executable).parent.resolve())
+    process = subprocess.Popen([sys.executable, "-m", "agentloop_grpc.cli", "tools", "serve", "--config",
+                                "examples/mcp-tools.yaml", "--port", "0"], cwd=root, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PATH": path})
+    try:
+        line = process.stdout.readline()
+        assert "listening on 127.0.0.1:" in line, line + process.stderr.read()
+        client = GrpcToolClient(line.split("listening on ", 1)[1].split()[0], timeout_s=30)
+        try:
+            assert {s.name for s in await client.list_tools()} == {"get_current_time", "convert_time", "calculator"}
+            instance = await client.create_instance("convert_time", "docs")
+            result = await call(client, instance, source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo")
+            assert json.loads(result.content)["target"]["datetime"].endswith("21:00:00+09:00")
+            await client.release(instance)
+        finally:
+            await client.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
