@@ -13,7 +13,8 @@ BREAKING_AGAINST ?= HEAD~1
 
 .PHONY: setup sandbox browser protos protos-python protos-lint protos-breaking demo train lint test test-python test-node test-faults bench clean
 
-setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(NODE_DIR)/node_modules/.installed \
+setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(VENV)/.verifiers-installed \
+	$(NODE_DIR)/node_modules/.installed \
 	$(MCP_NPM_DIR)/node_modules/.installed sandbox browser
 
 ## sandbox: bubblewrap isolates the python tool (installed from Debian's packages when we may)
@@ -68,6 +69,25 @@ $(VENV)/.verl-installed: $(VENV)/.vllm-installed
 	$(PY) -c 'import verl.workers.rollout.llm_server, verl.experimental.agent_loop'
 	@# our verl.plugins entry point registered rollout name agentloop (verl only logs a plugin that fails to load)
 	$(PY) -c 'from verl.workers.rollout.replica import RolloutReplicaRegistry as R; R.get("agentloop")'
+	touch $@
+
+# verifiers environments (the `verifiers` extra): verifiers 0.4.0 pins mcp==2.0.0 and openai<3, below ours, so as for
+# verl its dependencies come from the extra with every installed version held and verifiers without its list. Its
+# harness programs are uv scripts that would install their packages (mcp 2.0.0 among them) from PyPI during a rollout:
+# their wheels go to $(VERIFIERS_WHEELS), which the integration points uv at (integrations/verifiers/offline.py).
+VERIFIERS_VERSION := 0.4.0
+VERIFIERS_WHEELS := $(VENV)/verifiers-wheels
+$(VENV)/.verifiers-installed: $(VENV)/.verl-installed
+	@if [ "$$($(PY) -c 'import importlib.metadata as m; print(m.version("verifiers"))' 2>/dev/null)" != "$(VERIFIERS_VERSION)" ]; then \
+		echo "installing verifiers==$(VERIFIERS_VERSION)"; \
+		$(PY) -m pip freeze --exclude-editable | grep -v ' @ ' > $(VENV)/constraints.txt && \
+		$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e '.[verifiers]' && \
+		$(PY) -m pip install --quiet --no-deps 'verifiers==$(VERIFIERS_VERSION)'; \
+	fi
+	@# the chat program's own requirements (mcp==2.0.0 included), the rest held at this venv's versions
+	$(PY) -m pip freeze --exclude-editable | grep -v -e ' @ ' -e '^mcp' > $(VENV)/verifiers-constraints.txt
+	$(PY) -m pip download --quiet --only-binary=:all: -d $(VERIFIERS_WHEELS) -c $(VENV)/verifiers-constraints.txt \
+		$$($(PY) -c 'from agentloop_grpc.integrations.verifiers.offline import program_requirements as r; print(*r())')
 	touch $@
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
