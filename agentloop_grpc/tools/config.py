@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .errors import ToolBackendError
 from .mcp_config import McpServerEntry
 from .tool import FunctionTool, Tool
 
@@ -131,7 +132,7 @@ def build_tools(config: ToolServerConfig) -> dict[str, Tool]:
 
 async def open_tools(config: ToolServerConfig) -> dict[str, Tool]:
     """Every tool of the config, MCP servers' included (each started once to list its tools); names must be
-    unique. ToolBackendError when an MCP server cannot start, ValueError for the rest of what is wrong."""
+    unique. ValueError for what is wrong, an MCP server that cannot start included (a start-up error)."""
     plain = config.model_copy(update={"tools": [e for e in config.tools if e.mcp is None]})
     tools = build_tools(plain) if plain.tools else {}
     servers = [entry.mcp for entry in config.tools if entry.mcp is not None]
@@ -139,7 +140,11 @@ async def open_tools(config: ToolServerConfig) -> dict[str, Tool]:
         from .mcp_tools import McpServer  # the mcp extra, imported only when a config names an MCP server
 
         for server in servers:
-            for tool in await McpServer(server).tools():
+            try:
+                listed = await McpServer(server).tools()
+            except ToolBackendError as error:
+                raise ValueError(str(error)) from error
+            for tool in listed:
                 if tool.spec.name in tools:
                     raise ValueError(f"two tools are named {tool.spec.name!r} (MCP server {server.name!r}: "
                                      "set `prefix`)")

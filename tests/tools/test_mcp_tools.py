@@ -24,7 +24,6 @@ pytest.importorskip("mcp", reason="the mcp extra is not installed (make setup in
 
 from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError, ToolRequestError  # noqa: E402
 from agentloop_grpc.tools.config import ToolServerConfig  # noqa: E402
-from agentloop_grpc.tools.errors import ToolBackendError  # noqa: E402
 from agentloop_grpc.tools.result import ToolErrorKind  # noqa: E402
 from agentloop_grpc.tools.server import ToolServer, create_tool_server  # noqa: E402
 
@@ -161,14 +160,21 @@ async def test_a_hung_call_and_a_server_that_never_starts(tmp_path):
         assert failure.value.cause == "mcp_server_not_started"
 
 
-async def test_a_server_that_cannot_start_is_a_start_up_error():
+async def test_a_server_that_cannot_start_is_a_start_up_error(tmp_path):
     config = ToolServerConfig.model_validate(
         {"tools": [{"mcp": {"name": "silent", "command": ["sleep", "30"], "start_timeout_s": 1}}]})
-    with pytest.raises(ToolBackendError, match="'silent' did not finish its handshake"):
+    with pytest.raises(ValueError, match="'silent' did not finish its handshake"):
         await create_tool_server(config, "127.0.0.1:0")
+    bad = tmp_path / "tools.yaml"
+    bad.write_text('tools:\n  - mcp: {name: absent, command: ["/no/such/mcp"]}\n')
     config = ToolServerConfig.model_validate({"tools": [{"mcp": {"name": "absent", "command": ["/no/such/mcp"]}}]})
-    with pytest.raises(ToolBackendError, match="'absent' could not be started"):
+    with pytest.raises(ValueError, match="'absent' could not be started"):
         await create_tool_server(config, "127.0.0.1:0")
+    # the CLI says so in one line, as for any config error
+    result = subprocess.run([sys.executable, "-m", "agentloop_grpc.cli", "tools", "serve", "--config", str(bad),
+                             "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "MCP server 'absent' could not be started" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 async def test_a_server_reached_by_url_and_output_bounds():
