@@ -22,6 +22,7 @@ from agentloop_grpc.rollout.config import (
     Engines,
     ExternalAgent,
     LaunchEngines,
+    ReasoningGymDataset,
     RolloutConfig,
     Tools,
 )
@@ -45,6 +46,7 @@ SECTIONS: list[tuple[type[BaseModel], str]] = [
     (Tools, "tools."),
     (Dataset, "dataset."),
     (ArithmeticDataset, "dataset.arithmetic."),
+    (ReasoningGymDataset, "dataset.reasoning_gym."),
     (AgentLoopConfig, "loop."),
     (SamplingConfig, "loop.sampling."),
     (RouterConfig, "router."),

@@ -143,7 +143,7 @@ async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: R
     # 1. the dataset and the agent, before anything starts
     rows = read_rows(config.dataset)
     samples = to_samples(rows, config.dataset, config.samples_per_prompt)
-    program = check_agent(agent, config.reward)
+    program = check_agent(agent, config.reward_function)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
         tracking = open_tracking(config, stack, record, progress)
@@ -160,7 +160,7 @@ async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: R
             down = [a for a, e in router.fleet.servers.items() if not e.healthy]
             raise RolloutError(f"engine server(s) {', '.join(down)} did not answer as SERVING") from None
         agents = await stack.enter_async_context(agent_sessions(agent, program, router, model_dir, config.loop,
-                                                                config.reward, out / "logs" / "agents"))
+                                                                config.reward_function, out / "logs" / "agents"))
         progress.start(len(samples))
         sampler = asyncio.create_task(sample_load(router.metrics, record))
 

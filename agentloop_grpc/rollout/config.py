@@ -4,10 +4,10 @@ field. Unknown fields are errors (a typo must not silently fall back to a defaul
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from agentloop_grpc.agent.config import AgentLoopConfig
 from agentloop_grpc.agent.loops.base import BUILTIN_LOOPS
@@ -96,8 +96,49 @@ class ArithmeticDataset(BaseModel):
     max_operand: int = Field(20, ge=1, le=1_000_000, description="one_step: operands are drawn from 1..max_operand.")
 
 
+class ReasoningGymDataset(BaseModel):
+    """One of reasoning-gym's procedural tasks (the ``reasoning-gym`` extra; docs/environments.md), generated from a
+    seed and scored by the task's own scorer: the reward is its ``score_answer`` of the reply's last
+    ``<answer>...</answer>``. Rows run the single_turn loop; a question the task repeats is kept once."""
+
+    model_config = _STRICT
+
+    task: str = Field(description="A reasoning-gym dataset name, e.g. leg_counting or basic_arithmetic "
+                      "(reasoning_gym.factory.DATASETS lists them).")
+    size: int = Field(64, ge=1, le=100_000, description="Entries generated (0..size-1), each a prompt unless its "
+                      "question repeats an earlier one.")
+    seed: int = Field(0, description="The task's seed: the same seed, size and config give the same rows.")
+    config: dict[str, Any] = Field(
+        {}, description="The task's own config fields (those of its *Config class, e.g. "
+        "{min_animals: 1, max_animals: 2} for leg_counting), passed to reasoning_gym.create_dataset; size and seed "
+        "are the fields above.")
+    system_prompt: str | None = Field(
+        None, description="The system message of every row; None: an instruction to write the final answer between "
+        "<answer> and </answer> (what the reward reads).")
+    shots: int = Field(
+        0, ge=0, le=16, description="Worked examples before each question: other entries of the task asked and "
+        "answered between the tags (a small model that ignores the instruction copies the format from them).")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        from . import reasoning_gym_tasks
+
+        return reasoning_gym_tasks.check_task(task)
+
+    @field_validator("config")
+    @classmethod
+    def _config_builds(cls, config: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        from . import reasoning_gym_tasks
+
+        if not {"task", "size", "seed"} <= info.data.keys():  # one of them was refused already, and said so
+            return config
+        ref = reasoning_gym_tasks.TaskRef(info.data["task"], info.data["size"], info.data["seed"], config)
+        return reasoning_gym_tasks.check_config(ref)
+
+
 class Dataset(BaseModel):
-    """Prompts: a JSONL or Parquet file, or the generated arithmetic task.
+    """Prompts: a JSONL or Parquet file, the generated arithmetic task, or a reasoning-gym task.
 
     A row has ``messages`` (chat messages), and optionally ``id``, ``ground_truth``, ``tools`` (names),
     ``tools_kwargs``, ``loop`` (default: the config's default_loop), ``interaction``.
@@ -107,6 +148,8 @@ class Dataset(BaseModel):
 
     path: str | None = Field(None, description="A .jsonl or .parquet file of rows.")
     arithmetic: ArithmeticDataset | None = Field(None, description="Generate the demo task instead of reading a file.")
+    reasoning_gym: ReasoningGymDataset | None = Field(
+        None, description="Generate one reasoning-gym task instead of reading a file; its scorer is the reward.")
     limit: int | None = Field(None, ge=1, description="Use only the first rows.")
     default_loop: str = Field("tool", description="Loop of rows that name none (a built-in one or one under loops).")
     ground_truth_kwargs: tuple[str, ...] = Field(
@@ -115,9 +158,18 @@ class Dataset(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> Dataset:
-        if (self.path is None) == (self.arithmetic is None):
-            raise ValueError("dataset: give exactly one of path or arithmetic")
+        if sum(source is not None for source in (self.path, self.arithmetic, self.reasoning_gym)) != 1:
+            raise ValueError("dataset: give exactly one of path, arithmetic or reasoning_gym")
         return self
+
+    @property
+    def reward(self) -> ComponentSpec | None:
+        """The reward the rows bring (reasoning_gym: the task's scorer); None: the run's own or the default."""
+        if self.reasoning_gym is None:
+            return None
+        from .reasoning_gym_reward import PATH
+
+        return ComponentSpec(path=PATH)
 
 
 class ExternalAgent(BaseModel):
@@ -229,9 +281,15 @@ class RolloutConfig(AgentRunConfig):
         None, description="Run an agent of your own through the session gateway instead of our loops (None: the "
         "loops).")
 
+    @property
+    def reward_function(self) -> ComponentSpec | None:
+        """What scores the trajectories: reward, else the one the dataset brings; None: the default (tool rewards
+        and the interaction's score)."""
+        return self.reward if self.reward is not None else self.dataset.reward
+
     @model_validator(mode="after")
     def _agent_reward(self) -> RolloutConfig:
-        if self.agent is not None and self.agent.reward == "function" and self.reward is None:
+        if self.agent is not None and self.agent.reward == "function" and self.reward_function is None:
             raise ValueError("agent.reward: function scores with the rollout's reward function; set reward")
         return self
 

@@ -1,5 +1,5 @@
-"""Dataset rows -> Samples: JSONL or Parquet files, or the generated arithmetic task; ``samples_per_prompt``
-copies of each prompt share a group id (GRPO).
+"""Dataset rows -> Samples: JSONL or Parquet files, the generated arithmetic task, or a reasoning-gym task;
+``samples_per_prompt`` copies of each prompt share a group id (GRPO).
 
 A message's content may be a list of text and image parts (agent/images.py); an image part's relative file path is
 relative to the dataset file. The pictures are read by the loop, so a missing or broken one fails its sample alone.
@@ -28,6 +28,15 @@ def read_rows(dataset: Dataset) -> list[dict]:
     if dataset.arithmetic is not None:
         task = dataset.arithmetic
         rows = arithmetic.dataset_rows(task.count, task.seed, task.kind, task.operations, task.max_operand)
+    elif dataset.reasoning_gym is not None:
+        from . import reasoning_gym_tasks
+
+        gym = dataset.reasoning_gym
+        try:
+            rows = reasoning_gym_tasks.dataset_rows(
+                reasoning_gym_tasks.TaskRef(gym.task, gym.size, gym.seed, gym.config), gym.system_prompt, gym.shots)
+        except ValueError as error:
+            raise DatasetError(str(error)) from None
     else:
         path = Path(dataset.path)
         if not path.is_file():

@@ -219,7 +219,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
         spec = WorkerSpec(
             engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
             model_dir=model_dir, loop=config.loop,
-            router=config.router, max_concurrency=config.max_concurrency, reward=config.reward,
+            router=config.router, max_concurrency=config.max_concurrency, reward=config.reward_function,
             interactions=config.interactions, loops=config.loops, trace_path=str(trace) if config.trace else None,
         )
         manager = AgentLoopManager(spec, num_workers=config.workers, use_ray=config.ray)

@@ -60,9 +60,10 @@ class TrainConfig(AgentRunConfig):
 
     @model_validator(mode="after")
     def _agent_reward(self) -> TrainConfig:
-        if self.agent is not None and self.agent.reward == "function":
+        if self.agent is not None and self.agent.reward == "function" and self.dataset.reward is None:
             raise ValueError("agent.reward: function needs a reward function, which agentloop train does not take "
-                             "(tool rewards score the loops); use reward: session")
+                             "(tool rewards score the loops, or the dataset's own: reasoning_gym); use reward: "
+                             "session")
         return self
 
     @model_validator(mode="after")

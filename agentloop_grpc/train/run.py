@@ -19,7 +19,7 @@ import json
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,6 +150,15 @@ def reward_ratio(steps: list[dict], compare_steps: int) -> tuple[float, float, f
     return first, last, (last / first if first > 0 else float("inf") if last > 0 else 1.0)
 
 
+def worker_spec(config: TrainConfig, addresses: Sequence[str], model_dir: str | None,
+                tool_address: str | None) -> WorkerSpec:
+    """What the rollout's workers are built from: the run's engines, tools and loops, and the reward its dataset
+    brings (reasoning_gym: the task's scorer; otherwise the tool rewards)."""
+    return WorkerSpec(engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
+                      model_dir=model_dir, reward=config.dataset.reward, loop=config.loop, loops=config.loops,
+                      router=config.router)
+
+
 def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> TrainRecord:
     import torch
     from trl import GRPOConfig, GRPOTrainer
@@ -163,7 +172,7 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
     rows = read_rows(config.dataset)
     check_loops(config, to_samples(rows, config.dataset, 1))
     if config.agent is not None:
-        check_agent(config.agent, None)
+        check_agent(config.agent, config.dataset.reward)
     report_to = resolve_report_to(config.report_to)
     servers = BackgroundLoop("agentloop-servers")
     stack = AsyncExitStack()
@@ -173,9 +182,7 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
         echo("starting engine and tool servers")
         (addresses, model_dir), tool_address = servers.run(_gather(start_engines(config.engines, stack, out),
                                                                     start_tools(config.tools, stack, out)))
-        spec = WorkerSpec(engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
-                          model_dir=model_dir,
-                          loop=config.loop, loops=config.loops, router=config.router)
+        spec = worker_spec(config, addresses, model_dir, tool_address)
         # 3. the rollout and the trainer, on the engines' checkpoint
         checkpoint = model_store.resolve(model_dir)
         if config.grpo.torch_threads:
