@@ -49,9 +49,28 @@ def test_train_config_is_valid():
     assert config.loop.constrain_tool_calls and config.loop.sampling.temperature > 0
 
 
+def test_the_reasoning_gym_configs_are_valid_and_the_page_shows_their_task():
+    from agentloop_grpc.rollout.config import load_config
+    from agentloop_grpc.rollout.dataset import read_rows
+    from agentloop_grpc.train.config import load_train_config
+
+    train = load_train_config(ROOT / "examples" / "reasoning_gym.yaml")
+    rollout = load_config(ROOT / "examples" / "reasoning_gym_rollout.yaml")
+    assert train.dataset.reward is not None and train.tools.launch is None and train.loop.sampling.temperature > 0
+    # the rollout measures the untrained rate on the training run's first prompts, sampled as it samples them
+    assert rollout.dataset.reasoning_gym == train.dataset.reasoning_gym and rollout.dataset.limit
+    assert read_rows(rollout.dataset) == read_rows(train.dataset)[: rollout.dataset.limit]
+    assert rollout.loop.sampling.temperature == train.loop.sampling.temperature
+    assert rollout.loop.max_new_tokens_per_turn == train.loop.max_new_tokens_per_turn
+    assert rollout.samples_per_prompt == train.grpo.num_generations
+    shown = [yaml.safe_load(b.body) for b in fenced_blocks(_page("environments")) if b.lang == "yaml"]
+    example = yaml.safe_load((ROOT / "examples" / "reasoning_gym.yaml").read_text())
+    assert {"dataset": example["dataset"]} in shown
+
+
 # The pages the README links to that hold snippets (generated references and other helpers' pages excepted).
-PAGES = ("agent-loops", "architecture", "benchmarks", "contract", "gateway", "internals", "metrics", "multimodal",
-         "rollout", "router", "security", "serve-engines", "testing", "tools", "trl", "verl")
+PAGES = ("agent-loops", "architecture", "benchmarks", "contract", "environments", "gateway", "internals", "metrics",
+         "multimodal", "rollout", "router", "security", "serve-engines", "testing", "tools", "trl", "verl")
 
 
 def _page(name: str) -> Path:
