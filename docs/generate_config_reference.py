@@ -16,6 +16,7 @@ from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.sglang.config import ActorNaming, SglangEngineConfig
 from agentloop_grpc.engine_adapters.vllm.config import VllmEngineConfig
 from agentloop_grpc.gateway.config import ForcedSampling, GatewayConfig, GatewayLimits
+from agentloop_grpc.integrations.verifiers.config import VerifiersEnvironment
 from agentloop_grpc.rollout.config import (
     ArithmeticDataset,
     Dataset,
@@ -47,6 +48,7 @@ SECTIONS: list[tuple[type[BaseModel], str]] = [
     (Dataset, "dataset."),
     (ArithmeticDataset, "dataset.arithmetic."),
     (ReasoningGymDataset, "dataset.reasoning_gym."),
+    (VerifiersEnvironment, "dataset.verifiers."),
     (AgentLoopConfig, "loop."),
     (SamplingConfig, "loop.sampling."),
     (RouterConfig, "router."),

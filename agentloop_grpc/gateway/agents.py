@@ -66,6 +66,15 @@ class AgentFailure:
     message: str
 
 
+class AgentProgramError(Exception):
+    """What an agent function raises to say itself why its session failed: ``cause`` is counted as the failure's
+    cause, the message is its error (an environment that plays sessions names what of it failed)."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 @dataclass(frozen=True, slots=True)
 class AgentProgram:
     """What plays a session: exactly one of a Python function and a command line."""
@@ -222,6 +231,8 @@ class ExternalAgents:
                         "session_id": session_id})
                     return None
                 return await self._spawn(session_id, agent_environment(self.url, session_id, key, row))
+        except AgentProgramError as error:  # the program named what failed: counted under its cause
+            return AgentFailure(error.cause, str(error))
         except TimeoutError as error:
             if timer.expired():
                 return AgentFailure("agent_timeout", f"the agent ran past timeout_s={self.timeout_s:g} and was stopped")

@@ -52,6 +52,13 @@ def check_agent(agent: ExternalAgent, reward: ComponentSpec | None) -> AgentProg
                               f"'agentloop-grpc[gateway]'): {error}") from None
     if agent.reward == "function" and reward is not None:
         _resolve("reward", reward.path)
+    if agent.verifiers is not None:
+        from agentloop_grpc.integrations.verifiers import EnvironmentPlayer, VerifiersError, load_environment
+
+        try:
+            return AgentProgram(function=EnvironmentPlayer(load_environment(agent.verifiers), agent.gateway.model).play)
+        except VerifiersError as error:
+            raise LoopConfigError(f"dataset.verifiers: {error}") from None
     if agent.callable is not None:
         function = _resolve("agent.callable", agent.callable)
         if not callable(function):

@@ -17,6 +17,7 @@ from agentloop_grpc.engine_adapters.config import EngineConfig
 from agentloop_grpc.engine_adapters.config_base import LocalModelConfig
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.gateway.config import GatewayConfig
+from agentloop_grpc.integrations.verifiers.config import VerifiersEnvironment
 from agentloop_grpc.router import RouterConfig
 from agentloop_grpc.trackers.config import REPORT_TO_HELP, TrackerName, TrackerSettings, check_report_to
 
@@ -150,6 +151,10 @@ class Dataset(BaseModel):
     arithmetic: ArithmeticDataset | None = Field(None, description="Generate the demo task instead of reading a file.")
     reasoning_gym: ReasoningGymDataset | None = Field(
         None, description="Generate one reasoning-gym task instead of reading a file; its scorer is the reward.")
+    verifiers: VerifiersEnvironment | None = Field(
+        None, description="A verifiers environment's tasks instead of a file (the `verifiers` extra; "
+        "docs/environments.md): the environment plays its rows through the gateway (the agent section, optional, "
+        "says how sessions run) and its rewards score them.")
     limit: int | None = Field(None, ge=1, description="Use only the first rows.")
     default_loop: str = Field("tool", description="Loop of rows that name none (a built-in one or one under loops).")
     ground_truth_kwargs: tuple[str, ...] = Field(
@@ -158,8 +163,8 @@ class Dataset(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> Dataset:
-        if sum(source is not None for source in (self.path, self.arithmetic, self.reasoning_gym)) != 1:
-            raise ValueError("dataset: give exactly one of path, arithmetic or reasoning_gym")
+        if sum(source is not None for source in (self.path, self.arithmetic, self.reasoning_gym, self.verifiers)) != 1:
+            raise ValueError("dataset: give exactly one of path, arithmetic, reasoning_gym or verifiers")
         return self
 
     @property
@@ -190,6 +195,8 @@ class ExternalAgent(BaseModel):
         "ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY, AGENTLOOP_SESSION_ID, AGENTLOOP_REWARD_URL and AGENTLOOP_ROW (the "
         "row as JSON) in its environment; its output goes to output_dir/logs/agents/<session>.log; a non-zero exit "
         "is a crash.")
+    verifiers: VerifiersEnvironment | None = Field(
+        None, description="A verifiers environment plays each row: set from dataset.verifiers, whose rows it plays.")
     max_concurrency: int = Field(32, ge=1, le=100_000, description="Sessions (agents) running at once.")
     timeout_s: float = Field(
         600.0, gt=0, description="How long one agent may run; past it, it is stopped (a command's process group "
@@ -202,8 +209,11 @@ class ExternalAgent(BaseModel):
 
     @model_validator(mode="after")
     def _one_program(self) -> ExternalAgent:
-        if (self.callable is None) == (self.command is None):
-            raise ValueError("agent: give exactly one of callable or command")
+        if sum(program is not None for program in (self.callable, self.command, self.verifiers)) != 1:
+            raise ValueError("agent: give exactly one of callable or command (or a dataset: {verifiers: ...}, which "
+                             "its environment plays)")
+        if self.verifiers is not None and self.reward == "function":
+            raise ValueError("agent.reward: a verifiers environment's rewards score its rows; use reward: session")
         if self.callable is not None and ":" not in self.callable:
             raise ValueError(f"agent.callable: {self.callable!r} is not of the form module:function")
         if self.timeout_s > self.gateway.limits.session_ttl_s:
@@ -235,6 +245,25 @@ class AgentRunConfig(BaseModel):
     trackers: TrackerSettings = Field(
         default_factory=TrackerSettings, description="Run name, project and per-tracker settings of report_to "
         "(docs/trackers.md; `agentloop train` logs every step, whatever log_every says).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _environment_plays(cls, data: Any) -> Any:
+        """A verifiers dataset is played by its environment: it becomes the agent (the agent section, if any,
+        keeps how sessions run)."""
+        if not isinstance(data, dict):
+            return data
+        dataset, agent = data.get("dataset"), data.get("agent")
+        dataset = dataset.model_dump(exclude_unset=True) if isinstance(dataset, BaseModel) else dataset
+        agent = agent.model_dump(exclude_unset=True) if isinstance(agent, BaseModel) else dict(agent or {})
+        environment = dataset.get("verifiers") if isinstance(dataset, dict) else None
+        if environment is None:
+            if agent.get("verifiers") is not None:
+                raise ValueError("agent.verifiers: the environment's rows come from dataset: {verifiers: ...}")
+            return data
+        if agent.get("callable") is not None or agent.get("command") is not None:
+            raise ValueError("agent: a verifiers dataset is played by its environment; give no callable or command")
+        return {**data, "agent": {**agent, "verifiers": environment}}
 
     @property
     def loop_names(self) -> list[str]:

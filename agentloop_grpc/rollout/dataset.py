@@ -37,6 +37,13 @@ def read_rows(dataset: Dataset) -> list[dict]:
                 reasoning_gym_tasks.TaskRef(gym.task, gym.size, gym.seed, gym.config), gym.system_prompt, gym.shots)
         except ValueError as error:
             raise DatasetError(str(error)) from None
+    elif dataset.verifiers is not None:
+        from agentloop_grpc.integrations.verifiers import VerifiersError, environment_rows
+
+        try:
+            return environment_rows(dataset.verifiers, dataset.limit)
+        except VerifiersError as error:
+            raise DatasetError(f"dataset.verifiers: {error}") from None
     else:
         path = Path(dataset.path)
         if not path.is_file():

@@ -24,7 +24,7 @@ class VerifiersEnvironment(BaseModel):
         "top-level module on PYTHONPATH) exporting its Taskset subclass in __all__; an Environments Hub id "
         "owner/name@version names the package name.")
     args: dict[str, Any] = Field(
-        default_factory=dict, description="The rest of verifiers' [env] block, as in its TOML: taskset: {knobs of the "
+        {}, description="The rest of verifiers' [env] block, as in its TOML: taskset: {knobs of the "
         "taskset}, agent: {harness: {id: null, ...}, runtime: {type: subprocess}, max_turns: ..., timeout: ...}. The "
         "seat's runtime defaults to subprocess (verifiers' own default, prime, is a remote sandbox).")
     harness_wheels: str | None = Field(

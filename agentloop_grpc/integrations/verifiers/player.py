@@ -10,8 +10,8 @@ keeps one HTTP client per endpoint until serving ends, and every session is an e
 What failed is told apart as verifiers tells it: an error on the trace (the harness program, a tool server, the
 sandbox, the task's setup or scoring, a model call the gateway refused) or in the env's hooks, or a setup, finalize
 or scoring deadline, raises ``EnvironmentFailure`` naming it, which fails the session as an infrastructure failure
-(never trained on). A bad answer is only a low reward, and so is an agent deadline (verifiers scores what the agent
-did in time).
+(never trained on), counted under its cause (``CAUSES``). A bad answer is only a low reward, and so is an agent
+deadline (verifiers scores what the agent did in time).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from agentloop_grpc.gateway.agents import AgentProgramError
+
 from .environment import task_of
 
 if TYPE_CHECKING:
@@ -32,8 +34,15 @@ if TYPE_CHECKING:
 _INFRASTRUCTURE_TIMEOUTS = ("setup_timeout", "finalize_timeout", "scoring_timeout")
 
 
-class EnvironmentFailure(RuntimeError):
-    """The environment, not the model, failed the episode: the message names what and why."""
+#: The failure cause counted for each of verifiers' error types (others: ``environment``).
+CAUSES = {"HarnessError": "environment_harness", "ToolsetError": "environment_tool_server",
+          "SandboxError": "environment_sandbox", "TaskError": "environment_task",
+          "ProviderError": "environment_model_call", "InterceptionError": "environment_model_call",
+          "TunnelError": "environment_model_call"}
+
+
+class EnvironmentFailure(AgentProgramError):
+    """The environment, not the model, failed the episode: ``cause`` says which part, the message what and why."""
 
 
 class EnvironmentPlayer:
@@ -59,9 +68,9 @@ class EnvironmentPlayer:
                 episode = await self.env.run_episode(task, ctx)
         finally:
             os.environ.pop(variable, None)
-        cause = failure(episode)
-        if cause is not None:
-            raise EnvironmentFailure(cause)
+        failed = failure(episode)
+        if failed is not None:
+            raise failed
         (trace,) = episode.traces
         metrics = {f"reward/{name}": r.score for name, r in trace.rewards.items() if r is not None}
         metrics.update({name: value for name, value in trace.metrics.items() if isinstance(value, int | float)})
@@ -73,20 +82,23 @@ class EnvironmentPlayer:
             posted.raise_for_status()
 
 
-def failure(episode: Episode) -> str | None:
+def failure(episode: Episode) -> EnvironmentFailure | None:
     """Why the environment failed ``episode`` (None: it did not; a low reward is not a failure)."""
     if episode.errors:
         return _error("the environment", episode.errors[-1])
     if len(episode.traces) != 1:
-        return f"the environment ran {len(episode.traces)} agents in one episode (one seat is played)"
+        return EnvironmentFailure("environment", f"the environment ran {len(episode.traces)} agents in one episode "
+                                  "(one seat is played)")
     (trace,) = episode.traces
     if trace.errors:
         return _error("the episode", trace.errors[-1])
     if trace.stop_condition in _INFRASTRUCTURE_TIMEOUTS:
-        return f"the episode's {trace.stop_condition.removesuffix('_timeout')} ran past its deadline"
+        return EnvironmentFailure("environment_deadline", f"the episode's "
+                                  f"{trace.stop_condition.removesuffix('_timeout')} ran past its deadline")
     return None
 
 
-def _error(where: str, error: Any) -> str:
+def _error(where: str, error: Any) -> EnvironmentFailure:
     message = " ".join(str(error.message).split())
-    return f"{where} failed with verifiers {error.type}: {message[:800]}"
+    return EnvironmentFailure(CAUSES.get(error.type, "environment"),
+                              f"{where} failed with verifiers {error.type}: {message[:800]}")
