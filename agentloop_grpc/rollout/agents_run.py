@@ -53,7 +53,8 @@ def check_agent(agent: ExternalAgent, reward: ComponentSpec | None) -> AgentProg
     if agent.reward == "function" and reward is not None:
         _resolve("reward", reward.path)
     if agent.verifiers is not None:
-        from agentloop_grpc.integrations.verifiers import EnvironmentPlayer, VerifiersError, load_environment
+        from agentloop_grpc.integrations.verifiers.environment import VerifiersError, load_environment
+        from agentloop_grpc.integrations.verifiers.player import EnvironmentPlayer
 
         try:
             return AgentProgram(function=EnvironmentPlayer(load_environment(agent.verifiers), agent.gateway.model).play)

@@ -38,7 +38,7 @@ def read_rows(dataset: Dataset) -> list[dict]:
         except ValueError as error:
             raise DatasetError(str(error)) from None
     elif dataset.verifiers is not None:
-        from agentloop_grpc.integrations.verifiers import VerifiersError, environment_rows
+        from agentloop_grpc.integrations.verifiers.environment import VerifiersError, environment_rows
 
         try:
             return environment_rows(dataset.verifiers, dataset.limit)

@@ -149,7 +149,7 @@ async def test_the_real_model_calls_an_mcp_servers_tool(embedded_server, codec):
     time_server = [str(Path(sys.executable).parent / "mcp-server-time"), "--local-timezone", "UTC"]
     config = ToolServerConfig.model_validate(
         {"tools": [{"mcp": {"name": "time", "command": time_server, "tools": ["get_current_time"]}}]})
-    loop = AgentLoopConfig(constrain_tool_calls=True, max_assistant_turns=1, max_new_tokens_per_turn=40,
+    loop = AgentLoopConfig(constrain_tool_calls=True, max_assistant_turns=2, max_new_tokens_per_turn=40,
                            max_parallel_tool_calls=1, sampling=SamplingConfig(temperature=0.0))
     sample = Sample(sample_id="mcp-1", messages=(
         {"role": "user", "content": "What time is it now in UTC? Call get_current_time with timezone UTC."},))

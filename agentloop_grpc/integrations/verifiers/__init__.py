@@ -6,11 +6,7 @@ trajectories are token-exact, as any agent's), and its task's rewards and judges
 ``config.py`` is the ``dataset: {verifiers: ...}`` section; ``environment.py`` loads the environment (what is refused,
 by name) and makes its rows; ``offline.py`` keeps verifiers' harness programs off the network; ``player.py`` plays a
 row as a gateway session and tells the environment's failures from the model's.
+
+Nothing is imported here: the rollout config imports ``config.py`` on every run, and ``player.py`` needs the
+gateway's extra (an install without it must still answer ``agentloop --help``).
 """
-
-from .config import VerifiersEnvironment
-from .environment import VerifiersError, environment_rows, load_environment
-from .player import EnvironmentFailure, EnvironmentPlayer
-
-__all__ = ["EnvironmentFailure", "EnvironmentPlayer", "VerifiersEnvironment", "VerifiersError", "environment_rows",
-           "load_environment"]
