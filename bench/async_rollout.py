@@ -136,6 +136,9 @@ class Lockstep:
             await self.changed.wait_for(lambda: self._ready(turn))
         return await self.router.generate(call)
 
+    def close_session(self, session_id: str) -> None:
+        self.router.close_session(session_id)
+
     def done(self, trajectory) -> None:
         async def mark() -> None:
             async with self.changed:

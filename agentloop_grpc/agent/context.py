@@ -28,6 +28,10 @@ class Generator(Protocol):
 
     async def generate(self, call: GenerateCall) -> GenerateResult: ...
 
+    def close_session(self, session_id: str) -> None:
+        """The session's trajectory ended: its placement may be forgotten (the Router's memory stays flat)."""
+        ...
+
 
 @dataclass(frozen=True)
 class LoopContext:

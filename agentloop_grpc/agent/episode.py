@@ -109,6 +109,7 @@ class Episode:
         infrastructure_cause: str | None = None,
     ) -> Trajectory:
         """Drift check, reward (not for failed trajectories), then the frozen Trajectory."""
+        self.context.generator.close_session(self.builder.sample_id)  # no more turns: the Router may forget it
         drift = None
         if self.context.config.drift_check != "off" and termination is not Termination.ERROR:
             try:

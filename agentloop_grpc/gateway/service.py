@@ -74,6 +74,7 @@ class SessionGateway:
         """The session's trajectories, one per chain (reward: the session's, else the reward function's with its
         ground truth); the session is gone afterwards."""
         session = self.sessions.pop(session_id)
+        self.router.close_session(session.id)  # its turns are over: the Router may forget where they went
         self._count_sessions()
         trajectories = []
         for chain in session.chains:

@@ -109,6 +109,9 @@ class _NoEngines:
     async def generate(self, call: GenerateCall) -> GenerateResult:
         raise RuntimeError("no engine server is connected while the loops are checked")
 
+    def close_session(self, session_id: str) -> None:
+        return None
+
 
 def _unconnected_context(config: AgentRunConfig) -> LoopContext:
     """A worker's context as far as it exists before the servers start: the codec and the loop config, no

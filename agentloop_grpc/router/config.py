@@ -13,6 +13,9 @@ class RouterConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_sessions: int = Field(100_000, ge=1, description="Sessions remembered for affinity (LRU beyond this).")
+    session_ttl_s: float = Field(
+        3600.0, gt=0, description="A session idle this long is forgotten (its next request is placed anew); ended "
+        "trajectories and gateway sessions are forgotten at once.")
     deterministic: bool = Field(
         False,
         description="Place sessions by a hash of their id (rendezvous hashing) instead of by load: reproducible "

@@ -20,7 +20,6 @@ import itertools
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Sequence
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from .fanout import FanOutResult
 from .fleet import Fleet
 from .policy import Decision, choose_server
 from .result import GenerateResult
+from .sessions import SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Router:
         self.fleet = Fleet(servers, config)
         self.config = self.fleet.config
         self.metrics = self.fleet.metrics
-        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._sessions = SessionTable(self.config.max_sessions, self.config.session_ttl_s)
         self._active: dict[str, dict[str, Endpoint]] = {}  # session -> request id -> endpoint
         self._background: set[asyncio.Task] = set()
         # label lookups cost a lock and a validation each: every generate counts one decision
@@ -92,15 +92,14 @@ class Router:
     def session_server(self, session_id: str) -> str | None:
         return self._sessions.get(session_id)
 
-    def close_session(self, session_id: str) -> None:
-        """Forget a finished trajectory's placement."""
-        self._sessions.pop(session_id, None)
+    @property
+    def live_sessions(self) -> int:
+        """Sessions whose placement the Router remembers (ended ones are not: see ``sessions.py``)."""
+        return len(self._sessions)
 
-    def _remember(self, session_id: str, address: str) -> None:
-        self._sessions[session_id] = address
-        self._sessions.move_to_end(session_id)
-        while len(self._sessions) > self.config.max_sessions:
-            self._sessions.popitem(last=False)
+    def close_session(self, session_id: str) -> None:
+        """A trajectory (or gateway session) ended: forget its placement, so memory stays flat."""
+        self._sessions.close(session_id)
 
     async def _pick(self, session_id: str, deadline: float, avoid: set[str]) -> Endpoint:
         """Choose a server for the session's next request (preferring servers not in ``avoid``, which just failed
@@ -110,7 +109,7 @@ class Router:
         self._decision_counters[decision].inc()
         if decision is Decision.MOVED:
             log.debug("session %s moves to %s", session_id, address)
-        self._remember(session_id, address)
+        self._sessions.remember(session_id, address, time.monotonic())
         return self.fleet.endpoint(address)
 
     async def abort(self, session_id: str) -> FanOutResult:

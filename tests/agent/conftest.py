@@ -125,6 +125,9 @@ class WatchedRouter:
             self.changed.set()
         raise AssertionError("no result")
 
+    def close_session(self, session_id: str) -> None:
+        self.router.close_session(session_id)
+
     async def wait(self, predicate) -> None:
         while not predicate():
             self.changed.clear()

@@ -28,6 +28,15 @@ def _exploding_reward(outcome: Outcome) -> float:
     return 0.5
 
 
+async def test_ended_trajectories_leave_no_session_in_the_router(codec):
+    async with loop_context(codec, [call("calculator", expression="2+3"), "5"]) as (ctx, loops, _s):
+        samples = [Sample(sample_id=f"s{i}", messages=QUESTION, loop=("tool", "single_turn")[i % 2])
+                   for i in range(6)]
+        trajectories = await AgentLoopWorker(loops).run(samples)
+        assert not any(t.failed for t in trajectories)
+        assert ctx.generator.live_sessions == 0
+
+
 async def test_one_broken_sample_never_fails_the_batch(codec):
     replies = [call("calculator", expression="2+3"), "5"]
     async with loop_context(codec, replies, reward=_exploding_reward) as (_, loops, _s):

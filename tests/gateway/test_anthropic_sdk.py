@@ -107,7 +107,9 @@ async def test_text_streams_as_it_decodes(codec):
             message = await stream.get_final_message()
         assert "".join(pieces) == "Hello there, friend." and len(pieces) >= 2  # it streamed, not one piece at the end
         assert message.usage.output_tokens == len(codec.encode("Hello there, friend.")) + 1  # and the end of turn
+        assert g.gateway.router.live_sessions == 1
         session, (t,) = await g.gateway.finish("s3")
+        assert g.gateway.router.live_sessions == 0  # a finished session leaves nothing in the Router
     assert session.forks == [] and t.assistant_turns == 1
 
 

@@ -55,6 +55,9 @@ class Recorded:
         self.results.append(await self.router.generate(call))
         return self.results[-1]
 
+    def close_session(self, session_id: str) -> None:
+        self.router.close_session(session_id)
+
 
 async def run_image_loop(address: str, codec: ChatCodec, config: AgentLoopConfig | None = None,
                          sample: Sample | None = None) -> tuple[Trajectory, Recorded]:

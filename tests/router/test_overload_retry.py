@@ -4,6 +4,7 @@ spends the call's attempts, and the call ends as an infrastructure failure namin
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -69,7 +70,7 @@ async def test_a_refused_call_moves_to_a_server_that_takes_it() -> None:
     async with refusing_server(refusals=1_000) as (full, engine), fake_servers(1) as free:
         async with Router([address(full), address(free[0])], FAST) as router:
             await router.fleet.wait_ready(2)
-            router._remember("s", address(full))  # the session lives on the full server
+            router._sessions.remember("s", address(full), time.monotonic())  # the session lives on the full server
             result = await router.generate(GenerateCall("s", [4, 5, 6], params(8)))
             assert result.servers == (address(full), address(free[0])) and engine.calls == 1
             assert _retries(router) == 1
