@@ -71,8 +71,8 @@ class McpServer:
         await connection.open()
         return _Session(connection)
 
-    async def acquire(self, trajectory_id: str) -> str:
-        """A session for ``trajectory_id`` (its own, or the shared one), opened if needed; returns its key."""
+    async def acquire(self, trajectory_id: str) -> tuple[str, McpConnection]:
+        """A session for ``trajectory_id`` (its own, or the shared one), opened if needed: its key and connection."""
         key = "" if self.entry.shared else trajectory_id
         task = self._sessions.get(key)
         if task is not None and task.done() and (task.cancelled() or task.exception() is not None
@@ -88,10 +88,7 @@ class McpServer:
                 del self._sessions[key]
             raise
         session.users += 1
-        return key
-
-    def connection(self, key: str) -> McpConnection:
-        return self._sessions[key].result().connection
+        return key, session.connection
 
     async def release(self, key: str, connection: McpConnection) -> None:
         """One instance less on the session of ``key``; the last one closes it (a shared session stays open)."""
@@ -137,8 +134,7 @@ class McpTool:
     async def create(self, trajectory_id: str, kwargs: dict[str, Any]) -> _Instance:
         if kwargs:
             raise ValueError(f"MCP tool {self.spec.name!r} takes no creation arguments, got {sorted(kwargs)}")
-        key = await self._server.acquire(trajectory_id)
-        return _Instance(key, self._server.connection(key))
+        return _Instance(*await self._server.acquire(trajectory_id))
 
     async def execute(self, state: _Instance, arguments: dict[str, Any]) -> ToolResult:
         try:

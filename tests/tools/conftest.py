@@ -42,7 +42,14 @@ async def tool_server(**limits) -> AsyncIterator[tuple[ToolServer, GrpcToolClien
     for entry in data["tools"]:
         if entry.get("class") and entry["class"].endswith("PythonTool"):
             entry["kwargs"]["wall_timeout_s"] = 3
-    server = await create_tool_server(ToolServerConfig.model_validate(data), "127.0.0.1:0")
+    async with serving(ToolServerConfig.model_validate(data)) as served:
+        yield served
+
+
+@asynccontextmanager
+async def serving(config: ToolServerConfig) -> AsyncIterator[tuple[ToolServer, GrpcToolClient]]:
+    """A ToolExecute server of ``config`` on loopback port 0, and a gRPC client to it."""
+    server = await create_tool_server(config, "127.0.0.1:0")
     client = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=30)
     try:
         yield server, client

@@ -27,6 +27,8 @@ from agentloop_grpc.tools.config import ToolServerConfig  # noqa: E402
 from agentloop_grpc.tools.result import ToolErrorKind  # noqa: E402
 from agentloop_grpc.tools.server import ToolServer, create_tool_server  # noqa: E402
 
+from .conftest import serving  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 TEST_SERVER = [sys.executable, str(HERE / "mcp_test_server.py")]
 TIME_SERVER = [str(Path(sys.executable).parent / "mcp-server-time"), "--local-timezone", "UTC"]
@@ -36,13 +38,8 @@ EVERYTHING = HERE / "mcp_servers" / "node_modules" / ".bin" / "mcp-server-everyt
 @asynccontextmanager
 async def mcp_tools(*servers: dict, **limits) -> AsyncIterator[tuple[ToolServer, GrpcToolClient]]:
     config = ToolServerConfig.model_validate({"tools": [{"mcp": s} for s in servers], "limits": limits})
-    server = await create_tool_server(config, "127.0.0.1:0")
-    client = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=30)
-    try:
-        yield server, client
-    finally:
-        await client.close()
-        await server.stop(grace_s=1)
+    async with serving(config) as served:
+        yield served
 
 
 async def call(client: GrpcToolClient, instance: str, **arguments):
