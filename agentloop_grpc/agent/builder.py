@@ -21,7 +21,7 @@ from agentloop_grpc.common import wire
 from agentloop_grpc.common.media import MediaInput
 from agentloop_grpc.common.prompt import PromptIds
 
-from .trajectory import Drift, Termination, Timings, ToolCallMetrics, Trajectory
+from .trajectory import Drift, Phase, Termination, Timings, ToolCallMetrics, Trajectory
 
 
 @dataclass(slots=True)
@@ -48,6 +48,7 @@ class TrajectoryBuilder:
     servers: list[str] = field(default_factory=list)
     tool_call_metrics: list[ToolCallMetrics] = field(default_factory=list)
     constrained: bool = False
+    phases: list[Phase] = field(default_factory=list)
     generate_s: float = 0.0
     tools_s: float = 0.0
     interaction_s: float = 0.0
@@ -139,4 +140,5 @@ class TrajectoryBuilder:
             messages=tuple(self.messages),
             metrics=dict(metrics or {}),
             tool_call_metrics=tuple(self.tool_call_metrics),
+            phases=tuple(self.phases),
         )

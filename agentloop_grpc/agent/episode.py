@@ -22,7 +22,7 @@ from .generation import Turn
 from .images import for_humans, read_images
 from .reward import Outcome, score
 from .sample import Sample
-from .trajectory import Termination, Trajectory
+from .trajectory import Phase, Termination, Trajectory
 
 
 class BudgetExceeded(Exception):
@@ -55,6 +55,7 @@ class Episode:
         """Record a finished model turn (its tokens are already in the builder)."""
         self.builder.assistant_turns += 1
         self.builder.generate_s += turn.seconds
+        self.builder.phases.append(Phase("assistant", len(turn.token_ids), turn.seconds))
         self.rendered.append({"role": "assistant", "content": text})
         self.builder.messages.append(human)
         self.open_for_assistant = False
@@ -75,6 +76,7 @@ class Episode:
         if len(delta.ids) >= self.budget_left:  # at least one model token must fit after it
             raise BudgetExceeded(f"a {kind} turn of {len(delta.ids)} tokens does not fit in {self.budget_left} left")
         self.builder.context(delta.ids, delta.media)
+        self.builder.phases.append(Phase(kind, len(delta.ids), seconds))
         self.rendered += rendered
         self.builder.messages += for_humans(new_messages, len(self.pictures))
         self.pictures += pictures
@@ -83,6 +85,7 @@ class Episode:
 
     def trace_unappended(self, kind: str, messages: list[dict[str, Any]], seconds: float) -> None:
         """Trace a phase whose messages end the episode instead of entering the context (no token ids)."""
+        self.builder.phases.append(Phase(kind, 0, seconds))
         self.trace(kind, [], _text(messages), seconds, appended=False)
 
     def trace(self, kind: str, token_ids: list[int], text: str, seconds: float, **extra: Any) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 
 from agentloop_grpc.common.media import MediaInput
 
-from .trajectory import Drift, Termination, Timings, ToolCallMetrics, Trajectory
+from .trajectory import Drift, Phase, Termination, Timings, ToolCallMetrics, Trajectory
 
-_JSON_FIELDS = ("messages", "metrics", "tool_call_metrics")
+_JSON_FIELDS = ("messages", "metrics", "tool_call_metrics", "phases")
 
 
 def trajectory_fields(t: Trajectory) -> dict[str, Any]:
@@ -26,6 +26,7 @@ def trajectory_fields(t: Trajectory) -> dict[str, Any]:
     row["timings"] = dataclasses.asdict(t.timings)
     row["drift"] = dataclasses.asdict(t.drift) if t.drift is not None else None
     row["tool_call_metrics"] = [dataclasses.asdict(c) for c in t.tool_call_metrics]
+    row["phases"] = [dataclasses.asdict(p) for p in t.phases]
     row["media"] = [{"mime_type": m.mime_type, "data": m.data, "offset": m.offset, "length": m.length}
                     for m in t.media]
     return {name: list(value) if isinstance(value, tuple) else value for name, value in row.items()}
@@ -56,6 +57,7 @@ def read_parquet(path: str | Path) -> list[Trajectory]:
     for row in pq.read_table(Path(path)).to_pylist():
         row.setdefault("tool_call_metrics", "[]")  # files written before the column existed
         row.setdefault("infrastructure_cause", None)  # likewise
+        row.setdefault("phases", "[]")  # likewise
         row["termination"] = Termination(row["termination"])
         row["timings"] = Timings(**row["timings"])
         row["drift"] = Drift(**row["drift"]) if row["drift"] is not None else None
@@ -63,6 +65,7 @@ def read_parquet(path: str | Path) -> list[Trajectory]:
             row[name] = json.loads(row[name])
         row["messages"] = tuple(row["messages"])
         row["tool_call_metrics"] = [ToolCallMetrics(**c) for c in row["tool_call_metrics"]]
+        row["phases"] = [Phase(**p) for p in row["phases"]]
         row["media"] = [MediaInput(**m) for m in row.get("media") or ()]  # files written before images: none
         for f in dataclasses.fields(Trajectory):
             if isinstance(row[f.name], list):

@@ -98,6 +98,19 @@ class ToolCallMetrics:
 
 
 @dataclass(frozen=True, slots=True)
+class Phase:
+    """One phase of a trajectory's timeline, in order: a generation, or the tool round or user turn after one."""
+
+    #: ``assistant`` (a generation), ``tool`` (a round of tool calls) or ``user`` (an interaction's reply).
+    kind: str
+    #: Tokens the phase appended to the context: the generated ones, or the template delta of the tool or user
+    #: messages; 0 for a last phase that ended the episode without being appended.
+    tokens: int
+    #: Wall seconds it took (a generation: every attempt's; a tool round: all its calls, run concurrently).
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class Trajectory:
     """One sample's rollout (see the module docstring)."""
 
@@ -146,6 +159,9 @@ class Trajectory:
     #: The pictures of the conversation in order, spans as offsets in prompt_ids + response_ids (the
     #: conversation's image parts name them by index: ``{"type": "image", "media": i}``).
     media: tuple[MediaInput, ...] = ()
+    #: The generations and what came between them, in order (what the routing trace replays); empty for
+    #: trajectories built outside the loops' episodes (the gateway's).
+    phases: tuple[Phase, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

@@ -5,10 +5,10 @@ builds (before anything starts, so a bad file, a misspelt loop or a loop that ca
 engines: launch replicas or use running servers, and check they answer; (3) tools: launch a server or use a
 running one; (4) the manager runs the samples with a live progress display while a sampler records each server's
 load, and the trackers of report_to get the metrics every ``trackers.log_every`` trajectories; (5) outputs:
-trajectories.parquet, trace.jsonl, batch.pt, summary.json, report.html, and the summary and a samples table to
-the trackers. Servers this run started are stopped on the way out, also on Ctrl-C, and the trajectories finished
-before an interruption are still written. A config with ``agent:`` runs an agent of your own through the session
-gateway instead of the manager's loops (agents_run.py), with the same steps and outputs.
+trajectories.parquet, trace.jsonl, routing_trace.jsonl, batch.pt, summary.json, report.html, and the summary and
+a samples table to the trackers. Servers this run started are stopped on the way out, also on Ctrl-C, and the
+trajectories finished before an interruption are still written. A config with ``agent:`` runs an agent of your
+own through the session gateway instead of the manager's loops (agents_run.py), with the same steps and outputs.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from agentloop_grpc.agent import (
     write_parquet,
 )
 from agentloop_grpc.agent.metrics import RolloutMetrics
+from agentloop_grpc.agent.routing_trace import FILE_NAME as ROUTING_TRACE
+from agentloop_grpc.agent.routing_trace import write_routing_trace
 from agentloop_grpc.agent.spec import build_loops, load_codec
 from agentloop_grpc.agent.trajectory import drift_summary
 from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
@@ -260,12 +262,13 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
 
 
 def write_outputs(config: RolloutConfig, record: RunRecord, tracking: RolloutTracking | None = None) -> None:
-    """5. Parquet, the padded batch, summary.json, the report and the trackers' last step (whatever was
-    finished)."""
+    """5. Parquet, the routing trace, the padded batch, summary.json, the report and the trackers' last step
+    (whatever was finished)."""
     out = record.output_dir
     if not record.trajectories:
         return
     write_parquet(record.trajectories, out / "trajectories.parquet")
+    write_routing_trace(record.trajectories, out / ROUTING_TRACE)
     codec = load_codec(config.engines.launch.model_folder if config.engines.launch else None)
     pad = codec.tokenizer.pad_token_id if codec.tokenizer.pad_token_id is not None else codec.tokenizer.eos_token_id
     if any(not t.failed for t in record.trajectories):
