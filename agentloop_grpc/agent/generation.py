@@ -61,6 +61,7 @@ async def generate_turn(
                 structured_output=structured_output if not produced else None,
                 timeout_s=config.generate_timeout_s,
                 media=tuple(builder.media),  # every picture so far: all their spans lie in this prompt
+                group_id=builder.group_id,
             )
         )
         builder.model(result.token_ids, result.logprobs, result.weight_versions)

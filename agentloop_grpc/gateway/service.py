@@ -233,7 +233,7 @@ class SessionGateway:
         prompt, media = chain.turn_prompt(pending)
         streams_text = request.stream and not self._parses_calls(request)
         return TurnSpec(
-            session_key=session.id, prompt_ids=prompt, media=media, sampling=sampling,
+            session_key=session.id, group_id=session.spec.group_id, prompt_ids=prompt, media=media, sampling=sampling,
             structured_output=self._constraint(request), stop_strings=request.stop,
             timeout_s=self.config.generate_timeout_s, max_resumes=self.config.max_resumes,
             stream_text=streams_text, logprobs=request.logprobs,

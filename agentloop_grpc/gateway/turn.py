@@ -63,6 +63,8 @@ class TurnSpec:
     stream_text: bool
     #: Whether the deltas carry logprobs.
     logprobs: bool
+    #: The session's GRPO group ("": none), for the Router's group affinity.
+    group_id: str = ""
 
 
 class Turn:
@@ -86,7 +88,7 @@ class Turn:
             call = GenerateCall(
                 session_id=spec.session_key, prompt_ids=prompt, sampling=sampling,
                 structured_output=spec.structured_output if not out.token_ids else None,
-                timeout_s=spec.timeout_s, media=spec.media,
+                timeout_s=spec.timeout_s, media=spec.media, group_id=spec.group_id,
             )
             result = None
             # final_only when nothing streams: the engine sends every token in one message

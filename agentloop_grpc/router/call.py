@@ -41,6 +41,9 @@ class GenerateCall:
     request_id: str | None = None
     #: The prompt's images, in the order of their spans in ``prompt_ids`` (GenerateRequest.media).
     media: Sequence[MediaInput] = ()
+    #: The GRPO group (samples of one prompt): the Router places a group's sessions together, so the prompt is
+    #: prefilled once per group and server. "": none.
+    group_id: str = ""
 
     def __post_init__(self) -> None:
         _check_int32("priority", self.priority)

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import enum
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentloop_grpc.client_security import ClientSecurity
+
+
+class Placement(enum.StrEnum):
+    """How the Router places requests (policy.py says each rule)."""
+
+    CACHE_AWARE = "cache_aware"
+    STICKY_LEAST_LOADED = "sticky_least_loaded"
+    LEAST_LOADED = "least_loaded"
+    ROUND_ROBIN = "round_robin"
+    CONSISTENT_HASH = "consistent_hash"
 
 
 class RouterConfig(BaseModel):
@@ -16,10 +28,29 @@ class RouterConfig(BaseModel):
     session_ttl_s: float = Field(
         3600.0, gt=0, description="A session idle this long is forgotten (its next request is placed anew); ended "
         "trajectories and gateway sessions are forgotten at once.")
-    deterministic: bool = Field(
-        False,
-        description="Place sessions by a hash of their id (rendezvous hashing) instead of by load: reproducible "
-        "placement across runs; sessions still fail over when their server is down.",
+    placement: Placement = Field(
+        Placement.CACHE_AWARE,
+        description="cache_aware: a session stays on its server (prefix cache) within the imbalance bound; a new "
+        "one goes to a server holding its GRPO group, else the one holding most of its prompt, else the least "
+        "loaded, avoiding servers under KV pressure. sticky_least_loaded: the same without group, prefix or "
+        "pressure. consistent_hash: by a hash of the session id (reproducible across runs; sessions still fail "
+        "over). least_loaded and round_robin: per request, no stickiness (benchmark anchors).",
+    )
+    kv_pressure_usage: float = Field(
+        0.95, gt=0, le=1, description="A server whose KV cache is this full (GetLoad.kv_cache_usage), or whose "
+        "preemption count rose since the last poll, takes no new session while another server can "
+        "(cache_aware); its own sessions go on."
+    )
+    pressure_wait_s: float = Field(
+        2.0, ge=0, description="While every server is under KV pressure, how long a new session waits for one to "
+        "recover before it is placed anyway (cache_aware): queueing into a thrashing engine costs more."
+    )
+    prefix_index_blocks: int = Field(
+        200_000, ge=0, description="Prompt blocks the Router remembers having sent to each server, over all "
+        "servers (LRU), to place a new session where its prompt's prefix is cached (cache_aware); 0: off."
+    )
+    prefix_block_tokens: int = Field(
+        64, ge=1, le=4096, description="Tokens per block of that record (the first 64 blocks of a prompt count)."
     )
     imbalance_ratio: float = Field(
         2.0,

@@ -61,6 +61,9 @@ class Endpoint:
         self.stream_slots = asyncio.Semaphore(config.max_streams_per_server)
         self.in_flight = 0
         self.reported_load = 0
+        #: The last poll found the KV cache nearly full or new preemptions: no new sessions here (cache_aware).
+        self.pressured = False
+        self._preemptions = 0
         self.info: ServerInfo | None = None
         self._watch_task: asyncio.Task | None = None
         self._poll_task: asyncio.Task | None = None
@@ -205,4 +208,8 @@ class Endpoint:
                 continue
             self._answered_at = time.monotonic()
             self.reported_load = load.running_requests + load.waiting_requests
+            # preemptions count since the server started: any rise means the engine evicts running work to fit
+            full = load.kv_cache_usage >= self._config.kv_pressure_usage
+            self.pressured = full or load.preemptions > self._preemptions
+            self._preemptions = load.preemptions
             self._metrics.server_load.labels(self.address).set(self.reported_load)

@@ -1,26 +1,53 @@
-"""Where a session's next request goes: a pure function, so the policy is testable without servers.
+"""Where a session's next request goes: pure functions, so every placement is testable without servers.
 
-Least-loaded placement for new sessions (ties broken by a hash of the session id, so sessions spread even
-when nothing is in flight); stickiness afterwards, because the previous turn's KV sits in that
-server's prefix cache; a bounded imbalance, because a sticky map that never moves piles the long tail onto a few
-servers (a server far more loaded than the least-loaded one sheds the session, which pays one cache miss).
-Deterministic mode places sessions by rendezvous hashing of the session id for reproducible runs (adding a
-server moves only the sessions that hash to it).
+``cache_aware`` (the default) keeps a session on its server, because the previous turn's KV sits in that server's
+prefix cache, within a bounded imbalance: a sticky map that never moves piles the long tail onto a few servers, so
+a server far more loaded than the least-loaded one sheds the session, which pays one cache miss. A new session goes,
+among the servers that are not overloaded that way, first to a server already holding its GRPO group (the samples
+of one prompt: the prompt is then prefilled once per group and server; a group too large for one server spills
+onto the fewest others), then to the server holding the longest prefix of its prompt (as far as the Router's own
+record of what it sent tells), then to the least loaded; ties are broken by a hash of the session id, so sessions
+spread even when nothing is in flight. Servers that report KV pressure take no new session while another can.
+
+The other placements are the anchors the field measures against (bench/routing_replay.py): ``sticky_least_loaded``
+(the previous default: no group or prefix), ``least_loaded`` and ``round_robin`` (per request, no stickiness), and
+``consistent_hash`` (rendezvous hashing of the session id: reproducible across runs; adding a server moves only the
+sessions that hash to it).
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 
-from .config import RouterConfig
+from .config import Placement, RouterConfig
 
 
 class Decision(enum.Enum):
     NEW = "new"
     STICKY = "sticky"
     MOVED = "moved"
+
+
+#: Placements that keep a session on its server while it is within the imbalance bound.
+STICKY = frozenset({Placement.CACHE_AWARE, Placement.STICKY_LEAST_LOADED})
+
+
+@dataclass(frozen=True, slots=True)
+class Hints:
+    """What ``cache_aware`` weighs for a session's first request besides the loads (all keyed by address)."""
+
+    #: Servers holding live sessions of the session's group, and how many each.
+    group: Mapping[str, int] = field(default_factory=dict)
+    #: Servers the Router sent a prefix of this prompt to, and how many of its blocks.
+    prefix: Mapping[str, int] = field(default_factory=dict)
+    #: Servers reporting KV pressure or new preemptions.
+    pressured: Collection[str] = frozenset()
+
+
+NO_HINTS = Hints()
 
 
 def _rendezvous(session_id: str, servers: Iterable[str]) -> str:
@@ -35,24 +62,64 @@ def _overloaded(load: float, lowest: float, config: RouterConfig) -> bool:
     return load - lowest > config.imbalance_min_gap and load > config.imbalance_ratio * lowest
 
 
+def keeps(current: str | None, loads: Mapping[str, float], config: RouterConfig) -> bool:
+    """Whether a sticky placement leaves the session on ``current``: routable and within the imbalance bound.
+    The common case of every call, so it costs one min() and no hashing."""
+    return current is not None and current in loads and not _overloaded(loads[current], min(loads.values()), config)
+
+
+def least_loaded(session_id: str, loads: Mapping[str, float]) -> str:
+    """The least-loaded server; among equally loaded ones, a hash of the session decides."""
+    lowest = min(loads.values())
+    least = [address for address, load in loads.items() if load == lowest]
+    return least[0] if len(least) == 1 else _rendezvous(session_id, least)
+
+
+def place(session_id: str, loads: Mapping[str, float], config: RouterConfig, hints: Hints = NO_HINTS) -> str:
+    """``cache_aware``'s server for a session's first request (or one that leaves its server): see the module
+    docstring for the order of preferences."""
+    candidates = loads
+    if hints.pressured:
+        candidates = {a: load for a, load in loads.items() if a not in hints.pressured} or loads
+    lowest = min(candidates.values())
+    # only servers within the imbalance bound may take the session for its group's or prefix's sake
+    group = [a for a in hints.group if a in candidates and not _overloaded(candidates[a], lowest, config)]
+    if group:
+        # the group's fullest server first: the group stays on the fewest servers; then the less loaded
+        return min(group, key=lambda a: (-hints.group[a], candidates[a], a))
+    prefix = [a for a, n in hints.prefix.items() if n and a in candidates and not _overloaded(candidates[a], lowest,
+                                                                                          config)]
+    if prefix:
+        longest = max(hints.prefix[a] for a in prefix)
+        prefix = [a for a in prefix if hints.prefix[a] == longest]
+        return least_loaded(session_id, {a: candidates[a] for a in prefix})
+    return least_loaded(session_id, candidates)
+
+
 def choose_server(
-    session_id: str, current: str | None, loads: Mapping[str, float], config: RouterConfig
+    session_id: str,
+    current: str | None,
+    loads: Mapping[str, float],
+    config: RouterConfig,
+    hints: Hints = NO_HINTS,
+    sequence: int = 0,
 ) -> tuple[str, Decision]:
-    """Pick among the healthy servers in ``loads`` (address -> load); ``current`` is the session's server, if any."""
+    """Pick among the routable servers in ``loads`` (address -> load); ``current`` is the session's server, if any;
+    ``sequence`` counts the Router's requests (round-robin's turn)."""
     if not loads:
         raise ValueError("no healthy server to choose from")
-    if config.deterministic:
+    placement = config.placement
+    if placement in STICKY and keeps(current, loads, config):
+        return current, Decision.STICKY  # type: ignore[return-value]
+    if placement is Placement.CACHE_AWARE:
+        chosen = place(session_id, loads, config, hints)
+    elif placement is Placement.STICKY_LEAST_LOADED or placement is Placement.LEAST_LOADED:
+        chosen = least_loaded(session_id, loads)
+    elif placement is Placement.CONSISTENT_HASH:
         chosen = _rendezvous(session_id, loads)
     else:
-        lowest = min(loads.values())
-        # hashing runs only when it decides something (every call pays for this function): a session that stays
-        # needs no hash, and neither does a single least-loaded server
-        if current is not None and current in loads and not _overloaded(loads[current], lowest, config):
-            chosen = current
-        else:
-            # among equally loaded servers, hash the session: new sessions spread even when nothing is in flight
-            least = [address for address, load in loads.items() if load == lowest]
-            chosen = least[0] if len(least) == 1 else _rendezvous(session_id, least)
+        addresses = sorted(loads)
+        chosen = addresses[sequence % len(addresses)]
     if current is None:
         return chosen, Decision.NEW
     return chosen, Decision.STICKY if chosen == current else Decision.MOVED

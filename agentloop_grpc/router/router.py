@@ -31,19 +31,24 @@ from agentloop_grpc.v1 import generation_pb2
 
 from .attempts import Progress, attempt_request, ended_before_resume
 from .call import GenerateCall
-from .config import RouterConfig
+from .config import Placement, RouterConfig
 from .discovery import discovery_addresses, discovery_config
 from .endpoint import Endpoint
 from .errors import InfrastructureError, RequestError
 from .fanout import FanOutResult
 from .fleet import Fleet
-from .policy import Decision, choose_server
+from .policy import STICKY, Decision, Hints, choose_server, keeps
+from .prefix_index import PrefixIndex
 from .result import GenerateResult
 from .sessions import SessionTable
 
 log = logging.getLogger(__name__)
 
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+#: Ended sessions are told to their server in batches gathered over this long, at most this many per call.
+_END_SESSIONS_DELAY_S, _END_SESSIONS_BATCH = 0.2, 1024
+#: How often a new session waiting out KV pressure looks again.
+_PRESSURE_POLL_S = 0.05
 
 
 class Router:
@@ -54,6 +59,11 @@ class Router:
         self.config = self.fleet.config
         self.metrics = self.fleet.metrics
         self._sessions = SessionTable(self.config.max_sessions, self.config.session_ttl_s)
+        self._prefixes = PrefixIndex(self.config.prefix_index_blocks, self.config.prefix_block_tokens)
+        self._indexed_version = 0
+        self._sequence = itertools.count()  # round_robin's turn
+        self._ended: dict[str, list[str]] = {}  # server -> sessions ended there, not yet told (EndSessions)
+        self._no_end_sessions: set[str] = set()  # servers that answered EndSessions with UNIMPLEMENTED
         self._active: dict[str, dict[str, Endpoint]] = {}  # session -> request id -> endpoint
         self._background: set[asyncio.Task] = set()
         # label lookups cost a lock and a validation each: every generate counts one decision
@@ -97,20 +107,79 @@ class Router:
         """Sessions whose placement the Router remembers (ended ones are not: see ``sessions.py``)."""
         return len(self._sessions)
 
-    def close_session(self, session_id: str) -> None:
-        """A trajectory (or gateway session) ended: forget its placement, so memory stays flat."""
-        self._sessions.close(session_id)
+    @property
+    def live_groups(self) -> int:
+        """GRPO groups with a live session: none is remembered after its last session."""
+        return self._sessions.live_groups
 
-    async def _pick(self, session_id: str, deadline: float, avoid: set[str]) -> Endpoint:
+    def close_session(self, session_id: str) -> None:
+        """A trajectory (or gateway session) ended: forget its placement, so memory stays flat, and tell its server
+        that the session's cached blocks may be evicted first."""
+        address = self._sessions.close(session_id)
+        if address is not None and address not in self._no_end_sessions:
+            ended = self._ended.setdefault(address, [])
+            ended.append(session_id)
+            if len(ended) == 1:  # the first of a batch: sent a moment later with those that follow
+                self._spawn(self._send_ended(address))
+
+    async def _send_ended(self, address: str) -> None:
+        """EndSessions for the sessions that ended on ``address`` in the last moment: one call for many."""
+        await asyncio.sleep(_END_SESSIONS_DELAY_S)
+        session_ids = self._ended.pop(address, [])
+        endpoint = self.fleet.servers.get(address)
+        if not session_ids or endpoint is None or not endpoint.healthy:
+            return
+        for start in range(0, len(session_ids), _END_SESSIONS_BATCH):
+            request = generation_pb2.EndSessionsRequest(session_ids=session_ids[start:start + _END_SESSIONS_BATCH])
+            try:
+                await endpoint.generate.EndSessions(request, timeout=self.config.control_timeout_s)
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.UNIMPLEMENTED:  # a server older than the hint: stop sending it
+                    self._no_end_sessions.add(address)
+                log.debug("EndSessions on %s failed: %s", address, error.code().name)
+                return
+
+    async def _pick(self, call: GenerateCall, deadline: float, avoid: set[str]) -> Endpoint:
         """Choose a server for the session's next request (preferring servers not in ``avoid``, which just failed
         this request), waiting a bounded time for one."""
-        loads = await self.fleet.routable_loads(min(deadline, time.monotonic() + self.config.no_server_wait_s), avoid)
-        address, decision = choose_server(session_id, self._sessions.get(session_id), loads, self.config)
+        fleet, config, session_id = self.fleet, self.config, call.session_id
+        loads = await fleet.routable_loads(min(deadline, time.monotonic() + config.no_server_wait_s), avoid)
+        current = self._sessions.get(session_id)
+        if config.placement in STICKY and keeps(current, loads, config):  # most calls: no more to weigh
+            address, decision = current, Decision.STICKY
+        elif config.placement is Placement.CACHE_AWARE:
+            address, decision = await self._place(call, current, loads, deadline, avoid)
+        else:
+            address, decision = choose_server(session_id, current, loads, config, sequence=next(self._sequence))
         self._decision_counters[decision].inc()
         if decision is Decision.MOVED:
             log.debug("session %s moves to %s", session_id, address)
-        self._sessions.remember(session_id, address, time.monotonic())
-        return self.fleet.endpoint(address)
+        self._sessions.remember(session_id, address, time.monotonic(), call.group_id)
+        return fleet.endpoint(address)
+
+    async def _place(
+        self, call: GenerateCall, current: str | None, loads: dict[str, int], deadline: float, avoid: set[str]
+    ) -> tuple[str, Decision]:
+        """cache_aware's choice for a session that is new or leaves its server: group, prefix and KV pressure."""
+        fleet = self.fleet
+        # admission backs off while every server is under KV pressure: a thrashing engine gains nothing by more
+        until = min(deadline, time.monotonic() + self.config.pressure_wait_s)
+        while all(fleet.endpoint(a).pressured for a in loads) and time.monotonic() < until:
+            await asyncio.sleep(_PRESSURE_POLL_S)
+            loads = await fleet.routable_loads(min(deadline, time.monotonic() + self.config.no_server_wait_s), avoid)
+        if self._indexed_version != fleet.weight_version:  # caches keyed by version no longer serve older blocks
+            self._prefixes.clear()
+            self._indexed_version = fleet.weight_version
+        keys = self._prefixes.keys(wire.prompt_to_raw(call.prompt_ids)) if current is None else []
+        hints = Hints(
+            group=self._sessions.group_servers(call.group_id),
+            prefix=self._prefixes.matched(keys) if keys else {},
+            pressured=[a for a in loads if fleet.endpoint(a).pressured],
+        )
+        address, decision = choose_server(call.session_id, current, loads, self.config, hints)
+        if keys:
+            self._prefixes.record(keys, address)
+        return address, decision
 
     async def abort(self, session_id: str) -> FanOutResult:
         """Abort the session's in-flight requests; their streams end with FINISH_REASON_ABORT."""
@@ -249,7 +318,7 @@ class Router:
     ) -> tuple[Endpoint, int, GenerateResult | None]:
         """The server of the next attempt and its default budget (0: none known); with the result when the tokens
         received before a failure already end the generation (only its final message was missing)."""
-        endpoint = await self._pick(progress.call.session_id, progress.deadline, avoid=progress.failed)
+        endpoint = await self._pick(progress.call, progress.deadline, avoid=progress.failed)
         info = endpoint.info
         eos = info.eos_token_ids if info is not None else None
         default_budget = info.default_max_new_tokens if info is not None else 0

@@ -1,11 +1,13 @@
-"""The routing policy as a pure function: least-loaded placement, stickiness, bounded imbalance, hashing."""
+"""The routing policy as pure functions: least-loaded placement, stickiness, bounded imbalance, hashing; group,
+prefix and KV-pressure hints (cache_aware); the anchors (round-robin, least-loaded per request, consistent hash)."""
 
 from __future__ import annotations
 
 import pytest
 
 from agentloop_grpc.router import RouterConfig
-from agentloop_grpc.router.policy import Decision, _rendezvous, choose_server
+from agentloop_grpc.router.config import Placement
+from agentloop_grpc.router.policy import Decision, Hints, _rendezvous, choose_server
 
 CONFIG = RouterConfig(imbalance_ratio=2.0, imbalance_min_gap=4)
 
@@ -39,7 +41,7 @@ def test_session_on_unhealthy_server_moves() -> None:
 
 
 def test_deterministic_mode_ignores_load_and_is_stable() -> None:
-    config = RouterConfig(deterministic=True)
+    config = RouterConfig(placement="consistent_hash")
     servers = {f"10.0.0.{i}:1": 0 for i in range(4)}
     placement = {f"s{i}": choose_server(f"s{i}", None, servers, config)[0] for i in range(200)}
     assert len(set(placement.values())) == 4  # spread over every server
@@ -83,3 +85,55 @@ def test_choice_matches_the_documented_rule_over_a_grid_of_loads(current) -> Non
                         Decision.STICKY if chosen == current else Decision.MOVED
                     )
                     assert decision is expected
+
+
+def _new(loads: dict[str, int], **hints) -> str:
+    return choose_server("s", None, loads, CONFIG, Hints(**hints))[0]
+
+
+def test_a_group_stays_on_its_server_within_the_imbalance_bound() -> None:
+    assert _new({"a": 3, "b": 0}, group={"a": 3}) == "a"  # gap 3 is within imbalance_min_gap 4
+    assert _new({"a": 4, "b": 0, "c": 0}, group={"a": 4}) == "a"
+
+
+def test_a_group_too_large_for_one_server_spills_onto_the_fewest_others() -> None:
+    # a is overloaded (gap 10 > 4, 10 > 2 x 0): the group goes on to the least-loaded server
+    assert _new({"a": 10, "b": 0, "c": 0, "d": 1}, group={"a": 10}) in {"b", "c"}
+    # once it spilled to b, it keeps to b rather than opening a third server, though c is less loaded
+    assert _new({"a": 10, "b": 3, "c": 0}, group={"a": 10, "b": 3}) == "b"
+    # of two servers within the bound, the one holding more of the group
+    assert _new({"a": 4, "b": 1, "c": 0}, group={"a": 4, "b": 1}) == "a"
+
+
+def test_a_group_never_overrides_the_bound_and_a_new_group_goes_least_loaded() -> None:
+    assert _new({"a": 13, "b": 6}, group={"a": 13}) == "b"
+    assert _new({"a": 2, "b": 0}, group={}) == "b"
+
+
+def test_a_new_session_goes_where_its_prompt_prefix_is_cached() -> None:
+    assert _new({"a": 0, "b": 2, "c": 3}, prefix={"b": 2, "c": 5}) == "c"
+    assert _new({"a": 0, "b": 2, "c": 1}, prefix={"b": 5, "c": 5}) == "c"  # equal prefixes: the less loaded
+    assert _new({"a": 0, "b": 9}, prefix={"b": 50}) == "a"  # b is overloaded: the prefix does not outweigh that
+    assert _new({"a": 0, "b": 2}, prefix={"b": 0}) == "a"
+    # the group outweighs a prefix (the group's server holds the same prompt and its siblings' turns)
+    assert _new({"a": 1, "b": 1}, group={"a": 1}, prefix={"b": 3}) == "a"
+
+
+def test_servers_under_kv_pressure_take_no_new_session_while_another_can() -> None:
+    assert _new({"a": 0, "b": 5}, pressured={"a"}) == "b"
+    assert _new({"a": 0, "b": 1}, group={"a": 1}, pressured={"a"}) == "b"
+    assert _new({"a": 0, "b": 1}, pressured={"a", "b"}) == "a"  # all pressured: placed anyway (after the wait)
+    # a session already there stays: its KV is there, and it frees memory as it ends
+    assert choose_server("s", "a", {"a": 1, "b": 0}, CONFIG, Hints(pressured={"a"})) == ("a", Decision.STICKY)
+
+
+def test_the_anchor_placements() -> None:
+    loads = {"a": 0, "b": 5, "c": 1}
+    round_robin = RouterConfig(placement=Placement.ROUND_ROBIN)
+    picks = [choose_server("s", "b", loads, round_robin, sequence=i)[0] for i in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]  # every request to the next server, stickiness ignored
+    least = RouterConfig(placement="least_loaded")
+    assert choose_server("s", "c", loads, least) == ("a", Decision.MOVED)  # no stickiness, however small the gap
+    sticky = RouterConfig(placement="sticky_least_loaded", imbalance_min_gap=4)
+    # the previous default ignores groups, prefixes and pressure
+    assert choose_server("s", None, loads, sticky, Hints(group={"c": 1}, prefix={"c": 9}, pressured={"a"}))[0] == "a"
