@@ -167,6 +167,9 @@ class LoadInfo:
     kv_cache_usage: float
     prefix_cache_hit_rate: float
     max_running_requests: int
+    #: Requests preempted (KV freed, recomputed later) since the engine started; 0 where it never preempts or
+    #: cannot tell (each adapter's docstring says which).
+    preemptions: int = 0
 
 
 @dataclass(frozen=True, slots=True)

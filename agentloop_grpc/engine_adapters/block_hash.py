@@ -7,6 +7,11 @@ Python's own over the block's int32 bytes: fast, and enough for a cache inside o
 process, so keys never leave it); a cache that must never serve a colliding prefix compares the block's ids too,
 as the embedded engine's does.
 
+Root: block 0's parent is the chain's ``root`` (None unless given). A cache that must never serve KV computed by
+other weights roots its chains in a value it changes with the weights (the embedded engine's cache epoch), so a
+prompt hashed after an update makes other keys from its first block on, and a comparing lookup, which checks each
+block's parent, never reaches a block of before.
+
 Images: a block that overlaps an image's span (``MediaInput``) also hashes the image's digest, so the same ids with
 another picture make other keys from that block on, and ``block`` returns the digests after the ids, so a
 comparing cache compares the pictures as well.
@@ -25,11 +30,12 @@ from agentloop_grpc.common.prompt import PromptIds
 class BlockChain:
     """One sequence's token ids and the keys of its full blocks (see the module docstring)."""
 
-    __slots__ = ("_images", "block_size", "ids", "keys")
+    __slots__ = ("_images", "block_size", "ids", "keys", "root")
 
     def __init__(self, block_size: int, ids: PromptIds | Sequence[int] = (),
-                 media: Sequence[MediaInput] = ()) -> None:
+                 media: Sequence[MediaInput] = (), root: int | None = None) -> None:
         self.block_size = block_size
+        self.root = root  # block 0's parent
         self.ids = b""  # every id appended so far, little-endian int32 (as PromptIds.raw)
         self.keys: list[int] = []
         #: block index -> the digests of the images its span overlaps, in order
@@ -48,7 +54,7 @@ class BlockChain:
         """Append ``ids`` and key the blocks they complete."""
         self.ids += ids.raw if isinstance(ids, PromptIds) else np.asarray(ids, dtype="<i4").tobytes()
         step = 4 * self.block_size
-        parent = self.keys[-1] if self.keys else None
+        parent = self.keys[-1] if self.keys else self.root
         for start in range(len(self.keys) * step, len(self.ids) - step + 1, step):
             images = self._images.get(start // step)
             block = self.ids[start : start + step]
@@ -59,3 +65,9 @@ class BlockChain:
         """The int32 bytes of block ``index``, then the digests of the images it overlaps."""
         step = 4 * self.block_size
         return self.ids[index * step : (index + 1) * step] + self._images.get(index, b"")
+
+
+def version_salt(weight_version: int) -> str:
+    """The cache salt (vLLM's and SGLang's per-request ``cache_salt``) of requests run under ``weight_version``:
+    those engines key a request's prefix blocks by it, so each version's blocks stay apart."""
+    return f"agentloop-weights-{weight_version}"

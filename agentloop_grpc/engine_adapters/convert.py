@@ -199,6 +199,7 @@ def load_to_proto(load: LoadInfo) -> generation_pb2.GetLoadResponse:
         kv_cache_usage=load.kv_cache_usage,
         prefix_cache_hit_rate=load.prefix_cache_hit_rate,
         max_running_requests=load.max_running_requests,
+        preemptions=load.preemptions,
     )
 
 

@@ -8,7 +8,11 @@ per-token latency, a block-hashed prefix cache whose hits shorten prefill (least
 first, a sequence's tail before its head, as in vLLM), abort and freezing for Pause(KEEP). As in vLLM and SGLang, a
 prompt's blocks are reusable from the step after its prefill (not only
 once the request finishes), so requests that share a system prompt and arrive while the first one still decodes
-hit it; requests prefilled in the same step do not share.
+hit it; requests prefilled in the same step do not share. EndSessions moves the blocks an ended session left (and no
+live session holds) to the evict-first end (``session_blocks.py``). It never preempts (GetLoad's ``preemptions`` is
+0). Its tokens do not depend on weights, but its cache is keyed by the weight version a request arrives under, as
+the real engines' are: after an update a prompt misses once, and the old version's blocks, never touched again,
+leave first.
 
 Images (``GenerateRequest.media``, checked by the servicer against the prompt): the fake has no processor, so it
 takes any span; it counts the images (``prompt_images``), keys the blocks their spans overlap by their bytes, and
@@ -47,6 +51,7 @@ from .block_hash import BlockChain
 from .checkpoint import read_checkpoint
 from .fake_config import FakeEngineConfig
 from .grouping import merge_chunks
+from .session_blocks import SessionBlocks, demote
 from .weight_groups import LocalWeightGroups
 
 _MASK64 = (1 << 64) - 1
@@ -120,6 +125,7 @@ class FakeEngine:
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._cache: OrderedDict[int, None] = OrderedDict()  # block keys, least recently used first
+        self._sessions = SessionBlocks(4 * self.config.cache_blocks)  # a few sessions per block (a GRPO prompt)
         self._prompt_tokens_seen = 0
         self._prompt_tokens_cached = 0
         self._groups = LocalWeightGroups()
@@ -180,7 +186,7 @@ class FakeEngine:
         for item in request.media:  # another picture, another stream (none: the stream of the ids alone)
             whole = zlib.crc32(item.digest(), whole)
         base = _mix(whole ^ _mix((seed & _MASK64) ^ len(prompt)))
-        blocks = BlockChain(self.config.block_size, prompt, request.media)
+        blocks = BlockChain(self.config.block_size, prompt, request.media, root=self._weight_version())
         entry = _Request(request=request, base=base, blocks=blocks)
         if self.config.script is not None:
             entry.scripted = tuple(self.config.script(request))
@@ -237,6 +243,7 @@ class FakeEngine:
             uncached = sum(self._prefill(e) for e in newcomers)
             for entry in newcomers:  # after every lookup: newcomers of one step do not share their prefill
                 self._store(entry.blocks.keys)
+                self._note(entry)
             step_s = self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s
             if step_s:
                 await asyncio.sleep(clock.sleep_s(loop.time(), step_s))
@@ -272,7 +279,13 @@ class FakeEngine:
             self._cache[key] = None
             self._cache.move_to_end(key)
         while len(self._cache) > self.config.cache_blocks:
-            self._cache.popitem(last=False)
+            self._sessions.evicted(self._cache.popitem(last=False)[0])
+
+    def _note(self, entry: _Request) -> None:
+        """Remember the cached blocks ``entry``'s session holds now (EndSessions demotes them)."""
+        if entry.request.session_id:
+            # _store just made the chain the most recently used, head last: of a chain longer than the cache, its head
+            self._sessions.note(entry.request.session_id, entry.blocks.keys[: self.config.cache_blocks])
 
     def _decode_one(self, entry: _Request) -> None:
         sampling = entry.request.sampling
@@ -311,6 +324,7 @@ class FakeEngine:
             entry.blocks.extend(entry.generated)
             if len(entry.blocks.keys) > stored:  # it completed a block
                 self._store(entry.blocks.keys)
+                self._note(entry)
         entry.emit(
             GenerateComplete(
                 finish_reason=reason,
@@ -363,4 +377,8 @@ class FakeEngine:
 
     async def flush_cache(self) -> None:
         self._cache.clear()
+        self._sessions.clear()
         self._prompt_tokens_seen = self._prompt_tokens_cached = 0
+
+    async def end_sessions(self, session_ids: Sequence[str]) -> int:
+        return demote(self._cache, self._sessions.end(session_ids))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from agentloop_grpc.common.errors import (
@@ -134,13 +134,7 @@ class EngineLifecycle:
         gated = self.in_flight - self._in_engine
         if not gated:
             return load
-        return LoadInfo(
-            running_requests=load.running_requests,
-            waiting_requests=load.waiting_requests + gated,
-            kv_cache_usage=load.kv_cache_usage,
-            prefix_cache_hit_rate=load.prefix_cache_hit_rate,
-            max_running_requests=load.max_running_requests,
-        )
+        return replace(load, waiting_requests=load.waiting_requests + gated)
 
     # -- requests --------------------------------------------------------------------------------------------
 
@@ -375,3 +369,10 @@ class EngineLifecycle:
     async def flush_cache(self) -> None:
         self._loaded()
         await self.adapter.flush_cache()
+
+    async def end_sessions(self, session_ids: Sequence[str]) -> int:
+        """EndSessions: the adapter demotes what the ended sessions left in its prefix cache; the number of blocks
+        demoted (0 while loading: nothing is cached yet)."""
+        if self.facts is None:
+            return 0
+        return await self.adapter.end_sessions(list(dict.fromkeys(session_ids)))

@@ -98,3 +98,11 @@ class EngineAdapter(Protocol):
     async def flush_cache(self) -> None:
         """Drop the prefix cache."""
         ...
+
+    async def end_sessions(self, session_ids: Sequence[str]) -> int:
+        """EndSessions: the trajectories ``session_ids`` (GenerateRequest.session_id; distinct, validated) ended, so
+        the prefix-cache blocks their last requests left may be evicted before any other. Blocks another live
+        session or a running request still uses stay where they are. Return the number of blocks moved to the
+        evict-first end; an engine that cannot reorder its cache returns 0 (its docstring says so). Unknown ids
+        are ignored. Cheap: it waits at most for the engine's current step to end."""
+        ...

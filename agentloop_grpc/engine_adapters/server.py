@@ -78,6 +78,8 @@ def engine_gauges(lifecycle: EngineLifecycle) -> GaugesCollector:
             ("agentloop_engine_kv_cache_usage", "Fraction of the KV cache in use", {}, load.kv_cache_usage),
             ("agentloop_engine_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache, as a fraction",
              {}, load.prefix_cache_hit_rate),
+            ("agentloop_engine_preemptions", "Requests preempted since start (0 where the engine cannot tell)", {},
+             load.preemptions),
         ]
 
     return GaugesCollector(read)

@@ -135,6 +135,12 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
     async def GetLoad(self, request, context):
         return convert.load_to_proto(self.lifecycle.load())
 
+    @map_errors
+    async def EndSessions(self, request, context):
+        validation.check_session_ids(request.session_ids)
+        demoted = await self.lifecycle.end_sessions(request.session_ids)
+        return generation_pb2.EndSessionsResponse(demoted_blocks=demoted)
+
     # -- EngineControl ---------------------------------------------------------------------------------------
 
     @map_errors

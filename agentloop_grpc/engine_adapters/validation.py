@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 MAX_TOP_LOGPROBS = 20
 PENALTY_BOUND = 2.0
 MAX_ID_BYTES = 256
+#: Session ids one EndSessions call may name: a Router ends sessions as trajectories finish, a few at a time.
+MAX_END_SESSIONS = 1024
 MAX_CONSTRAINT_BYTES = 64 * 1024
 #: Levels of JSON arrays and objects (a schema), or of groups (a regex), a constraint may nest: vLLM refuses
 #: schemas deeper than 64 itself (OpenAI allows 10 levels of schema nesting).
@@ -45,6 +47,8 @@ SAFETENSORS_HEADER_NESTING = 3
 MAX_WEIGHT_GROUP_TIMEOUT_S = 24 * 3600.0
 
 # The catalogue. Keep one entry per rule; tests match on these texts.
+END_SESSIONS_TOO_MANY = "session_ids has {count} ids; at most {bound} are allowed per call"
+SESSION_ID_EMPTY = "{field} is empty; name the session_id of a trajectory that ended"
 REQUEST_ID_REQUIRED = "request_id is required (a unique id per call; Abort uses it)"
 ID_TOO_LONG = "{field} has {length} bytes; at most {bound} bytes are allowed (it starts {prefix})"
 PROMPT_EMPTY = "prompt_ids must not be empty"
@@ -131,6 +135,16 @@ def check_id(field: str, value: str) -> None:
     length = _utf8_len(value)
     if length > MAX_ID_BYTES:
         raise _fail(ID_TOO_LONG, field=field, length=length, bound=MAX_ID_BYTES, prefix=quote(value))
+
+
+def check_session_ids(session_ids: Sequence[str]) -> None:
+    """EndSessions' ids: at most MAX_END_SESSIONS, each non-empty and within MAX_ID_BYTES."""
+    if len(session_ids) > MAX_END_SESSIONS:
+        raise _fail(END_SESSIONS_TOO_MANY, count=len(session_ids), bound=MAX_END_SESSIONS)
+    for index, session_id in enumerate(session_ids):
+        if not session_id:
+            raise _fail(SESSION_ID_EMPTY, field=f"session_ids[{index}]")
+        check_id(f"session_ids[{index}]", session_id)
 
 
 def check_path(path: str) -> None:

@@ -77,6 +77,42 @@ def test_prefix_cache_evicts_least_recently_used_blocks() -> None:
     assert len(cache) == 0 and cache.hit_rate == 0.0
 
 
+def test_after_a_weight_update_old_blocks_are_never_served_and_leave_first() -> None:
+    cache = PrefixCache(block_size=4, capacity_tokens=24)  # 6 blocks
+    _fill(cache, [1] * 8)
+    hashed_before = cache.chain([1] * 9)  # a request that waited across the update
+    cache.advance()
+    assert (len(cache), cache.stale_blocks) == (2, 2)
+    assert _lookup(cache, [1] * 9) == []  # hashed after the update: other keys
+    assert cache.lookup(hashed_before, 9) == []  # the old keys: their blocks are stale, never served
+    _fill(cache, [2] * 8)
+    cache.note_session("ended", cache.chain([2] * 8), 8)
+    assert cache.end_sessions(["ended"]) == 2
+    _fill(cache, [3] * 12)  # 7 blocks: one goes, a stale one, though the ended session's were demoted
+    assert cache.stale_blocks == 1
+    _fill(cache, [4] * 8)  # 8 blocks: the last stale one, then the ended session's tail
+    assert cache.stale_blocks == 0
+    assert [len(_lookup(cache, [t] * 13)) for t in (2, 3, 4)] == [1, 3, 2]
+    cache.advance()
+    cache.clear()  # FlushCache drops the stale blocks too
+    assert len(cache) == 0
+
+
+def test_ended_sessions_blocks_leave_first_unless_a_live_session_holds_them() -> None:
+    cache = PrefixCache(block_size=4, capacity_tokens=24)  # 6 blocks
+    for session, token in (("live", 1), ("ended", 2)):
+        _fill(cache, [token] * 8)
+        cache.note_session(session, cache.chain([token] * 8), 8)
+    cache.note_session("sibling", cache.chain([1] * 8), 8)  # the same prompt as "live"
+    assert cache.end_sessions(["sibling", "unknown"]) == 0  # "live" still holds them
+    assert cache.end_sessions(["ended"]) == 2
+    _fill(cache, [3] * 12)  # 7 blocks: the ended session's tail goes, not the older "live" blocks
+    assert [len(_lookup(cache, [t] * 13)) for t in (1, 2, 3)] == [2, 1, 3]
+    assert len(cache.sessions) == 1  # "live" (its blocks evicted would forget it too)
+    _fill(cache, [4] * 24)  # evicts everything else
+    assert len(cache.sessions) == 0
+
+
 def test_prefix_cache_keys_and_compares_blocks_by_their_images() -> None:
     """Same ids, another picture: no block from the first one that overlaps the image; the same picture: all."""
     cache = PrefixCache(block_size=4, capacity_tokens=64)

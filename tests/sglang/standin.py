@@ -21,6 +21,8 @@ After each applied update the values held are reported as a ``weights`` call.
 Images (``enable_multimodal``): as SGLang's processor does with ``input_ids`` and ``image_data``, every
 ``image_token_id`` in the ids is expanded to ``image_tokens`` ids, which ``prompt_tokens`` counts.
 
+Prefix cache: blocks of 16 ids, each keyed by the request's ``cache_salt`` too (SGLang's radix-cache namespace).
+
 Tokens are a deterministic function of (seed, prompt, position) (greedy ignores the seed), so tests can check
 exact streams. Every control call is reported to a ``CallRecorder`` actor, so a test can see what reached the
 engine inside the rank-0 actor's process.
@@ -138,6 +140,7 @@ class _Request:
     params: dict[str, Any]
     seed: int
     cached_tokens: int
+    cache_salt: str | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[tuple[float, int, None]] = field(default_factory=list)
     top: list[list[tuple[float, int, None]]] = field(default_factory=list)
@@ -305,6 +308,8 @@ class StandInSglEngine:
         stream: bool = False,
         rid: str | None = None,
         image_data: list[str] | None = None,
+        *,
+        cache_salt: str | None = None,
         **unused: Any,
     ):
         params = dict(sampling_params or {})
@@ -312,7 +317,7 @@ class StandInSglEngine:
             "async_generate",
             {"rid": rid, "input_ids": list(input_ids), "sampling_params": params, "return_logprob": return_logprob,
              "top_logprobs_num": top_logprobs_num, "logprob_start_len": logprob_start_len, "stream": stream,
-             "image_data": image_data},
+             "image_data": image_data, "cache_salt": cache_salt},
         )
         if image_data:
             expanded = [[t] * self.image_tokens if t == self.image_token_id else [t] for t in input_ids]
@@ -323,7 +328,7 @@ class StandInSglEngine:
             return self._rejected(rid, len(input_ids))
         greedy = params.get("temperature", 1.0) == 0.0
         seed = 0 if greedy else params.get("sampling_seed", random.getrandbits(62))
-        request = _Request(rid, list(input_ids), params, seed, self._cached(input_ids))
+        request = _Request(rid, list(input_ids), params, seed, self._cached(input_ids, cache_salt), cache_salt)
         return self._run(request, return_logprob, top_logprobs_num or 0)
 
     async def _rejected(self, rid: str | None, prompt_tokens: int):
@@ -332,17 +337,18 @@ class StandInSglEngine:
                                                         "prompt_tokens": prompt_tokens, "completion_tokens": 0,
                                                         "cached_tokens": 0}}
 
-    def _cached(self, input_ids: list[int]) -> int:
+    def _cached(self, input_ids: list[int], cache_salt: str | None) -> int:
+        """Prompt tokens the cache holds; as SGLang's radix tree, a prefix is matched only under its own salt."""
         blocks = 0
         for end in range(_BLOCK, len(input_ids), _BLOCK):
-            if hash(tuple(input_ids[:end])) not in self.cache:
+            if hash((cache_salt, tuple(input_ids[:end]))) not in self.cache:
                 break
             blocks += 1
         return blocks * _BLOCK
 
-    def _remember(self, tokens: list[int]) -> None:
+    def _remember(self, tokens: list[int], cache_salt: str | None) -> None:
         for end in range(_BLOCK, len(tokens) + 1, _BLOCK):
-            self.cache.add(hash(tuple(tokens[:end])))
+            self.cache.add(hash((cache_salt, tuple(tokens[:end]))))
 
     async def _run(self, request: _Request, return_logprob: bool, top_n: int):
         self.requests[request.rid] = request
@@ -367,7 +373,7 @@ class StandInSglEngine:
 
     def _finish(self, request: _Request) -> None:
         if self.requests.pop(request.rid, None) is not None:
-            self._remember(request.input_ids + request.output_ids)
+            self._remember(request.input_ids + request.output_ids, request.cache_salt)
 
     def _decode(self, request: _Request, top_n: int) -> dict | None:
         position = len(request.output_ids)

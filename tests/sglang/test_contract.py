@@ -19,6 +19,7 @@ from ..contract.test_bad_input import *  # noqa: F403 (the contract tests, colle
 from ..contract.test_control import *  # noqa: F403
 from ..contract.test_generate import *  # noqa: F403
 from ..contract.test_load_weights import *  # noqa: F403
+from ..contract.test_sessions import *  # noqa: F403
 from ..contract.test_weight_groups import *  # noqa: F403
 from .conftest import sglang_server, standin_group
 

@@ -274,3 +274,11 @@ async def test_dead_rank_zero_actor_is_unavailable() -> None:
             ray.kill(group.actors[0])
             error = await generate_error(target, request(target, max_new_tokens=2))
             assert error.code() == grpc.StatusCode.UNAVAILABLE and "rank-0 actor" in error.details()
+
+
+async def test_requests_carry_their_weight_version_as_sglangs_cache_salt(target: ContractTarget, group) -> None:
+    """SGLang keys its radix cache by the salt: a request never matches what other weights computed."""
+    version = (await target.control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=10)).weight_version
+    await collect(target, request(target, max_new_tokens=1))
+    (call,) = await group.calls("async_generate")
+    assert call["cache_salt"] == f"agentloop-weights-{version}"

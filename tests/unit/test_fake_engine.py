@@ -262,3 +262,42 @@ async def test_a_slow_reader_gets_merged_chunks_that_keep_each_tokens_weight_ver
     assert len(chunks) == 3  # the first token, then one merged chunk per version
     assert all(len(chunk.logprobs) == len(chunk.token_ids) for chunk in chunks)
     await engine.shutdown()
+
+
+async def test_an_ended_sessions_blocks_leave_first_but_not_those_a_live_session_shares() -> None:
+    engine = FakeEngine(FakeEngineConfig(cache_blocks=12))
+    await engine.start(lambda: 0)
+    greedy = SamplingParams(max_new_tokens=1, temperature=0.0)
+    old, ended, filler = (tuple(range(base, base + 81)) for base in (1000, 2000, 3000))  # 5 full blocks each
+
+    async def cached(name: str, prompt: tuple[int, ...], session: str = "") -> int:
+        _, complete = await _tokens(engine, GenerateRequest(name, prompt, greedy, session_id=session))
+        return complete.cached_prompt_tokens
+
+    await cached("old", old, "live")
+    await cached("sibling", old, "sibling")  # the same prompt: both sessions hold its blocks
+    await cached("ended", ended, "ended")
+    assert await engine.end_sessions(["sibling", "unknown"]) == 0  # "live" still holds every block of it
+    assert await engine.end_sessions(["ended"]) == 5
+    assert await engine.end_sessions(["ended"]) == 0  # forgotten
+    assert await cached("filler", filler) == 0  # 15 blocks, 3 too many: the ended session's go, tail first
+    assert await cached("old-again", old) == 80  # without the hint the least recently used, old's, would go
+    assert await cached("ended-again", ended) == 32
+    await engine.shutdown()
+
+
+async def test_the_prefix_cache_is_keyed_by_the_weight_version() -> None:
+    """As the real engines': after an update a prompt misses once (no KV of other weights), then hits again."""
+    version = 0
+    engine = FakeEngine()
+    await engine.start(lambda: version)
+    prompt = tuple(range(900, 950))
+
+    async def cached(name: str) -> int:
+        _, complete = await _tokens(engine, GenerateRequest(name, prompt, SamplingParams(max_new_tokens=1)))
+        return complete.cached_prompt_tokens
+
+    assert (await cached("v0"), await cached("v0-again")) == (0, 48)
+    version = 1
+    assert (await cached("v1"), await cached("v1-again")) == (0, 48)
+    await engine.shutdown()

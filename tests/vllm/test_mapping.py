@@ -225,3 +225,19 @@ def test_safetensors_header_reader_matches_the_format(tmp_path) -> None:
     (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(16))
     specs = weights.CheckpointWeights(tmp_path, "float32", tied_embeddings=False).specs
     assert specs == {"a": weights.ParameterSpec("int64", (2,))}
+
+
+def test_the_stats_recorder_sums_the_preemptions_of_every_batch_of_outputs() -> None:
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+    from agentloop_grpc.engine_adapters.vllm.stats import SchedulerLoad, SchedulerStatsRecorder
+
+    sink = SchedulerLoad()
+    recorder = SchedulerStatsRecorder(sink, None)
+    batches = [IterationStats() for _ in range(3)]
+    for batch, preempted in zip(batches, (2, 0, 1)):
+        batch.num_preempted_reqs = preempted  # what IterationStats.update_from_events counts (PREEMPTED events)
+    recorder.record(SchedulerStats(num_running_reqs=1), batches[0])
+    recorder.record(None, batches[1])  # outputs without scheduler stats still carry their events
+    recorder.record(SchedulerStats(num_running_reqs=2), batches[2])
+    assert (sink.preemptions, sink.running) == (3, 2)

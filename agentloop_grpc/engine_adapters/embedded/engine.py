@@ -9,6 +9,10 @@ and no step starts until it is done. One thread is also a performance rule: torc
 thread, and as soon as a second thread runs parallel torch ops the two pools throttle each other and every step slows
 (NOTES.md).
 
+Prefix cache (``prefix_cache.py``): EndSessions moves an ended session's blocks to the evict-first end; a weight
+update without flush_cache leaves the old weights' blocks to be evicted first and never serves them. GetLoad's
+``preemptions`` stays 0: the scheduler never preempts (``scheduler.py``).
+
 Freezing (Pause(KEEP)) stops the scheduling loop between steps: the requests keep their KV and continue
 token-exactly when thawed.
 """
@@ -157,6 +161,11 @@ class EmbeddedEngine:
 
     async def _on_worker(self, function, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        """The prefix cache (read-only use: tests and benchmarks look at what it holds)."""
+        return self._prefix_cache
 
     def _running_count(self) -> int:
         return sum(1 for s in self._live.values() if s.slot >= 0)
@@ -348,7 +357,7 @@ class EmbeddedEngine:
         # checked and decoded off the step lock, while generation goes on: steps wait only for the swap
         staged = await asyncio.to_thread(weight_update.stage, self._loaded.model, tensors)
         async with self._step_lock:
-            await self._on_worker(self._apply_weights, staged)
+            await self._on_worker(self._apply_weights, staged, flush_cache)
 
     async def join_weight_group(self, group: WeightGroupSpec) -> list[int]:
         return await self._groups.join(group)
@@ -361,14 +370,18 @@ class EmbeddedEngine:
         flat = await self._groups.receive(group, layout, refusal or weight_update.refusal(model, layout.specs))
         staged = weight_update.stage_views(model, layout.views(flat))
         async with self._step_lock:
-            await self._on_worker(self._apply_weights, staged)
+            await self._on_worker(self._apply_weights, staged, flush_cache)
 
     async def leave_weight_group(self, group: str) -> None:
         await self._groups.leave(group)
 
-    def _apply_weights(self, staged: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
+    def _apply_weights(self, staged: list[tuple[torch.nn.Parameter, torch.Tensor]], flush_cache: bool) -> None:
         weight_update.apply(staged)
-        self._prefix_cache.clear()  # KV computed with the old weights must not be reused, whatever flush_cache says
+        # KV computed with the old weights is never reused: flushed, or kept as stale blocks that go first
+        if flush_cache:
+            self._prefix_cache.clear()
+        else:
+            self._prefix_cache.advance()
 
     async def load_weights(self, path: str, weight_version: int, flush_cache: bool) -> tuple[int, int]:
         tensors, read = await asyncio.to_thread(read_checkpoint, path)
@@ -378,3 +391,7 @@ class EmbeddedEngine:
     async def flush_cache(self) -> None:
         async with self._step_lock:
             self._prefix_cache.clear()
+
+    async def end_sessions(self, session_ids: Seq[str]) -> int:
+        async with self._step_lock:  # the core touches the cache only inside a step
+            return self._prefix_cache.end_sessions(session_ids)

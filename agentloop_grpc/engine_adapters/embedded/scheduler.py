@@ -11,6 +11,9 @@ A step:
 5. finishes requests (stop id, eos, grammar complete, budget, context) and releases their slots, storing the
    rest of their computed KV (the generated part) in the prefix cache and compacting the slots (see ``kv_cache.py``).
 
+It never preempts: each running request owns a slot of ``max_model_len`` positions, so a request admitted always
+has room to finish (GetLoad's ``preemptions`` is 0 here).
+
 It returns what each request produced; the async adapter turns that into events. Requests aborted by the event
 loop are only flagged; the core releases them at the start of its next step.
 """
@@ -116,7 +119,10 @@ class Scheduler:
             sequence = item[2]
             if sequence.aborted:
                 continue
-            keys = self.prefix_cache.prompt_keys(sequence.blocks, sequence.prompt_len)
+            cache = self.prefix_cache
+            if cache.enabled and sequence.blocks.root != cache.epoch:  # it waited across a flush or weight update
+                sequence.blocks = cache.chain(sequence.request.prompt_ids, sequence.request.media)
+            keys = cache.prompt_keys(sequence.blocks, sequence.prompt_len)
             if any(key in in_prefill for key in keys):
                 deferred.append(item)
                 continue
@@ -230,6 +236,7 @@ class Scheduler:
         for index in cache.missing(blocks, sequence.computed):
             start = index * cache.block_size
             cache.insert(blocks, index, self.runner.kv.read(sequence.slot, start, start + cache.block_size))
+        cache.note_session(sequence.request.session_id, blocks, sequence.computed)
 
     # -- control (called between steps, on the worker thread) ----------------------------------------------
 

@@ -101,11 +101,12 @@ class SglangEngineActor:
             self._facts = read_facts(self._engine, api.version, str(self._engine_kwargs.get("model_path", "")))
         return self._facts
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamDelta]:
-        """Stream one request's deltas; the last carries the end. Closing or cancelling aborts it in SGLang."""
+    async def generate(self, request: GenerateRequest, cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
+        """Stream one request's deltas; the last carries the end. Closing or cancelling aborts it in SGLang.
+        ``cache_salt`` is SGLang's radix-cache namespace of the request (the adapter's weight version)."""
         engine = self._leader()
         reader = OutputReader(request.sampling.logprobs, request.sampling.top_logprobs)
-        outputs = await engine.async_generate(**generate_kwargs(request, self._facts.image_token_id))
+        outputs = await engine.async_generate(**generate_kwargs(request, self._facts.image_token_id, cache_salt))
         ended = False
         unchecked = bool(request.media)
         try:

@@ -35,6 +35,23 @@ SGLang's load snapshot), and the prefix-cache hit rate from the cached-token cou
   receive serves the whole DP group whatever its TP size, and one send of the trainer serves every DP group.
   SGLang judges names and shapes only when it loads, so such a refusal comes after the bytes were received (the
   group stays usable; in a group of several servers the others may have applied the update).
+- Prefix cache and weights: every request carries SGLang's ``cache_salt`` (0.5.23: ``GenerateReqInput.cache_salt``,
+  "cache namespace used to isolate otherwise-identical prefixes") naming the weight version it is submitted under
+  (``block_hash.version_salt``). SGLang's radix tree keys each child by ``(extra_key, cache_salt)`` before the ids
+  (``mem_cache/radix_cache.py``, ``RadixKey.child_key_at``), so a request never matches a node another version
+  computed, and an update without flush_cache leaves the old nodes to age out first (nothing touches them again).
+  Requests already in SGLang when an update lands keep their salt: a running one keeps its KV (as in every
+  engine), a queued one may still match the old version's nodes. Nothing stricter is possible there: SGLang
+  refuses to flush while any request runs or waits (``Scheduler.flush_cache``: ``is_fully_idle``; an update with
+  flush_cache answers failure then, though the weights were applied).
+- EndSessions answers 0: SGLang's radix cache has no call that demotes the nodes a request left (eviction follows
+  the nodes' last access, or a priority fixed per request at submission: ``mem_cache/evict_policy.py``). Its
+  session radix cache (``enable_session_radix_cache``, ``mem_cache/unified_cache/session_ref_tracker.py``) is the
+  opposite tool: it holds a session's KV referenced until ``close_session`` releases it to ordinary eviction, so
+  every session must be closed or the cache fills; these servers do not turn it on.
+- GetLoad's ``preemptions`` is 0: SGLang retracts (preempts) decode requests under KV pressure, but its load
+  snapshot (``get_loads``) carries only the number retracted now (``queues.retracted``), not a running count; the
+  count exists only as the Prometheus counter ``sglang:num_retracted_requests_total`` of a server with metrics on.
 """
 
 from __future__ import annotations
@@ -67,6 +84,7 @@ from agentloop_grpc.common.types import (
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 
 from .. import validation
+from ..block_hash import version_salt
 from ..image_placeholders import check_no_stray_image_token
 from .actor import PAUSE_IN_PLACE
 from .config import SglangEngineConfig
@@ -226,7 +244,8 @@ class SglangEngine:
     async def _stream(self, entry: _InFlight) -> AsyncIterator[TokenChunk | StreamEnd]:
         """TokenChunks, then the StreamEnd; nothing more once the entry is aborted (the caller ends it)."""
         leader = self._leader()
-        entry.stream = leader.generate.options(num_returns="streaming").remote(entry.request)
+        salt = version_salt(self._weight_version())  # the version it is submitted under (module docstring)
+        entry.stream = leader.generate.options(num_returns="streaming").remote(entry.request, salt)
         try:
             async for ref in entry.stream:
                 delta = await ref
@@ -306,6 +325,10 @@ class SglangEngine:
             raise answer
         if flush_cache:
             self._prompt_tokens_seen = self._prompt_tokens_cached = 0
+
+    async def end_sessions(self, session_ids: Sequence[str]) -> int:
+        """0: SGLang cannot demote a request's radix-cache nodes (module docstring)."""
+        return 0
 
     async def flush_cache(self) -> None:
         if not await self._call("flush_cache"):

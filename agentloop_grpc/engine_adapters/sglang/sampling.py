@@ -51,9 +51,12 @@ def image_data(request: GenerateRequest) -> list[str]:
     return [item.data_url() for item in request.media]
 
 
-def generate_kwargs(request: GenerateRequest, image_token_id: int | None = None) -> dict[str, Any]:
+def generate_kwargs(
+    request: GenerateRequest, image_token_id: int | None = None, cache_salt: str | None = None
+) -> dict[str, Any]:
     """Everything ``Engine.async_generate`` gets for one streamed request (``rid`` is our request id, so
-    ``abort_request(rid=...)`` reaches it). A request with images needs the model's ``image_token_id``."""
+    ``abort_request(rid=...)`` reaches it). A request with images needs the model's ``image_token_id``;
+    ``cache_salt`` (SGLang's radix-cache namespace) keeps the prefix blocks of each weight version apart."""
     kwargs = {
         "input_ids": request.prompt_ids.tolist(),
         "sampling_params": sampling_params(request),
@@ -63,6 +66,8 @@ def generate_kwargs(request: GenerateRequest, image_token_id: int | None = None)
         "stream": True,
         "rid": request.request_id,
     }
+    if cache_salt is not None:
+        kwargs["cache_salt"] = cache_salt
     if request.media:
         if image_token_id is None:
             raise validation.media_unsupported()

@@ -21,12 +21,23 @@ contract onto it (the state, Pause's gate and the weight version are the lifecyc
   LeaveWeightGroup put each vLLM worker in the trainer's weight group (rank ``rank_offset`` + its rank) and
   receive the broadcast on a thread of the worker while vLLM keeps generating, the adapter polling it. The swap
   is one step boundary: generation paused (KEEP), the staged tensors reloaded into the model, the prefix cache
-  reset (KV computed with the old weights must not be reused), vLLM's weight version set, generation resumed.
+  reset where needed (below), vLLM's weight version set, generation resumed.
+- Prefix cache and weights: every request carries a ``cache_salt`` naming the weight version it was submitted
+  under (``block_hash.version_salt``); vLLM mixes a request's salt into its first block's hash (``vllm/v1/core/
+  kv_cache_utils.py``, ``_gen_extra_keys``), so a request of one version never hits a block another version
+  computed. An update without flush_cache therefore leaves the old blocks in place, unreachable, and vLLM's LRU
+  free queue reuses them first (nothing touches them again). The one case that still needs a reset: requests
+  submitted under an older version are in the engine (a salt cannot change once submitted, and one still waiting
+  would read the old blocks with the new weights), so the swap resets then, as it does on flush_cache, preempting
+  the running ones (they recompute their KV with the new weights; GetLoad counts them in ``preemptions``).
+- EndSessions answers 0: vLLM 0.32 has no call that reorders its free-block queue by request or session
+  (``session_id`` only labels KV events; ``kv_hints`` reach only the KV-offloading connectors), and a request's
+  blocks are freed tail first to the LRU end when it finishes, where they age as every block does.
 - Weight versions per token: vLLM labels every engine step's output with its weight version and records the
   spans per request; each TokenChunk carries the version vLLM recorded for its tokens (a delta that spans a
   swap becomes two chunks), so no token is mislabelled by an update that lands while its chunk is in flight.
 - GetLoad: requests in the engine from vLLM's output processor, split into running and waiting with vLLM's
-  scheduler stats (``stats.py``).
+  scheduler stats, and the requests vLLM preempted since start (``stats.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import contextlib
 import itertools
 import logging
 import os
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from dataclasses import astuple, dataclass
@@ -73,6 +85,7 @@ from agentloop_grpc.common.types import (
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 
 from .. import validation
+from ..block_hash import version_salt
 from ..image_placeholders import check_no_stray_image_token
 from ..validation import MAX_TOP_LOGPROBS
 from ..weight_groups import refused_elsewhere
@@ -149,11 +162,16 @@ class VllmEngine:
         self._frozen = False  # Pause(KEEP) holds vLLM paused: a weight swap must not resume it
         self._updates = itertools.count()
         self._sleep_frees_memory = current_platform.is_sleep_mode_available()
+        #: The version new requests are salted with (set at each swap, before generation resumes)
+        self._cache_version = 0
+        #: Requests in flight per salt version: a swap resets the cache while any of an older version remain
+        self._salted: Counter[int] = Counter()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     async def start(self, weight_version: Callable[[], int]) -> ServerFacts:
         self._weight_version = weight_version
+        self._cache_version = weight_version()
         cfg = self.config
         folder = await asyncio.to_thread(model_store.resolve, cfg.model, cfg.cache_dir)
         tokenizer = await asyncio.to_thread(model_store.load_tokenizer, folder)
@@ -232,6 +250,7 @@ class VllmEngine:
             kv_cache_usage=min(max(self._scheduler.kv_cache_usage, 0.0), 1.0),
             prefix_cache_hit_rate=self._scheduler.prefix_cache_hit_rate,
             max_running_requests=self.config.max_running,
+            preemptions=self._scheduler.preemptions,
         )
 
     # -- generation ------------------------------------------------------------------------------------------
@@ -243,16 +262,31 @@ class VllmEngine:
         params = sampling.to_vllm(request)
         if loaded.image_token_id is not None:
             check_no_stray_image_token(request.prompt_ids, request.media, loaded.image_token_id)
-        if not request.media:
-            prompt = TokensPrompt(prompt_token_ids=request.prompt_ids.tolist())
-        elif loaded.image_token_id is None:
-            raise validation.media_unsupported()
-        else:  # decoding the pictures takes a while: other requests go on meanwhile
-            prompt = await asyncio.to_thread(images.tokens_prompt, request.prompt_ids, request.media,
-                                             loaded.image_token_id)
+        version = self._cache_version
+        self._salted[version] += 1  # from here on a swap to a newer version resets the cache (module docstring)
+        try:
+            if not request.media:
+                prompt = TokensPrompt(prompt_token_ids=request.prompt_ids.tolist())
+            elif loaded.image_token_id is None:
+                raise validation.media_unsupported()
+            else:  # decoding the pictures takes a while: other requests go on meanwhile
+                prompt = await asyncio.to_thread(images.tokens_prompt, request.prompt_ids, request.media,
+                                                 loaded.image_token_id)
+            prompt["cache_salt"] = version_salt(version)
+            async with contextlib.aclosing(self._generate(loaded.llm, request, prompt, params)) as events:
+                async for event in events:  # closed at once when our caller stops early: vLLM aborts the request
+                    yield event
+        finally:
+            self._salted[version] -= 1
+            if not self._salted[version]:
+                del self._salted[version]
+
+    async def _generate(self, llm: AsyncLLM, request: GenerateRequest, prompt: TokensPrompt, params
+                        ) -> AsyncIterator[GenerateEvent]:
+        """``generate``'s stream once the prompt is built: vLLM's outputs as our chunks, then the completion."""
         emitted, last_token, last_version = 0, None, None
         unchecked = bool(request.media)
-        stream = loaded.llm.generate(prompt, params, request.request_id, priority=sampling.priority(request))
+        stream = llm.generate(prompt, params, request.request_id, priority=sampling.priority(request))
         async with contextlib.aclosing(_translated_errors(stream)) as stream_outputs:
             async for output in stream_outputs:
                 if unchecked:  # before any token leaves; raising closes the stream, so vLLM aborts the request
@@ -329,13 +363,13 @@ class VllmEngine:
         payload = self._loaded.checkpoint.stage(tensors)
         key = self._update_key("stream")
         await self._loaded.llm.collective_rpc("agentloop_stage_payload", args=(key, payload))
-        await self._swap(key, weight_version)
+        await self._swap(key, weight_version, flush_cache)
 
     async def load_weights(self, path: str, weight_version: int, flush_cache: bool) -> tuple[int, int]:
         plan, tensors, read = await asyncio.to_thread(self._loaded.checkpoint.check_checkpoint, path)
         key = self._update_key("path")
         await self._job(key, "agentloop_read_checkpoint", key, plan)  # read by the engine process, off its steps
-        await self._swap(key, weight_version)
+        await self._swap(key, weight_version, flush_cache)
         return tensors, read
 
     async def join_weight_group(self, group: WeightGroupSpec) -> list[int]:
@@ -364,7 +398,7 @@ class VllmEngine:
         if refusal is not None or not all(agreed):
             await self._loaded.llm.collective_rpc("agentloop_forget", args=(key,))
             raise refusal or refused_elsewhere(group)
-        await self._swap(key, weight_version)
+        await self._swap(key, weight_version, flush_cache)
 
     async def leave_weight_group(self, group: str) -> None:
         await self._loaded.llm.collective_rpc("agentloop_leave_group", args=(group,))
@@ -393,9 +427,10 @@ class VllmEngine:
             raise
         return [value for _, value in answers]
 
-    async def _swap(self, key: str, weight_version: int) -> None:
+    async def _swap(self, key: str, weight_version: int, flush_cache: bool) -> None:
         """Swap the update staged under ``key`` in at one step boundary, with vLLM's weight version: tokens of
-        every step before carry the old version, of every step after the new one."""
+        every step before carry the old version, of every step after the new one. The prefix cache is reset when
+        asked, or when requests salted with an older version are in flight (module docstring)."""
         llm = self._loaded.llm
         try:
             async with self._control:
@@ -404,8 +439,9 @@ class VllmEngine:
                     await llm.pause_generation(mode="keep", clear_cache=False)
                 try:
                     await llm.collective_rpc("agentloop_apply", args=(key,))
-                    # KV computed with the old weights must not be reused, whatever flush_cache says.
-                    await self._reset_prefix_cache(llm)
+                    self._cache_version = weight_version  # requests from now on never reach the old blocks
+                    if flush_cache or any(version < weight_version for version in self._salted):
+                        await self._reset_prefix_cache(llm)
                     # Nor image features (vLLM caches them by picture), once the preemption above left none in use.
                     await llm.reset_encoder_cache()
                     await llm.update_weight_version(str(weight_version))
@@ -419,6 +455,10 @@ class VllmEngine:
     async def flush_cache(self) -> None:
         async with self._control:
             await self._reset_prefix_cache(self._loaded.llm)
+
+    async def end_sessions(self, session_ids: Seq[str]) -> int:
+        """0: vLLM cannot demote a request's blocks (module docstring)."""
+        return 0
 
     @staticmethod
     async def _reset_prefix_cache(llm: AsyncLLM) -> None:

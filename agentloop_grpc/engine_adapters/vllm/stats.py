@@ -8,6 +8,11 @@ owns, so GetLoad costs no call into the engine process.
 The stats arrive with a step's outputs, so after the last request of a burst ends they may still count it; the
 adapter therefore takes the number of requests in the engine from its own bookkeeping and uses the scheduler's
 figures only to split them into running and waiting.
+
+Preemptions: vLLM's scheduler records a PREEMPTED event on a request it preempts (KV pressure, or a prefix-cache
+reset that takes running requests' blocks), and ``IterationStats.num_preempted_reqs`` counts those events in each
+batch of outputs (``vllm/v1/metrics/stats.py``); the recorder sums them. vLLM records events only with stats on,
+which a custom stat logger turns on (``AsyncLLM.log_stats``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ class SchedulerLoad:
     kv_cache_usage: float = 0.0
     prefix_queries: int = 0
     prefix_hits: int = 0
+    #: Requests vLLM's scheduler preempted since start (KV freed, recomputed when scheduled again).
+    preemptions: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -40,9 +47,11 @@ class SchedulerStatsRecorder(StatLoggerBase):
         self._sink = sink
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+        sink = self._sink
+        if iteration_stats is not None:  # preemption events come with the outputs of the requests preempted
+            sink.preemptions += iteration_stats.num_preempted_reqs
         if scheduler_stats is None:
             return
-        sink = self._sink
         sink.running = scheduler_stats.num_running_reqs
         sink.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
         sink.kv_cache_usage = scheduler_stats.kv_cache_usage
