@@ -149,3 +149,38 @@ async def _until(condition, timeout_s: float = 30.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+class _RecordingFake(FakeEngine):
+    """The fake engine, noting the EndSessions it is told (what it demotes is the engine tests' business)."""
+
+    def __init__(self, config: FakeEngineConfig) -> None:
+        super().__init__(config)
+        self.ended: list[str] = []
+        self.calls = self.demoted = 0
+
+    async def end_sessions(self, session_ids):
+        self.ended += session_ids
+        self.calls += 1
+        self.demoted += await super().end_sessions(session_ids)
+        return self.demoted
+
+
+async def test_ended_sessions_are_told_to_their_server_in_one_batch() -> None:
+    engine = _RecordingFake(FakeEngineConfig())
+    server = await create_server(engine, "127.0.0.1:0")
+    await start_adapter(server)
+    try:
+        async with Router([address(server)], RouterConfig(**FAST)) as router:
+            await router.fleet.wait_ready(1)
+            for i in range(5):
+                await router.generate(GenerateCall(f"t{i}", [i + 100, *PROMPT], params(4)))
+            for i in range(5):
+                router.close_session(f"t{i}")
+            router.close_session("never-ran")  # unknown to the Router: nothing to tell
+            await _until(lambda: len(engine.ended) == 5)
+            assert sorted(engine.ended) == [f"t{i}" for i in range(5)] and engine.calls == 1
+            assert engine.demoted > 0
+            assert router.live_sessions == 0
+    finally:
+        await server.stop(grace_s=0.5)
