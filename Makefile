@@ -11,7 +11,7 @@ BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
-.PHONY: setup sandbox browser protos protos-python protos-lint protos-breaking demo train lint test test-python test-node test-faults bench clean
+.PHONY: setup sandbox browser protos protos-python protos-lint protos-breaking demo train lint test test-python test-node test-faults test-cluster bench clean
 
 setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(VENV)/.verifiers-installed \
 	$(NODE_DIR)/node_modules/.installed \
@@ -146,6 +146,11 @@ test-python: protos
 ## test-faults: only the fault-injection suite (tests/FAULTS.md; `make test` runs it too)
 test-faults: protos
 	$(PY) -m pytest -m fault
+
+## test-cluster: only the multi-node suite (tests/cluster: Ray nodes in network namespaces, as root, else skipped;
+## `make test` runs it too)
+test-cluster: protos
+	$(PY) -m pytest -m cluster
 
 test-node: protos
 	cd $(NODE_DIR) && AGENTLOOP_BIN="$(CURDIR)/$(VENV)/bin/agentloop" npm test
