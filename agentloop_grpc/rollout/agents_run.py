@@ -32,6 +32,7 @@ from .run import (
     RunRecord,
     end_run,
     open_tracking,
+    routing,
     sample_load,
     start_engines,
     start_tools,
@@ -161,7 +162,7 @@ async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: R
                                                          start_tools(config.tools, stack, out))
         record.servers = addresses
         # 4. the Router, the gateway and its app, the agents
-        router = await stack.enter_async_context(Router(addresses, config.router))
+        router = await stack.enter_async_context(Router(addresses, routing(config)))
         try:
             await router.fleet.wait_ready(min_servers=len(addresses), timeout_s=config.router.no_server_wait_s)
         except NoHealthyServerError:

@@ -37,9 +37,9 @@ from agentloop_grpc.agent.routing_trace import write_routing_trace
 from agentloop_grpc.agent.spec import build_loops, load_codec
 from agentloop_grpc.agent.trajectory import drift_summary
 from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
-from agentloop_grpc.router import NoHealthyServerError
+from agentloop_grpc.router import NoHealthyServerError, RouterConfig
 from agentloop_grpc.router.call import GenerateCall
-from agentloop_grpc.router.discovery import discovery_addresses
+from agentloop_grpc.router.discovery import discovery_addresses, discovery_config
 from agentloop_grpc.router.metrics import RouterMetrics
 from agentloop_grpc.router.result import GenerateResult
 from agentloop_grpc.serving.metrics import serve_metrics
@@ -150,6 +150,12 @@ async def start_engines(engines: Engines, stack: AsyncExitStack, out: Path) -> t
     return list(engines.addresses), None
 
 
+def routing(config: AgentRunConfig) -> RouterConfig:
+    """The run's router config, with the discovery file's TLS and tokens when its engines come from one."""
+    path = config.engines.discovery_file
+    return discovery_config(path, config.router) if path is not None else config.router
+
+
 async def start_tools(tools: Tools, stack: AsyncExitStack, out: Path) -> str | None:
     """The tool server's address (launched here and stopped by ``stack``, or given); None: no tools."""
     if tools.address is not None:
@@ -224,7 +230,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
         spec = WorkerSpec(
             engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
             model_dir=model_dir, loop=config.loop,
-            router=config.router, max_concurrency=config.max_concurrency, reward=config.reward_function,
+            router=routing(config), max_concurrency=config.max_concurrency, reward=config.reward_function,
             interactions=config.interactions, loops=config.loops, trace_path=str(trace) if config.trace else None,
         )
         manager = AgentLoopManager(spec, num_workers=config.workers, use_ray=config.ray)

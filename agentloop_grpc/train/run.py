@@ -40,7 +40,7 @@ from agentloop_grpc.integrations.trl import (
 )
 from agentloop_grpc.rollout.agents_run import check_agent
 from agentloop_grpc.rollout.dataset import read_rows, to_samples
-from agentloop_grpc.rollout.run import check_loops, error_causes, start_engines, start_tools
+from agentloop_grpc.rollout.run import check_loops, error_causes, routing, start_engines, start_tools
 from agentloop_grpc.trackers import resolve_report_to
 from agentloop_grpc.trackers.rollout import sample_rows
 from agentloop_grpc.trackers.trainer_env import scoped_environ, trainer_environ
@@ -156,7 +156,7 @@ def worker_spec(config: TrainConfig, addresses: Sequence[str], model_dir: str | 
     brings (reasoning_gym: the task's scorer; otherwise the tool rewards)."""
     return WorkerSpec(engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
                       model_dir=model_dir, reward=config.dataset.reward, loop=config.loop, loops=config.loops,
-                      router=config.router)
+                      router=routing(config))
 
 
 def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> TrainRecord:
