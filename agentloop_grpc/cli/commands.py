@@ -368,7 +368,10 @@ def gateway(
 @with_engine_config
 def engine_launch(
     dp: int = typer.Option(1, min=1, help="Data-parallel replicas (one server process each; dp_rank, dp_size set)."),
-    host: str = typer.Option("127.0.0.1", help="Address the servers bind."),
+    host: str = typer.Option(
+        None, help="Address the servers bind (default 127.0.0.1). Not with --ray: each server binds its node's Ray "
+        "address (`ray start --node-ip-address`)."
+    ),
     discovery_file: Path = typer.Option(Path("discovery.json"), help="Where to write the servers' addresses."),
     log_dir: Path = typer.Option(Path("logs"), help="One log file per server (on the server's node)."),
     use_ray: bool = typer.Option(
@@ -392,6 +395,9 @@ def engine_launch(
     write the discovery file; stop them all on Ctrl-C or SIGTERM. Every server gets the engine config of --adapter,
     --config and --set (embedded: threads default to the cores / dp). With TLS or tokens, the discovery file says
     how to reach the servers (certificate and token paths, variable names), never a secret."""
+    if use_ray and host is not None:
+        _config_error("--host does not apply with --ray: each server binds its node's Ray address (the "
+                      "--node-ip-address of `ray start`), which the discovery file records")
     if not use_ray:  # over Ray the servers run on other nodes, whose files this one cannot see
         try:
             check_model(settings)
@@ -415,7 +421,8 @@ def engine_launch(
         _config_error(str(exc))
     protected = client_security != ClientSecurity()
     try:
-        launch = EngineLaunch(engine=settings, dp=dp, host=host, security=security if protected else None,
+        launch = EngineLaunch(engine=settings, dp=dp, host=host or "127.0.0.1",
+                              security=security if protected else None,
                               client_security=client_security if protected else None)
         if use_ray:
             from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources

@@ -139,3 +139,12 @@ def test_cli_sigterm_while_servers_load_removes_the_placement_groups(local_ray, 
 
 def _live_groups() -> set[str]:
     return {group_id for group_id, group in placement_group_table().items() if group["state"] != "REMOVED"}
+
+
+def test_host_with_ray_is_refused_rather_than_ignored() -> None:
+    """Over Ray each server binds its node's Ray address (what the discovery file records); a --host would not."""
+    result = subprocess.run(
+        [sys.executable, "-m", "agentloop_grpc.cli", "engine", "launch", "--adapter", "fake", "--ray",
+         "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"},
+    )
+    assert result.returncode == 2 and "--host does not apply with --ray" in result.stderr
