@@ -1,0 +1,230 @@
+"""Rollouts across nodes: a Ray cluster of four network namespaces on one machine (tests/cluster/harness.py).
+
+    node0 10.238.0.1  Ray head (no CPUs for Ray): `agentloop engine launch --ray` and `agentloop rollout`
+    node1 10.238.0.2  Ray worker, 1 CPU: one engine server (a DP group's placement group)
+    node2 10.238.0.3  Ray worker, 1 CPU: the other engine server
+    node3 10.238.0.4  no Ray: the tool server
+
+Every server needs TLS (a certificate naming the nodes' IPs, made here) and tokens; the rollout driver in node0
+finds the engines through the launcher's discovery file. One cluster serves the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentloop_grpc.agent import read_parquet
+
+from . import pki
+from .harness import Cluster, Node, NodeSpec, skip_reason
+
+pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
+
+AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
+#: The fake engine every server runs (the same in the single-node run the cluster's tokens are compared with).
+ENGINE = {"kind": "fake", "vocab_size": 49152, "token_latency_s": 0.001}
+
+
+def _announced(process: subprocess.Popen, pattern: str, timeout_s: float, log: Path) -> re.Match:
+    """The first line of ``process``'s output matching ``pattern``, read within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if selector.select(max(0.0, deadline - time.monotonic())):
+                line = process.stdout.readline()
+                if not line:
+                    break
+                if match := re.search(pattern, line):
+                    return match
+    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+    raise AssertionError(f"no line matching {pattern!r} within {timeout_s:.0f} s (exit {process.poll()}):\n{tail}")
+
+
+def _stop(process: subprocess.Popen, timeout_s: float = 60) -> int:
+    process.send_signal(signal.SIGTERM)
+    return process.wait(timeout_s)
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_timings: dict[str, float]) -> Iterator[Cluster]:
+    began = time.monotonic()
+    specs = [NodeSpec(num_cpus=0), NodeSpec(num_cpus=1), NodeSpec(num_cpus=1), NodeSpec(ray=False)]
+    with Cluster(specs) as cluster:
+        cluster_timings["cluster up"] = time.monotonic() - began
+        cluster_timings.update({f"  {phase}": seconds for phase, seconds in cluster.timings.items()})
+        yield cluster
+        began = time.monotonic()
+    cluster_timings["cluster down"] = time.monotonic() - began
+    assert cluster.leftovers() == []
+
+
+@pytest.fixture(scope="module")
+def certificates(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> pki.ClusterPki:
+    return pki.issue(tmp_path_factory.mktemp("pki"), [node.address for node in cluster.nodes])
+
+
+@dataclass(frozen=True)
+class Engines:
+    discovery: Path
+    servers: list[dict]
+
+
+@pytest.fixture(scope="module")
+def engines(cluster: Cluster, certificates: pki.ClusterPki, tmp_path_factory: pytest.TempPathFactory,
+            cluster_timings: dict[str, float]) -> Iterator[Engines]:
+    """`agentloop engine launch --ray` in node0: two fake servers, TLS and tokens, one per worker node."""
+    folder = tmp_path_factory.mktemp("engines")
+    discovery, log = folder / "discovery.json", folder / "launch.log"
+    settings = [arg for key, value in ENGINE.items() if key != "kind" for arg in ("--set", f"{key}={value}")]
+    began = time.monotonic()
+    launcher = cluster.head.spawn(
+        [*AGENTLOOP, "engine", "launch", "--ray", "--ray-address", cluster.ray_address, "--adapter", "fake",
+         *settings, "--dp", "2", "--cpus-per-server", "1", "--discovery-file", str(discovery),
+         "--log-dir", str(folder / "logs"), "--tls-cert", str(certificates.server_cert),
+         "--tls-key", str(certificates.server_key), "--tls-ca", str(certificates.ca),
+         "--auth-token-file", str(certificates.token), "--admin-token-file", str(certificates.admin_token)],
+        log=log, stdout=subprocess.PIPE,
+    )
+    try:
+        _announced(launcher, r"2 fake server\(s\) serving over Ray placement groups", 120, log)
+        cluster_timings["engine launch --ray (2 servers)"] = time.monotonic() - began
+        yield Engines(discovery, json.loads(discovery.read_text())["servers"])
+    finally:
+        assert _stop(launcher) == 0, log.read_text(errors="replace")[-3000:]
+
+
+@dataclass(frozen=True)
+class ToolServer:
+    address: str
+    node: Node
+
+
+@pytest.fixture(scope="module")
+def tool_server(cluster: Cluster, certificates: pki.ClusterPki,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToolServer]:
+    """The built-in tools served from node3 (no Ray there), with TLS and a token."""
+    node, log = cluster.nodes[3], tmp_path_factory.mktemp("tools") / "tools.log"
+    server = node.spawn(
+        [*AGENTLOOP, "tools", "serve", "--config", "builtin", "--host", node.address, "--port", "0",
+         "--tls-cert", str(certificates.server_cert), "--tls-key", str(certificates.server_key),
+         "--auth-token-file", str(certificates.token)],
+        log=log, stdout=subprocess.PIPE,
+    )
+    try:
+        address = _announced(server, r"listening on (\S+)", 60, log).group(1)
+        yield ToolServer(address, node)
+    finally:
+        _stop(server)
+
+
+def _rollout_config(folder: Path, engines: dict, tools: dict) -> Path:
+    config = {
+        "engines": engines,
+        "tools": tools,
+        "dataset": {"arithmetic": {"count": 4, "seed": 1}},
+        "samples_per_prompt": 2,
+        "loop": {"max_new_tokens_per_turn": 16, "sampling": {"temperature": 1.0, "seed": 3}},
+        "output_dir": str(folder / "out"),
+        "report": False,
+        # new sessions to the least loaded server: the shared system prompt would draw every group to one
+        "router": {"placement": "sticky_least_loaded"},
+    }
+    path = folder / "rollout.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+_SECURITY_CHECKS = """
+import asyncio, sys, grpc
+from agentloop_grpc.channels import open_channel
+from agentloop_grpc.client_security import ClientSecurity
+from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc
+
+async def info(address, security):
+    async with open_channel(address, security) as channel:
+        try:
+            reply = await engine_pb2_grpc.EngineControlStub(channel).GetServerInfo(
+                engine_pb2.GetServerInfoRequest(), timeout=5, wait_for_ready=False)
+            return f"ok dp_rank={reply.dp_rank}"
+        except grpc.aio.AioRpcError as error:
+            return error.code().name
+
+async def main(address, ca, token):
+    print(await info(address, ClientSecurity(ca_file=ca, token_file=token)))
+    print(await info(address, ClientSecurity(ca_file=ca)))  # no token
+    print(await info(address, None))  # plaintext to a TLS port
+    print(await info(address, ClientSecurity(ca_file=ca, token_file=token, server_name="10.238.0.99")))
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def test_engines_run_one_per_worker_node_on_its_address_behind_tls_and_tokens(
+    cluster: Cluster, engines: Engines, certificates: pki.ClusterPki
+) -> None:
+    workers = {node.address for node in cluster.nodes[1:3]}
+    assert sorted(s["dp_rank"] for s in engines.servers) == [0, 1]
+    assert {s["node_ip"] for s in engines.servers} == workers  # one server per worker node, none on the head
+    assert all(s["address"].startswith(s["node_ip"] + ":") for s in engines.servers)
+    security = json.loads(engines.discovery.read_text())["security"]
+    assert security == {"tls": True, "ca_file": str(certificates.ca), "token_file": str(certificates.token),
+                        "admin_token_file": str(certificates.admin_token)}
+    for server in engines.servers:  # from the head's namespace, by the node's address
+        checked = cluster.head.run([sys.executable, "-c", _SECURITY_CHECKS, server["address"], str(certificates.ca),
+                                    str(certificates.token)], timeout=60)
+        assert checked.stdout.split("\n")[:4] == [
+            f"ok dp_rank={server['dp_rank']}", "UNAUTHENTICATED", "UNAVAILABLE", "UNAVAILABLE"
+        ], checked.stderr[-2000:]
+
+
+def test_rollout_across_nodes_is_token_exact_with_a_single_node_run(
+    cluster: Cluster, engines: Engines, tool_server: ToolServer, certificates: pki.ClusterPki, tmp_path: Path
+) -> None:
+    # the same seeded rollout on this machine's loopback (servers launched by the run itself), meanwhile
+    single = tmp_path / "single"
+    single.mkdir()
+    baseline = subprocess.Popen(
+        [*AGENTLOOP, "rollout", "--config", str(_rollout_config(
+            single, {"launch": {"replicas": 2, "engine": ENGINE}}, {"launch": "builtin"}))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    across = tmp_path / "across"
+    across.mkdir()
+    config = _rollout_config(across, {"discovery_file": str(engines.discovery)}, {
+        "address": tool_server.address, "launch": None,
+        "security": {"ca_file": str(certificates.ca), "token_file": str(certificates.token)},
+    })
+    result = cluster.head.run([*AGENTLOOP, "rollout", "--config", str(config)], timeout=300,
+                              env={"HF_HUB_OFFLINE": "1"})
+    _, err = baseline.communicate(timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert baseline.returncode == 0, err[-3000:]
+
+    mine = {t.sample_id: t for t in read_parquet(across / "out" / "trajectories.parquet")}
+    theirs = {t.sample_id: t for t in read_parquet(single / "out" / "trajectories.parquet")}
+    assert len(mine) == 8 and mine.keys() == theirs.keys()
+    assert not any(t.infrastructure_failure or t.failed for t in mine.values())
+    for sample_id, trajectory in mine.items():
+        expected = theirs[sample_id]
+        assert trajectory.prompt_ids == expected.prompt_ids, sample_id
+        assert trajectory.response_ids == expected.response_ids, sample_id
+        assert trajectory.response_mask == expected.response_mask, sample_id
+        assert trajectory.response_logprobs == expected.response_logprobs, sample_id
+        assert trajectory.reward == expected.reward, sample_id
+    # the engines served from both worker nodes, by their addresses; the tools from node3
+    assert {s for t in mine.values() for s in t.servers} == {s["address"] for s in engines.servers}
+    assert sum(len(t.response_ids) for t in mine.values()) > 0
