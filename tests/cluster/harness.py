@@ -213,15 +213,16 @@ class Node:
                               env={**os.environ, **self.env, **(env or {})}, check=check)
 
     def spawn(self, args: Sequence[str], log: Path | None = None, env: Mapping[str, str] | None = None,
-              stdout: int | IO | None = None) -> subprocess.Popen:
+              stdout: int | IO | None = None, stdin: int | IO | None = None) -> subprocess.Popen:
         """Start ``args`` in this node in its own session; its output goes to ``log`` (default: the node's temp
-        folder) unless ``stdout`` is given. Returns once the process is in the node's namespace (or has exited).
-        Stopped with the node whatever happens."""
+        folder) unless ``stdout`` is given (then text, as ``stdin``). Returns once the process is in the node's
+        namespace (or has exited). Stopped with the node whatever happens."""
         log = log or self.temp_dir / f"spawn-{len(self.processes)}.log"
         with log.open("ab") as sink:
             process = subprocess.Popen(
-                self.command(args), stdout=stdout if stdout is not None else sink, stderr=sink,
-                env={**os.environ, **self.env, **(env or {})}, start_new_session=True, text=stdout is not None,
+                self.command(args), stdout=stdout if stdout is not None else sink, stderr=sink, stdin=stdin,
+                env={**os.environ, **self.env, **(env or {})}, start_new_session=True,
+                text=stdout is not None or stdin is not None,
             )
         self.processes.append(process)
         deadline = time.monotonic() + 5

@@ -35,7 +35,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None,
 
 AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
 #: The fake engine every server runs (the same in the single-node run the cluster's tokens are compared with).
-ENGINE = {"kind": "fake", "vocab_size": 49152, "token_latency_s": 0.001}
+ENGINE = {"kind": "fake", "vocab_size": 49152, "token_latency_s": 0.01}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _announced(process: subprocess.Popen, pattern: str, timeout_s: float, log: Path) -> re.Match:
@@ -228,3 +229,58 @@ def test_rollout_across_nodes_is_token_exact_with_a_single_node_run(
     # the engines served from both worker nodes, by their addresses; the tools from node3
     assert {s for t in mine.values() for s in t.servers} == {s["address"] for s in engines.servers}
     assert sum(len(t.response_ids) for t in mine.values()) > 0
+
+
+def test_a_partitioned_engine_node_is_taken_out_its_work_resumes_elsewhere_and_it_rejoins(
+    cluster: Cluster, engines: Engines, cluster_timings: dict[str, float], tmp_path: Path
+) -> None:
+    """Eight generations of 1,500 tokens (15 s each) over both engine nodes; node1's link goes down 1 s in. The
+    Router takes its server out, its generations resume on node2 from the tokens received, all eight end with
+    every token, and each is the engines' stream exactly; healed, node1's server rejoins and takes new sessions."""
+    cut = engines.servers[0]
+    node = next(n for n in cluster.nodes if n.address == cut["node_ip"])
+    sessions, tokens, log = 8, 1500, tmp_path / "driver.log"
+    driver = cluster.head.spawn(
+        [sys.executable, "-m", "tests.cluster.partition_driver", str(engines.discovery), cut["address"],
+         str(sessions), str(tokens), str(ENGINE["vocab_size"])],
+        log=log, env={"PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stdin=subprocess.PIPE,
+    )
+
+    def tell(word: str, at: float) -> None:
+        driver.stdin.write(f"{word} {at}\n")
+        driver.stdin.flush()
+
+    try:
+        placed = json.loads(_announced(driver, r"^streaming (.*)", 60, log).group(1))
+        assert set(placed.values()) == {s["address"] for s in engines.servers}  # both nodes have work
+        on_cut = {s for s, server in placed.items() if server == cut["address"]}
+        time.sleep(1)
+        at = time.time()
+        cluster.partition(node)
+        tell("partitioned", at)
+        done = json.loads(_announced(driver, r"^done (.*)", 120, log).group(1))
+        at = time.time()
+        cluster.heal(node)
+        tell("healed", at)
+        rejoined = json.loads(_announced(driver, r"^rejoined (.*)", 120, log).group(1))
+        assert driver.wait(30) == 0
+    finally:
+        cluster.heal(node)
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    # nothing lost: every generation complete, the cut node's resumed on the other one, the rest undisturbed
+    assert done["tokens"] == dict.fromkeys(placed, tokens)
+    other = next(s["address"] for s in engines.servers if s is not cut)
+    assert {s: tuple(v) for s, v in done["servers"].items()} == {
+        s: (cut["address"], other) if s in on_cut else (other,) for s in placed
+    }
+    assert all(0 < done["cut_at"][s] < tokens for s in on_cut)  # token-exact: first stream to the cut, then the
+    assert all(done["cut_at"][s] == tokens for s in placed.keys() - on_cut)  # other's continuation (the driver)
+    detected, resumed = done["detected_s"], max(done["resumed_s"].values())
+    cluster_timings["partition: server taken out after"] = detected
+    cluster_timings["partition: last generation resumed after"] = resumed
+    cluster_timings["heal: server routed to again after"] = rejoined["rejoined_s"]
+    # within the liveness bound (RouterConfig.liveness_timeout_s, 10 s; the channel's keepalive is 5 s + 5 s)
+    assert detected is not None and detected <= 10 + 1.5
+    assert rejoined["new_session_on_it"] is not None
