@@ -51,6 +51,7 @@ RAY_PORT = 6379
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 _NETNS_DIR = Path("/run/netns")
 _TEMP_ROOT = Path("/tmp")
+_RAY_STARTUP_TIMEOUT = "The current node timed out during startup"
 _NAME = re.compile(rf"^{PREFIX}(\d+)(?:-node\d+|-probe|br|n\d+|p\d+)?$")
 
 
@@ -319,13 +320,10 @@ class Cluster:
             self.timings["network"] = time.monotonic() - began
             if self.head.spec.ray:
                 began = time.monotonic()
-                self._ray_start(self.head, ["--head", "--port", str(RAY_PORT), "--include-dashboard=false"])
+                self._ray_start([self.head], ["--head", "--port", str(RAY_PORT), "--include-dashboard=false"])
                 self.timings["ray_head"] = time.monotonic() - began
                 began = time.monotonic()
-                workers = [node for node in self.nodes[1:] if node.spec.ray]
-                starts = [self._ray_start_async(node, ["--address", self.ray_address]) for node in workers]
-                for node, process in zip(workers, starts, strict=True):
-                    self._ray_started(node, process)
+                self._ray_start([n for n in self.nodes[1:] if n.spec.ray], ["--address", self.ray_address])
                 self.timings["ray_workers"] = time.monotonic() - began
         except BaseException:
             self.stop()
@@ -366,21 +364,32 @@ class Cluster:
         node.processes.append(process)
         return process
 
-    def _ray_start(self, node: Node, extra: list[str]) -> None:
-        self._ray_started(node, self._ray_start_async(node, extra))
+    def _ray_start(self, nodes: Sequence[Node], extra: list[str]) -> None:
+        """``ray start`` in ``nodes`` at once; each returns once its raylet has registered with the head. Ray gives
+        a raylet a hard-coded 30 s for that, which a loaded machine can miss (seen at a load average of 36 on two
+        cores): such a node is cleared and started once more, alone."""
+        failures = [(node, self._ray_failure(node, process))
+                    for node, process in [(node, self._ray_start_async(node, extra)) for node in nodes]]
+        for node, failure in failures:
+            if failure is not None and _RAY_STARTUP_TIMEOUT in failure:
+                kill_namespace(node.namespace)
+                failure = self._ray_failure(node, self._ray_start_async(node, extra))
+            if failure is not None:
+                raise ClusterError(failure)
 
-    def _ray_started(self, node: Node, process: subprocess.Popen) -> None:
-        """``ray start`` returns once the node's raylet has registered with the head."""
+    def _ray_failure(self, node: Node, process: subprocess.Popen) -> str | None:
+        """None once ``ray start`` succeeded; else what went wrong, with its log's tail."""
         try:
             code = process.wait(self.ray_start_timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
             code = None
-        if code != 0:
-            tail = "\n  ".join((node.temp_dir / "ray-start.log").read_text(errors="replace").splitlines()[-15:])
-            raise ClusterError(f"ray start in {node.name} ({node.address}) "
-                               f"{'timed out' if code is None else f'exited {code}'}:\n  {tail}")
+        if code == 0:
+            return None
+        tail = "\n  ".join((node.temp_dir / "ray-start.log").read_text(errors="replace").splitlines()[-15:])
+        outcome = "timed out" if code is None else f"exited {code}"
+        return f"ray start in {node.name} ({node.address}) {outcome}:\n  {tail}"
 
     # -- faults ---------------------------------------------------------------------------------------------------
 
