@@ -231,6 +231,7 @@ def test_rollout_across_nodes_is_token_exact_with_a_single_node_run(
     assert sum(len(t.response_ids) for t in mine.values()) > 0
 
 
+@pytest.mark.fault
 def test_a_partitioned_engine_node_is_taken_out_its_work_resumes_elsewhere_and_it_rejoins(
     cluster: Cluster, engines: Engines, cluster_timings: dict[str, float], tmp_path: Path
 ) -> None:
