@@ -327,7 +327,7 @@ def gateway(
     /sessions/{id}/v1 for unmodified agents, recording token-exact trajectories (docs/gateway.md)."""
     from pydantic import ValidationError
 
-    from agentloop_grpc.router.discovery import discovery_addresses
+    from agentloop_grpc.router.discovery import discovery_addresses, discovery_config
 
     _configure_logging(log_level)
     if (engines is None) == (discovery_file is None):
@@ -335,6 +335,7 @@ def gateway(
     try:
         addresses = discovery_addresses(discovery_file) if discovery_file else [
             a.strip() for a in engines.split(",") if a.strip()]
+        router = discovery_config(discovery_file, None) if discovery_file else None  # the file's TLS and tokens
     except (OSError, ValueError, KeyError, TypeError) as exc:
         _config_error(f"the discovery file {discovery_file} cannot be read ({exc})")
     try:  # fastapi and uvicorn come with the gateway extra
@@ -356,7 +357,7 @@ def gateway(
 
     try:
         asyncio.run(serve_gateway(settings, addresses, host, port, str(model_dir) if model_dir else None,
-                                  security, on_listening=announce))
+                                  security, router, on_listening=announce))
     except (ValueError, ImportError, OSError, SystemExit) as exc:
         if isinstance(exc, SystemExit):  # uvicorn exits when it cannot bind
             _config_error(f"the gateway could not listen on {host}:{port}")

@@ -40,6 +40,29 @@ async def test_the_gateway_command_serves_sessions_and_stops_on_sigterm(server_p
     assert code == 0
 
 
+async def test_a_discovery_files_tokens_reach_the_engines(server_processes, tmp_path):
+    """The gateway reaches the engines of a discovery file as the file says (here: with its token file)."""
+    from agentloop_grpc.client_security import ClientSecurity
+    from agentloop_grpc.launch.launcher import write_discovery
+
+    (tmp_path / "engine-token").write_text("engine-secret\n")
+    program = (AGENTLOOP, "engine", "serve", "--set", "vocab_size=49152", "--auth-token-file",
+               str(tmp_path / "engine-token"))
+    server_processes.append(ServerProcess(token_latency_ms=1, program=program))
+    discovery = write_discovery(tmp_path / "discovery.json", [{"address": server_processes[0].address}],
+                                ClientSecurity(token_file=str(tmp_path / "engine-token")))
+    process, url = start_gateway("--discovery-file", str(discovery))
+    try:
+        client = openai.AsyncOpenAI(base_url=f"{url}/sessions/c1/v1", api_key="unused")
+        reply = await client.chat.completions.create(model="m", max_tokens=4,
+                                                     messages=[{"role": "user", "content": "Hi"}])
+        assert 0 < reply.usage.completion_tokens <= 4
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(process.wait, 30)
+    assert code == 0
+
+
 def test_bad_options_end_in_one_line(tmp_path):
     cases = [
         ([], "--engines or --discovery-file"),
