@@ -37,6 +37,12 @@ BENCHMARKS = {
                           "transformers generate, tokens/s at 1, 8, 32 concurrent"),
     "prefix_cache": ("prefix_cache.py", "embedded engine with its prefix cache on vs off, multi-turn sessions"),
     "affinity": ("affinity.py", "2 embedded servers, sticky Router vs round-robin: prefix-cache hit share, wall time"),
+    "routing_replay": ("routing_replay.py", "a synthetic agentic trace (24 GRPO groups of 8, 2-6 turns with tools, a "
+                       "3k-token task prompt per group) replayed through the Router against 16 fake servers with a "
+                       "prefill/decode cost model and a small prefix cache, every placement: prefill tokens and p90 "
+                       "trajectory latency against sticky_least_loaded (today's); the anchors' figures (target 0)"),
+    "routing_e2e": ("routing_e2e.py", "make train's task (GRPO groups of 4) rolled out on its 2 embedded replicas, "
+                    "sticky_least_loaded vs cache_aware: prefill tokens and wall time"),
     "weight_sync": ("weight_sync.py", "SmolLM2-135M's weights (fp32) to 2 embedded servers by stream, path and "
                     "collective (mid-rollout: pause, transfer, resume) vs one in-memory copy of the same bytes; "
                     "then one collective update to 32 running generations, staged vs paused around it"),

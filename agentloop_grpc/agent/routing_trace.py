@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .trajectory import Trajectory
 
 #: The file name in a rollout's output directory.
@@ -29,7 +31,6 @@ FILE_NAME = "routing_trace.jsonl"
 BLOCK_SIZE = 16
 #: Bumped when a field changes meaning; readers refuse other versions.
 VERSION = 1
-_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +99,8 @@ def block_ids(block_hash: str, length: int, vocab_size: int, low: int = 3) -> li
 
 
 def stream_ids(seed: int, length: int, vocab_size: int, low: int = 3) -> list[int]:
-    """``length`` well-spread ids in [low, vocab_size), a function of ``seed`` alone (splitmix64)."""
-    out = []
-    for i in range(length):
-        value = (seed + (i + 1) * 0x9E3779B97F4A7C15) & _MASK64
-        value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-        out.append(low + (value ^ (value >> 31)) % (vocab_size - low))
-    return out
+    """``length`` ids drawn uniformly from [low, vocab_size), a function of ``seed`` alone."""
+    return np.random.default_rng(seed).integers(low, vocab_size, length, dtype=np.int32).tolist()
 
 
 def _turns_from_phases(t: Trajectory) -> tuple[list[TraceTurn], float]:
