@@ -108,7 +108,7 @@ def choose_server(
     ``sequence`` counts the Router's requests (round-robin's turn)."""
     if not loads:
         raise ValueError("no healthy server to choose from")
-    placement = config.placement
+    placement = Placement(config.placement)  # a config copied with model_copy(update=...) may hold a plain string
     if placement in STICKY and keeps(current, loads, config):
         return current, Decision.STICKY  # type: ignore[return-value]
     if placement is Placement.CACHE_AWARE:

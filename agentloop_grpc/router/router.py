@@ -59,6 +59,8 @@ class Router:
         self.config = self.fleet.config
         self.metrics = self.fleet.metrics
         self._sessions = SessionTable(self.config.max_sessions, self.config.session_ttl_s)
+        # as an enum whatever the config holds: one copied with model_copy(update=...) may hold a plain string
+        self._placement = Placement(self.config.placement)
         self._prefixes = PrefixIndex(self.config.prefix_index_blocks, self.config.prefix_block_tokens)
         self._indexed_version = 0
         self._sequence = itertools.count()  # round_robin's turn
@@ -145,9 +147,9 @@ class Router:
         fleet, config, session_id = self.fleet, self.config, call.session_id
         loads = await fleet.routable_loads(min(deadline, time.monotonic() + config.no_server_wait_s), avoid)
         current = self._sessions.get(session_id)
-        if config.placement in STICKY and keeps(current, loads, config):  # most calls: no more to weigh
+        if self._placement in STICKY and keeps(current, loads, config):  # most calls: no more to weigh
             address, decision = current, Decision.STICKY
-        elif config.placement is Placement.CACHE_AWARE:
+        elif self._placement is Placement.CACHE_AWARE:
             address, decision = await self._place(call, current, loads, deadline, avoid)
         else:
             address, decision = choose_server(session_id, current, loads, config, sequence=next(self._sequence))

@@ -32,7 +32,8 @@ async def _group_run(placement: str, groups: int = 2, size: int = 4):
     """``groups`` GRPO groups of ``size`` samples, all in flight at once over 2 servers: (servers used per group,
     prompt tokens served from cache, the Router after every session closed). The prefix record is off: the group
     alone keeps its samples together."""
-    config = RouterConfig(placement=placement, prefix_index_blocks=0, **FAST)
+    # built as a caller overriding a base config would: model_copy leaves the placement a plain string
+    config = RouterConfig(**FAST).model_copy(update={"placement": placement, "prefix_index_blocks": 0})
     async with fake_servers(2, token_latency_s=0.002) as servers, Router(_addresses(servers), config) as router:
         await router.fleet.wait_ready(2)
 

@@ -137,3 +137,11 @@ def test_the_anchor_placements() -> None:
     sticky = RouterConfig(placement="sticky_least_loaded", imbalance_min_gap=4)
     # the previous default ignores groups, prefixes and pressure
     assert choose_server("s", None, loads, sticky, Hints(group={"c": 1}, prefix={"c": 9}, pressured={"a"}))[0] == "a"
+
+
+def test_a_config_copied_with_a_plain_string_places_as_its_enum_would() -> None:
+    copied = RouterConfig().model_copy(update={"placement": "round_robin"})  # model_copy does not validate
+    loads = {"a": 0, "b": 5, "c": 1}
+    assert [choose_server("s", None, loads, copied, sequence=i)[0] for i in range(3)] == ["a", "b", "c"]
+    copied = RouterConfig(placement="round_robin").model_copy(update={"placement": "cache_aware"})
+    assert choose_server("s", None, {"a": 3, "b": 0}, copied, Hints(group={"a": 3}))[0] == "a"
