@@ -6,9 +6,10 @@ behaves like a real engine where the contract cares: a scheduler with a bounded 
 request joins between decode steps and leaves when done), a bounded waiting queue, configurable prefill and
 per-token latency, a block-hashed prefix cache whose hits shorten prefill (least recently used blocks leave
 first, a sequence's tail before its head, as in vLLM), abort and freezing for Pause(KEEP). As in vLLM and SGLang, a
-prompt's blocks are reusable from the step after its prefill (not only
-once the request finishes), so requests that share a system prompt and arrive while the first one still decodes
-hit it; requests prefilled in the same step do not share. EndSessions moves the blocks an ended session left (and no
+prompt's blocks are reusable as soon as they are prefilled (not only once the request finishes), so requests that
+share a system prompt and arrive while the first one still decodes hit it, and of requests prefilled in one step
+only the first computes a shared prefix (vLLM v1 caches a request's full blocks when it allocates them; SGLang holds
+back a request whose prefix another of the batch computes). EndSessions moves the blocks an ended session left (and no
 live session holds) to the evict-first end (``session_blocks.py``). It never preempts (GetLoad's ``preemptions`` is
 0). Its tokens do not depend on weights, but its cache is keyed by the weight version a request arrives under, as
 the real engines' are: after an update a prompt misses once, and the old version's blocks, never touched again,
@@ -240,8 +241,9 @@ class FakeEngine:
                 _, _, entry = heapq.heappop(self._waiting)
                 self._running[entry.request_id] = entry
             newcomers = [e for e in self._running.values() if not e.prefilled]
-            uncached = sum(self._prefill(e) for e in newcomers)
-            for entry in newcomers:  # after every lookup: newcomers of one step do not share their prefill
+            uncached = 0
+            for entry in newcomers:  # each stores before the next looks up: newcomers of one step share a prefix
+                uncached += self._prefill(entry)
                 self._store(entry.blocks.keys)
                 self._note(entry)
             step_s = self.config.prefill_latency_s_per_token * uncached + self.config.token_latency_s

@@ -124,9 +124,11 @@ def _shared_prompt_request(request_id: str, suffix: int) -> GenerateRequest:
     )
 
 
-async def test_prompt_blocks_are_reusable_from_the_step_after_their_prefill() -> None:
-    """As in vLLM and SGLang: a request arriving while another one with the same prefix still decodes hits it;
-    requests prefilled in the same step each compute it."""
+async def test_prompt_blocks_are_reusable_as_soon_as_they_are_prefilled() -> None:
+    """As in vLLM and SGLang: a request arriving while another one with the same prefix still decodes hits it; of
+    requests prefilled in the same step, the first computes it and the others hit it (vLLM v1 caches a request's
+    full blocks when it allocates them, kv_cache_manager.allocate_slots; SGLang holds back a request whose prefix
+    another of the batch computes)."""
     engine = FakeEngine(FakeEngineConfig(token_latency_s=0.002))
     await engine.start(lambda: 0)
     finished: list[str] = []
@@ -138,7 +140,7 @@ async def test_prompt_blocks_are_reusable_from_the_step_after_their_prefill() ->
                                                SamplingParams(max_new_tokens=2, ignore_eos=True)), finished)
     assert later.cached_prompt_tokens == 64  # before: 0, the prefix was cached only when a request finished
     first, second = await asyncio.gather(*together)
-    assert (first.cached_prompt_tokens, second.cached_prompt_tokens) == (0, 0)
+    assert sorted((first.cached_prompt_tokens, second.cached_prompt_tokens)) == [0, 64]
     await engine.shutdown()
 
 
