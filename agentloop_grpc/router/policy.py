@@ -5,8 +5,8 @@ prefix cache, within a bounded imbalance: a sticky map that never moves piles th
 a server far more loaded than the least-loaded one sheds the session, which pays one cache miss. A new session goes,
 among the servers that are not overloaded that way, first to a server already holding its GRPO group (the samples
 of one prompt: the prompt is then prefilled once per group and server; a group too large for one server spills
-onto the fewest others), then to the server holding the longest prefix of its prompt (as far as the Router's own
-record of what it sent tells), then to the least loaded; ties are broken by a hash of the session id, so sessions
+onto the fewest others), then to the server holding the longest prefix of its prompt if that is at least
+``prefix_min_share`` of it (as far as the Router's own record of what it sent tells), then to the least loaded; ties are broken by a hash of the session id, so sessions
 spread even when nothing is in flight. Servers that report KV pressure take no new session while another can.
 
 The other placements are the anchors the field measures against (bench/routing_replay.py): ``sticky_least_loaded``
@@ -43,6 +43,8 @@ class Hints:
     group: Mapping[str, int] = field(default_factory=dict)
     #: Servers the Router sent a prefix of this prompt to, and how many of its blocks.
     prefix: Mapping[str, int] = field(default_factory=dict)
+    #: The prompt's blocks that were looked up (the share ``prefix`` must reach is of these).
+    prompt_blocks: int = 0
     #: Servers reporting KV pressure or new preemptions.
     pressured: Collection[str] = frozenset()
 
@@ -87,8 +89,11 @@ def place(session_id: str, loads: Mapping[str, float], config: RouterConfig, hin
     if group:
         # the group's fullest server first: the group stays on the fewest servers; then the less loaded
         return min(group, key=lambda a: (-hints.group[a], candidates[a], a))
-    prefix = [a for a, n in hints.prefix.items() if n and a in candidates and not _overloaded(candidates[a], lowest,
-                                                                                          config)]
+    # a prefix counts only when it is much of the prompt: a system prompt every server soon holds would otherwise
+    # pull every new session onto the server that saw it first
+    enough = max(1, hints.prompt_blocks * config.prefix_min_share)
+    prefix = [a for a, n in hints.prefix.items()
+              if n >= enough and a in candidates and not _overloaded(candidates[a], lowest, config)]
     if prefix:
         longest = max(hints.prefix[a] for a in prefix)
         prefix = [a for a in prefix if hints.prefix[a] == longest]

@@ -115,6 +115,9 @@ def test_a_new_session_goes_where_its_prompt_prefix_is_cached() -> None:
     assert _new({"a": 0, "b": 2, "c": 1}, prefix={"b": 5, "c": 5}) == "c"  # equal prefixes: the less loaded
     assert _new({"a": 0, "b": 9}, prefix={"b": 50}) == "a"  # b is overloaded: the prefix does not outweigh that
     assert _new({"a": 0, "b": 2}, prefix={"b": 0}) == "a"
+    # only a prefix that is much of the prompt draws it: a shared system prompt alone does not
+    assert _new({"a": 0, "b": 2}, prefix={"b": 4}, prompt_blocks=10) == "a"
+    assert _new({"a": 0, "b": 2}, prefix={"b": 5}, prompt_blocks=10) == "b"
     # the group outweighs a prefix (the group's server holds the same prompt and its siblings' turns)
     assert _new({"a": 1, "b": 1}, group={"a": 1}, prefix={"b": 3}) == "a"
 
