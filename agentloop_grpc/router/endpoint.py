@@ -61,6 +61,10 @@ class Endpoint:
         self.stream_slots = asyncio.Semaphore(config.max_streams_per_server)
         self.in_flight = 0
         self.reported_load = 0
+        #: In-flight requests as best known: our own count, or the server's report if it saw more. Kept as either
+        #: changes, not computed when read: every generate reads every routable server's (as a property, ~480 k
+        #: instructions a call more over 256 servers: agentloop_grpc/router/NOTES.md).
+        self.load = 0
         #: The last poll found the KV cache nearly full or new preemptions: no new sessions here (cache_aware).
         self.pressured = False
         self._preemptions = 0
@@ -75,11 +79,6 @@ class Endpoint:
         # the gauge reads the count when scraped: setting it on every begin and end cost each generate two lock
         # round trips for a value read once per scrape at most
         metrics.in_flight.labels(address).set_function(lambda: self.in_flight)
-
-    @property
-    def load(self) -> int:
-        """In-flight requests as best known: our own count, or the server's report if it saw more."""
-        return max(self.in_flight, self.reported_load)
 
     def start(self) -> None:
         self._watch_task = asyncio.create_task(self._watch_health(delay_s=0.0), name=f"health-{self.address}")
@@ -113,12 +112,14 @@ class Endpoint:
     def begin_request(self, call: grpc.aio.Call) -> None:
         """A generate call started here (one started after the server was lost is cancelled at once)."""
         self.in_flight += 1
+        self.load = max(self.in_flight, self.reported_load)
         self._calls.add(call)
         if self._lost:
             self._abandon(call)
 
     def end_request(self, call: grpc.aio.Call) -> None:
         self.in_flight -= 1
+        self.load = max(self.in_flight, self.reported_load)
         self._calls.discard(call)
         if self._abandoned:
             self._abandoned.discard(call)
@@ -208,6 +209,7 @@ class Endpoint:
                 continue
             self._answered_at = time.monotonic()
             self.reported_load = load.running_requests + load.waiting_requests
+            self.load = max(self.in_flight, self.reported_load)
             # preemptions count since the server started: any rise means the engine evicts running work to fit
             full = load.kv_cache_usage >= self._config.kv_pressure_usage
             self.pressured = full or load.preemptions > self._preemptions

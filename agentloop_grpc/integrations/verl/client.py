@@ -43,6 +43,16 @@ from .sampling import sampling_from_verl
 TESTED_VERL_VERSION = "0.9.1"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _RolloutDefaults:
+    """The rollout config's figures every call needs (verl's own servers take the same)."""
+
+    #: Sampling params a call's dict does not set: repetition_penalty, ignore_eos, the seed under full_determinism.
+    defaults: dict[str, Any]
+    response_length: int
+    prompt_length: int
+
+
 class AgentloopLLMClient(LLMServerClient):
     """verl's LLM client over a Router to ``servers``, created in verl's event loop at the first call, so the client
     pickles to verl's Ray workers until then (and after: the Router stays behind). ``model_path`` (default: verl's
@@ -64,6 +74,7 @@ class AgentloopLLMClient(LLMServerClient):
         self._picture_spans: PictureSpans | None = None
         self._picture_spans_loaded = False  # loaded once, also when the model has no processor for pictures
         self._picture_spans_lock = threading.Lock()
+        self._rollout: _RolloutDefaults | None = None  # read from config at the first call
 
     def __getstate__(self) -> dict[str, Any]:
         # a Router holds channels bound to this process's event loop: a copy in another process opens its own; a
@@ -102,19 +113,25 @@ class AgentloopLLMClient(LLMServerClient):
         if router is not None:
             await router.close()
 
+    def _rollout_defaults(self) -> _RolloutDefaults:
+        """What every call takes from the rollout config, read at the first call: a read of verl's OmegaConf config
+        costs microseconds, and six of them a turn were ~50 us of the client's CPU (agentloop_grpc/router/NOTES.md)."""
+        if self._rollout is None:
+            rollout = self.config.actor_rollout_ref.rollout
+            defaults = {name: rollout.get(name) for name in ("repetition_penalty", "ignore_eos")
+                        if rollout.get(name) is not None}
+            if rollout.get("full_determinism") and rollout.get("seed") is not None:
+                # verl seeds each replica; the Router may place a session on any server, so one seed for all
+                defaults["seed"] = rollout.get("seed")
+            self._rollout = _RolloutDefaults(defaults, rollout.response_length, rollout.prompt_length)
+        return self._rollout
+
     def _sampling_params(self, params: dict[str, Any], prompt_len: int) -> SamplingParams:
         """Ours for verl's dict, with the defaults verl's own servers take from the rollout config."""
-        rollout = self.config.actor_rollout_ref.rollout
-        params = dict(params)
-        for name in ("repetition_penalty", "ignore_eos"):
-            if rollout.get(name) is not None:
-                params.setdefault(name, rollout.get(name))
-        if rollout.get("full_determinism") and rollout.get("seed") is not None:
-            # verl seeds each replica; the Router may place a session on any server, so one seed for all
-            params.setdefault("seed", rollout.get("seed"))
+        rollout = self._rollout_defaults()
         # as verl's own servers: the response length, and never past the prompt + response budget
         budget = min(rollout.response_length, rollout.prompt_length + rollout.response_length - prompt_len)
-        return sampling_from_verl(params, max(1, budget))
+        return sampling_from_verl({**rollout.defaults, **params}, max(1, budget))
 
     async def _media(self, prompt_ids: Sequence[int], pictures: Sequence[Any],
                      processor_kwargs: dict[str, Any] | None) -> tuple[MediaInput, ...]:
@@ -165,8 +182,9 @@ class AgentloopLLMClient(LLMServerClient):
         # as verl's own servers: at least one token, at most what the context leaves (a prompt that leaves none
         # is the engine's INVALID_ARGUMENT)
         context = min(e.info.max_model_len for e in router.fleet.servers.values() if e.info is not None)
-        room = context - len(prompt_ids)
-        sampling = dataclasses.replace(sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, room)))
+        budget = max(1, min(sampling.max_new_tokens, context - len(prompt_ids)))
+        if budget != sampling.max_new_tokens:
+            sampling = dataclasses.replace(sampling, max_new_tokens=budget)
         result = await router.generate(
             GenerateCall(session_id=str(request_id), prompt_ids=prompt_ids, sampling=sampling, priority=priority,
                          media=media)
