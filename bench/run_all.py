@@ -51,6 +51,10 @@ BENCHMARKS = {
                     "per hour and the mean reward of the last 3 steps within the budget"),
     "async_rollout": ("async_rollout.py", "256 tool-loop trajectories: async vs lockstep vs the critical-path "
                       "bound; 10,000 concurrent trajectories in one worker"),
+    "router_scale": ("router_scale.py", "one Router over 4 to 256 fake engine servers (zero latency, 64 to a process) "
+                     "with 1k to 100k live sessions (GRPO groups of 8, one token a call), then 4 worker Routers "
+                     "sharing 100k sessions over the 256 servers: the Router's CPU per call (placing and sticky) and "
+                     "the memory its live sessions take"),
 }
 RATIO = re.compile(r"^RATIO (\S+) (\S+) target (\S+)$")
 
