@@ -6,8 +6,9 @@ a server far more loaded than the least-loaded one sheds the session, which pays
 among the servers that are not overloaded that way, first to a server already holding its GRPO group (the samples
 of one prompt: the prompt is then prefilled once per group and server; a group too large for one server spills
 onto the fewest others), then to the server holding the longest prefix of its prompt if that is at least
-``prefix_min_share`` of it (as far as the Router's own record of what it sent tells), then to the least loaded; ties are broken by a hash of the session id, so sessions
-spread even when nothing is in flight. Servers that report KV pressure take no new session while another can.
+``prefix_min_share`` of it (as far as the Router's own record of what it sent tells), then to the least loaded;
+ties are broken by a hash of the session id, so sessions spread even when nothing is in flight. Servers that
+report KV pressure take no new session while another can.
 
 The other placements are the anchors the field measures against (bench/routing_replay.py): ``sticky_least_loaded``
 (the previous default: no group or prefix), ``least_loaded`` and ``round_robin`` (per request, no stickiness), and
@@ -71,10 +72,14 @@ def keeps(current: str | None, loads: Mapping[str, float], config: RouterConfig)
 
 
 def least_loaded(session_id: str, loads: Mapping[str, float]) -> str:
-    """The least-loaded server; among equally loaded ones, a hash of the session decides."""
+    """The least-loaded server; among equally loaded ones, a hash of the session decides (one hash, not one per
+    server: an idle fleet of 256 ties them all)."""
     lowest = min(loads.values())
     least = [address for address, load in loads.items() if load == lowest]
-    return least[0] if len(least) == 1 else _rendezvous(session_id, least)
+    if len(least) == 1:
+        return least[0]
+    least.sort()  # the same choice whatever order the servers come in
+    return least[int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=8).digest()) % len(least)]
 
 
 def place(session_id: str, loads: Mapping[str, float], config: RouterConfig, hints: Hints = NO_HINTS) -> str:

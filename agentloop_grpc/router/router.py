@@ -141,16 +141,17 @@ class Router:
                 log.debug("EndSessions on %s failed: %s", address, error.code().name)
                 return
 
-    async def _pick(self, call: GenerateCall, deadline: float, avoid: set[str]) -> Endpoint:
+    async def _pick(self, progress: Progress, avoid: set[str]) -> Endpoint:
         """Choose a server for the session's next request (preferring servers not in ``avoid``, which just failed
         this request), waiting a bounded time for one."""
-        fleet, config, session_id = self.fleet, self.config, call.session_id
+        fleet, config, call, deadline = self.fleet, self.config, progress.call, progress.deadline
+        session_id = call.session_id
         loads = await fleet.routable_loads(min(deadline, time.monotonic() + config.no_server_wait_s), avoid)
         current = self._sessions.get(session_id)
         if self._placement in STICKY and keeps(current, loads, config):  # most calls: no more to weigh
             address, decision = current, Decision.STICKY
         elif self._placement is Placement.CACHE_AWARE:
-            address, decision = await self._place(call, current, loads, deadline, avoid)
+            address, decision = await self._place(progress, current, loads, avoid)
         else:
             address, decision = choose_server(session_id, current, loads, config, sequence=next(self._sequence))
         self._decision_counters[decision].inc()
@@ -160,24 +161,26 @@ class Router:
         return fleet.endpoint(address)
 
     async def _place(
-        self, call: GenerateCall, current: str | None, loads: dict[str, int], deadline: float, avoid: set[str]
+        self, progress: Progress, current: str | None, loads: dict[str, int], avoid: set[str]
     ) -> tuple[str, Decision]:
         """cache_aware's choice for a session that is new or leaves its server: group, prefix and KV pressure."""
-        fleet = self.fleet
+        fleet, call, deadline = self.fleet, progress.call, progress.deadline
+        pressured = [a for a in loads if fleet.endpoint(a).pressured]
         # admission backs off while every server is under KV pressure: a thrashing engine gains nothing by more
         until = min(deadline, time.monotonic() + self.config.pressure_wait_s)
-        while all(fleet.endpoint(a).pressured for a in loads) and time.monotonic() < until:
+        while len(pressured) == len(loads) and time.monotonic() < until:
             await asyncio.sleep(_PRESSURE_POLL_S)
             loads = await fleet.routable_loads(min(deadline, time.monotonic() + self.config.no_server_wait_s), avoid)
+            pressured = [a for a in loads if fleet.endpoint(a).pressured]
         if self._indexed_version != fleet.weight_version:  # caches keyed by version no longer serve older blocks
             self._prefixes.clear()
             self._indexed_version = fleet.weight_version
-        keys = self._prefixes.keys(wire.prompt_to_raw(call.prompt_ids)) if current is None else []
+        keys = self._prefixes.keys(progress.prompt) if current is None else []  # the bytes the request carries
         hints = Hints(
             group=self._sessions.group_servers(call.group_id),
             prefix=self._prefixes.matched(keys) if keys else {},
             prompt_blocks=len(keys),
-            pressured=[a for a in loads if fleet.endpoint(a).pressured],
+            pressured=pressured,
         )
         address, decision = choose_server(call.session_id, current, loads, self.config, hints)
         if keys:
@@ -321,7 +324,7 @@ class Router:
     ) -> tuple[Endpoint, int, GenerateResult | None]:
         """The server of the next attempt and its default budget (0: none known); with the result when the tokens
         received before a failure already end the generation (only its final message was missing)."""
-        endpoint = await self._pick(progress.call, progress.deadline, avoid=progress.failed)
+        endpoint = await self._pick(progress, avoid=progress.failed)
         info = endpoint.info
         eos = info.eos_token_ids if info is not None else None
         default_budget = info.default_max_new_tokens if info is not None else 0

@@ -3,11 +3,13 @@ prefix and KV-pressure hints (cache_aware); the anchors (round-robin, least-load
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from agentloop_grpc.router import RouterConfig
 from agentloop_grpc.router.config import Placement
-from agentloop_grpc.router.policy import Decision, Hints, _rendezvous, choose_server
+from agentloop_grpc.router.policy import Decision, Hints, choose_server
 
 CONFIG = RouterConfig(imbalance_ratio=2.0, imbalance_min_gap=4)
 
@@ -63,8 +65,8 @@ def _reference(session_id: str, current: str | None, loads: dict[str, int], conf
     """The documented rule, spelled out without shortcuts: the least loaded (hash among ties) unless the session's
     server is within the bounded imbalance."""
     lowest = min(loads.values())
-    tied = [a for a, load in loads.items() if load == lowest]
-    least = _rendezvous(session_id, tied)
+    tied = sorted(a for a, load in loads.items() if load == lowest)
+    least = tied[int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=8).digest()) % len(tied)]
     if current in loads:
         gap = loads[current] - lowest
         if not (gap > config.imbalance_min_gap and loads[current] > config.imbalance_ratio * lowest):
