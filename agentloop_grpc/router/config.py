@@ -49,10 +49,11 @@ class RouterConfig(BaseModel):
         200_000, ge=0, description="Prompt blocks the Router remembers having sent to each server, over all "
         "servers (LRU), to place a new session where its prompt's prefix is cached (cache_aware); 0: off."
     )
-    prefix_min_share: float = Field(
-        0.5, gt=0, le=1, description="A server holding a prefix of a new session's prompt draws the session only "
-        "when the prefix is at least this share of the prompt's first 64 blocks: a system prompt every server "
-        "soon holds must not pull every new session onto the server that saw it first (cache_aware)."
+    prefix_tokens_per_load: int = Field(
+        512, ge=1, description="What a cached prefix is worth in queue (cache_aware): a server holding more of a new "
+        "session's prompt than the least-loaded server draws the session while its load exceeds the lowest by at "
+        "most one request per this many tokens it holds beyond that server's. A system prompt every server holds "
+        "weighs nothing then; a long shared history much."
     )
     prefix_block_tokens: int = Field(
         64, ge=1, le=4096, description="Tokens per block of that record (the first 64 blocks of a prompt count)."

@@ -5,9 +5,10 @@ prefix cache, within a bounded imbalance: a sticky map that never moves piles th
 a server far more loaded than the least-loaded one sheds the session, which pays one cache miss. A new session goes,
 among the servers that are not overloaded that way, first to a server already holding its GRPO group (the samples
 of one prompt: the prompt is then prefilled once per group and server; a group too large for one server spills
-onto the fewest others), then to the server holding the longest prefix of its prompt if that is at least
-``prefix_min_share`` of it (as far as the Router's own record of what it sent tells), then to the least loaded;
-ties are broken by a hash of the session id, so sessions spread even when nothing is in flight. Servers that
+onto the fewest others), then to the server holding the longest prefix of its prompt (as far as the Router's own
+record of what it sent tells) while the prefix it holds beyond the least-loaded server's outweighs its extra load
+(``prefix_tokens_per_load``), then to the least loaded; ties are broken by a hash of the session id, so sessions
+spread even when nothing is in flight. Servers that
 report KV pressure take no new session while another can.
 
 The other placements are the anchors the field measures against (bench/routing_replay.py): ``sticky_least_loaded``
@@ -44,8 +45,6 @@ class Hints:
     group: Mapping[str, int] = field(default_factory=dict)
     #: Servers the Router sent a prefix of this prompt to, and how many of its blocks.
     prefix: Mapping[str, int] = field(default_factory=dict)
-    #: The prompt's blocks that were looked up (the share ``prefix`` must reach is of these).
-    prompt_blocks: int = 0
     #: Servers reporting KV pressure or new preemptions.
     pressured: Collection[str] = frozenset()
 
@@ -94,15 +93,18 @@ def place(session_id: str, loads: Mapping[str, float], config: RouterConfig, hin
     if group:
         # the group's fullest server first: the group stays on the fewest servers; then the less loaded
         return min(group, key=lambda a: (-hints.group[a], candidates[a], a))
-    # a prefix counts only when it is much of the prompt: a system prompt every server soon holds would otherwise
-    # pull every new session onto the server that saw it first
-    enough = max(1, hints.prompt_blocks * config.prefix_min_share)
+    # a prefix is worth some queue: a server holding more of the prompt than the least-loaded one draws the session
+    # while its extra load is at most one request per prefix_tokens_per_load tokens it holds beyond that one's (a
+    # system prompt every server soon holds then weighs nothing, a long shared history much)
+    least = least_loaded(session_id, candidates)
+    base = hints.prefix.get(least, 0)
+    block_tokens, per_load = config.prefix_block_tokens, config.prefix_tokens_per_load
     prefix = [a for a, n in hints.prefix.items()
-              if n >= enough and a in candidates and not _overloaded(candidates[a], lowest, config)]
+              if n > base and a in candidates and not _overloaded(candidates[a], lowest, config)
+              and candidates[a] - lowest <= (n - base) * block_tokens / per_load]
     if prefix:
-        longest = max(hints.prefix[a] for a in prefix)
-        prefix = [a for a in prefix if hints.prefix[a] == longest]
-        return least_loaded(session_id, {a: candidates[a] for a in prefix})
+        return min(prefix, key=lambda a: (-hints.prefix[a], candidates[a], a))
+    return least
     return least_loaded(session_id, candidates)
 
 

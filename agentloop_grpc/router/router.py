@@ -179,7 +179,6 @@ class Router:
         hints = Hints(
             group=self._sessions.group_servers(call.group_id),
             prefix=self._prefixes.matched(keys) if keys else {},
-            prompt_blocks=len(keys),
             pressured=pressured,
         )
         address, decision = choose_server(call.session_id, current, loads, self.config, hints)

@@ -112,16 +112,19 @@ def test_a_group_never_overrides_the_bound_and_a_new_group_goes_least_loaded() -
     assert _new({"a": 2, "b": 0}, group={}) == "b"
 
 
-def test_a_new_session_goes_where_its_prompt_prefix_is_cached() -> None:
-    assert _new({"a": 0, "b": 2, "c": 3}, prefix={"b": 2, "c": 5}) == "c"
-    assert _new({"a": 0, "b": 2, "c": 1}, prefix={"b": 5, "c": 5}) == "c"  # equal prefixes: the less loaded
-    assert _new({"a": 0, "b": 9}, prefix={"b": 50}) == "a"  # b is overloaded: the prefix does not outweigh that
+def test_a_new_session_goes_where_its_prompt_prefix_is_cached_while_that_outweighs_the_load() -> None:
+    # CONFIG: blocks of 64 tokens, one request of load per 512 tokens held beyond the least-loaded server's
+    assert _new({"a": 0, "b": 2, "c": 3}, prefix={"b": 16, "c": 32}) == "c"  # 2,048 tokens: 3 over is within 4
+    assert _new({"a": 0, "b": 1, "c": 1}, prefix={"b": 20, "c": 20}) == "b"  # equal prefixes: a tie, by address
+    assert _new({"a": 0, "b": 2}, prefix={"b": 8}) == "a"  # 512 tokens are worth one request, not two
+    assert _new({"a": 0, "b": 1}, prefix={"b": 8}) == "b"
     assert _new({"a": 0, "b": 2}, prefix={"b": 0}) == "a"
-    # only a prefix that is much of the prompt draws it: a shared system prompt alone does not
-    assert _new({"a": 0, "b": 2}, prefix={"b": 4}, prompt_blocks=10) == "a"
-    assert _new({"a": 0, "b": 2}, prefix={"b": 5}, prompt_blocks=10) == "b"
+    # only what it holds beyond the least-loaded server counts: a system prompt both hold weighs nothing
+    assert _new({"a": 0, "b": 1}, prefix={"a": 8, "b": 9}) == "a"
+    assert _new({"a": 0, "b": 1}, prefix={"a": 8, "b": 16}) == "b"
+    assert _new({"a": 0, "b": 9}, prefix={"b": 500}) == "a"  # b is overloaded: no prefix outweighs that
     # the group outweighs a prefix (the group's server holds the same prompt and its siblings' turns)
-    assert _new({"a": 1, "b": 1}, group={"a": 1}, prefix={"b": 3}) == "a"
+    assert _new({"a": 1, "b": 1}, group={"a": 1}, prefix={"b": 30}) == "a"
 
 
 def test_servers_under_kv_pressure_take_no_new_session_while_another_can() -> None:
