@@ -140,15 +140,17 @@ lint: protos
 ## test: everything (Python lint and types, contracts lint and breaking check, Python suites, Node client suite)
 test: lint protos protos-lint protos-breaking test-python test-node
 
+# tests/cluster is left to `make test-cluster` for now: with it CI's fresh-clone run came within seconds of its
+# 30-minute limit (issue 38's note has the figures)
 test-python: protos
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not cluster"
 
 ## test-faults: only the fault-injection suite (tests/FAULTS.md; `make test` runs it too)
 test-faults: protos
 	$(PY) -m pytest -m fault
 
-## test-cluster: only the multi-node suite (tests/cluster: Ray nodes in network namespaces, as root, else skipped;
-## `make test` runs it too)
+## test-cluster: the multi-node suite (tests/cluster: Ray nodes in network namespaces, as root, else skipped;
+## `make test` leaves it out for CI's time limit)
 test-cluster: protos
 	$(PY) -m pytest -m cluster
 
