@@ -62,8 +62,7 @@ class Endpoint:
         self.in_flight = 0
         self.reported_load = 0
         #: In-flight requests as best known: our own count, or the server's report if it saw more. Kept as either
-        #: changes, not computed when read: every generate reads every routable server's (as a property, ~480 k
-        #: instructions a call more over 256 servers: agentloop_grpc/router/NOTES.md).
+        #: changes, not computed when read: every generate reads every routable server's (figures in NOTES.md).
         self.load = 0
         #: The last poll found the KV cache nearly full or new preemptions: no new sessions here (cache_aware).
         self.pressured = False
