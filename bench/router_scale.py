@@ -49,6 +49,10 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
+from fake_fleet import fake_servers
+
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SERVERS_PER_PROCESS = 64
@@ -77,45 +81,6 @@ QUICK = (Scale(4, 200), Scale(16, 1_000))
 
 
 # -- servers --------------------------------------------------------------------------------------------------------
-
-def _serve(count: int, addresses: multiprocessing.Queue, stop) -> None:
-    from agentloop_grpc.engine_adapters.factory import make_adapter
-    from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-
-    async def main() -> None:
-        servers = []
-        for _ in range(count):
-            server = await create_server(make_adapter("fake", {"vocab_size": VOCAB, "max_running": 256}))
-            await start_adapter(server)
-            servers.append(server)
-        addresses.put([f"127.0.0.1:{s.port}" for s in servers])
-        await asyncio.to_thread(stop.wait)
-        await asyncio.gather(*(s.stop(1) for s in servers))
-
-    asyncio.run(main())
-
-
-@contextlib.contextmanager
-def fake_servers(count: int) -> Iterator[list[str]]:
-    """``count`` fake engine servers, SERVERS_PER_PROCESS to a child process: their addresses."""
-    context = multiprocessing.get_context("spawn")
-    stop = context.Event()
-    started = []
-    try:
-        for first in range(0, count, SERVERS_PER_PROCESS):
-            queue = context.Queue()
-            share = min(SERVERS_PER_PROCESS, count - first)
-            process = context.Process(target=_serve, args=(share, queue, stop), daemon=True)
-            process.start()
-            started.append((process, queue))
-        yield [address for _, queue in started for address in queue.get(timeout=300)]
-    finally:
-        stop.set()
-        for process, _ in started:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
-
 
 # -- one Router -----------------------------------------------------------------------------------------------------
 
@@ -293,7 +258,8 @@ def main() -> int:
           flush=True)
     started = time.perf_counter()
     runs: list[tuple[Scale, list[RouterRun]]] = []
-    with fake_servers(max(s.servers for s in scales)) as addresses:
+    fleet = FakeEngineConfig(vocab_size=VOCAB, max_running=256)
+    with fake_servers(max(s.servers for s in scales), fleet, SERVERS_PER_PROCESS) as (addresses, _):
         print(f"{len(addresses)} servers up in {time.perf_counter() - started:.1f} s", flush=True)
         for scale in plan:
             runs.append((scale, run_scale(addresses, scale, sticky, args.in_flight)))

@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import multiprocessing
 import os
 import random
 import statistics
@@ -50,9 +48,11 @@ import sys
 import time
 import zlib
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from fake_fleet import fake_servers
 
 from agentloop_grpc.agent.routing_trace import (
     BLOCK_SIZE,
@@ -166,39 +166,6 @@ def describe(records: Sequence[TraceRecord]) -> str:
 
 
 # -- servers --------------------------------------------------------------------------------------------------------
-
-def _serve(count: int, config_json: str, addresses: multiprocessing.Queue, stop) -> None:
-    from agentloop_grpc.engine_adapters.factory import make_adapter
-    from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-
-    async def main() -> None:
-        servers = []
-        for _ in range(count):
-            server = await create_server(make_adapter("fake", FakeEngineConfig.model_validate_json(config_json)))
-            await start_adapter(server)
-            servers.append(server)
-        addresses.put([f"127.0.0.1:{s.port}" for s in servers])
-        await asyncio.to_thread(stop.wait)
-        await asyncio.gather(*(s.stop(1) for s in servers))
-
-    asyncio.run(main())
-
-
-@contextlib.contextmanager
-def fake_servers(count: int, config: FakeEngineConfig) -> Iterator[tuple[list[str], int]]:
-    """``count`` fake engine servers in one child process: their addresses and the process id."""
-    context = multiprocessing.get_context("spawn")
-    queue, stop = context.Queue(), context.Event()
-    process = context.Process(target=_serve, args=(count, config.model_dump_json(), queue, stop), daemon=True)
-    process.start()
-    try:
-        yield queue.get(timeout=120), process.pid
-    finally:
-        stop.set()
-        process.join(30)
-        if process.is_alive():
-            process.kill()
-
 
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far."""
@@ -326,7 +293,7 @@ def _policies(names: str) -> list[str]:
 async def measure(records: Sequence[TraceRecord], setup: Setup, policies: list[str]) -> dict[str, list[PolicyRun]]:
     runs: dict[str, list[PolicyRun]] = {p: [] for p in policies}
     prompts = Prompts()
-    with fake_servers(setup.servers, setup.engine()) as (addresses, pid):
+    with fake_servers(setup.servers, setup.engine()) as (addresses, (pid,)):
         for repeat in range(setup.repeats):
             order = policies[repeat % len(policies):] + policies[: repeat % len(policies)]
             for policy in order:
