@@ -105,7 +105,6 @@ def place(session_id: str, loads: Mapping[str, float], config: RouterConfig, hin
     if prefix:
         return min(prefix, key=lambda a: (-hints.prefix[a], candidates[a], a))
     return least
-    return least_loaded(session_id, candidates)
 
 
 def choose_server(
@@ -132,6 +131,11 @@ def choose_server(
     else:
         addresses = sorted(loads)
         chosen = addresses[sequence % len(addresses)]
+    return chosen, decision_for(current, chosen)
+
+
+def decision_for(current: str | None, chosen: str) -> Decision:
+    """What choosing ``chosen`` means for a session whose server is ``current`` (None: it has none yet)."""
     if current is None:
-        return chosen, Decision.NEW
-    return chosen, Decision.STICKY if chosen == current else Decision.MOVED
+        return Decision.NEW
+    return Decision.STICKY if chosen == current else Decision.MOVED

@@ -37,7 +37,7 @@ from .endpoint import Endpoint
 from .errors import InfrastructureError, RequestError
 from .fanout import FanOutResult
 from .fleet import Fleet
-from .policy import STICKY, Decision, Hints, choose_server, keeps
+from .policy import STICKY, Decision, Hints, choose_server, decision_for, keeps, place
 from .prefix_index import PrefixIndex
 from .result import GenerateResult
 from .sessions import SessionTable
@@ -181,10 +181,10 @@ class Router:
             prefix=self._prefixes.matched(keys) if keys else {},
             pressured=pressured,
         )
-        address, decision = choose_server(call.session_id, current, loads, self.config, hints)
+        address = place(call.session_id, loads, self.config, hints)  # _pick found the session not kept
         if keys:
             self._prefixes.record(keys, address)
-        return address, decision
+        return address, decision_for(current, address)
 
     async def abort(self, session_id: str) -> FanOutResult:
         """Abort the session's in-flight requests; their streams end with FINISH_REASON_ABORT."""
