@@ -1,26 +1,13 @@
-"""Rollouts across nodes: a Ray cluster of four network namespaces on one machine (tests/cluster/harness.py).
-
-    node0 10.238.0.1  Ray head (no CPUs for Ray): `agentloop engine launch --ray` and `agentloop rollout`
-    node1 10.238.0.2  Ray worker, 1 CPU: one engine server (a DP group's placement group)
-    node2 10.238.0.3  Ray worker, 1 CPU: the other engine server
-    node3 10.238.0.4  no Ray: the tool server
-
-Every server needs TLS (a certificate naming the nodes' IPs, made here) and tokens; the rollout driver in node0
-finds the engines through the launcher's discovery file. One cluster serves the whole module.
-"""
+"""Rollouts across nodes: the shared cluster of tests/cluster/conftest.py (engine servers on node1 and node2, the
+tool server on node3, drivers in node0), behind TLS and tokens."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import selectors
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,107 +16,10 @@ import yaml
 from agentloop_grpc.agent import read_parquet
 
 from . import pki
-from .harness import Cluster, Node, NodeSpec, skip_reason
+from .harness import Cluster, skip_reason
+from .processes import AGENTLOOP, ENGINE, ROOT, Engines, ToolServer, announced
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
-
-AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
-#: The fake engine every server runs (the same in the single-node run the cluster's tokens are compared with).
-ENGINE = {"kind": "fake", "vocab_size": 49152, "token_latency_s": 0.01}
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _announced(process: subprocess.Popen, pattern: str, timeout_s: float, log: Path) -> re.Match:
-    """The first line of ``process``'s output matching ``pattern``, read within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if selector.select(max(0.0, deadline - time.monotonic())):
-                line = process.stdout.readline()
-                if not line:
-                    break
-                if match := re.search(pattern, line):
-                    return match
-    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-    raise AssertionError(f"no line matching {pattern!r} within {timeout_s:.0f} s (exit {process.poll()}):\n{tail}")
-
-
-def _stop(process: subprocess.Popen, timeout_s: float = 60) -> int:
-    process.send_signal(signal.SIGTERM)
-    return process.wait(timeout_s)
-
-
-@pytest.fixture(scope="module")
-def cluster(cluster_timings: dict[str, float]) -> Iterator[Cluster]:
-    began = time.monotonic()
-    specs = [NodeSpec(num_cpus=0), NodeSpec(num_cpus=1), NodeSpec(num_cpus=1), NodeSpec(ray=False)]
-    with Cluster(specs) as cluster:
-        cluster_timings["cluster up"] = time.monotonic() - began
-        cluster_timings.update({f"  {phase}": seconds for phase, seconds in cluster.timings.items()})
-        yield cluster
-        began = time.monotonic()
-    cluster_timings["cluster down"] = time.monotonic() - began
-    assert cluster.leftovers() == []
-
-
-@pytest.fixture(scope="module")
-def certificates(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> pki.ClusterPki:
-    return pki.issue(tmp_path_factory.mktemp("pki"), [node.address for node in cluster.nodes])
-
-
-@dataclass(frozen=True)
-class Engines:
-    discovery: Path
-    servers: list[dict]
-
-
-@pytest.fixture(scope="module")
-def engines(cluster: Cluster, certificates: pki.ClusterPki, tmp_path_factory: pytest.TempPathFactory,
-            cluster_timings: dict[str, float]) -> Iterator[Engines]:
-    """`agentloop engine launch --ray` in node0: two fake servers, TLS and tokens, one per worker node."""
-    folder = tmp_path_factory.mktemp("engines")
-    discovery, log = folder / "discovery.json", folder / "launch.log"
-    settings = [arg for key, value in ENGINE.items() if key != "kind" for arg in ("--set", f"{key}={value}")]
-    began = time.monotonic()
-    launcher = cluster.head.spawn(
-        [*AGENTLOOP, "engine", "launch", "--ray", "--ray-address", cluster.ray_address, "--adapter", "fake",
-         *settings, "--dp", "2", "--cpus-per-server", "1", "--discovery-file", str(discovery),
-         "--log-dir", str(folder / "logs"), "--tls-cert", str(certificates.server_cert),
-         "--tls-key", str(certificates.server_key), "--tls-ca", str(certificates.ca),
-         "--auth-token-file", str(certificates.token), "--admin-token-file", str(certificates.admin_token)],
-        log=log, stdout=subprocess.PIPE,
-    )
-    try:
-        _announced(launcher, r"2 fake server\(s\) serving over Ray placement groups", 120, log)
-        cluster_timings["engine launch --ray (2 servers)"] = time.monotonic() - began
-        yield Engines(discovery, json.loads(discovery.read_text())["servers"])
-    finally:
-        assert _stop(launcher) == 0, log.read_text(errors="replace")[-3000:]
-
-
-@dataclass(frozen=True)
-class ToolServer:
-    address: str
-    node: Node
-
-
-@pytest.fixture(scope="module")
-def tool_server(cluster: Cluster, certificates: pki.ClusterPki,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToolServer]:
-    """The built-in tools served from node3 (no Ray there), with TLS and a token."""
-    node, log = cluster.nodes[3], tmp_path_factory.mktemp("tools") / "tools.log"
-    server = node.spawn(
-        [*AGENTLOOP, "tools", "serve", "--config", "builtin", "--host", node.address, "--port", "0",
-         "--tls-cert", str(certificates.server_cert), "--tls-key", str(certificates.server_key),
-         "--auth-token-file", str(certificates.token)],
-        log=log, stdout=subprocess.PIPE,
-    )
-    try:
-        address = _announced(server, r"listening on (\S+)", 60, log).group(1)
-        yield ToolServer(address, node)
-    finally:
-        _stop(server)
 
 
 def _rollout_config(folder: Path, engines: dict, tools: dict) -> Path:
@@ -252,18 +142,18 @@ def test_a_partitioned_engine_node_is_taken_out_its_work_resumes_elsewhere_and_i
         driver.stdin.flush()
 
     try:
-        placed = json.loads(_announced(driver, r"^streaming (.*)", 60, log).group(1))
+        placed = json.loads(announced(driver, r"^streaming (.*)", 60, log).group(1))
         assert set(placed.values()) == {s["address"] for s in engines.servers}  # both nodes have work
         on_cut = {s for s, server in placed.items() if server == cut["address"]}
         time.sleep(1)
         at = time.time()
         cluster.partition(node)
         tell("partitioned", at)
-        done = json.loads(_announced(driver, r"^done (.*)", 120, log).group(1))
+        done = json.loads(announced(driver, r"^done (.*)", 120, log).group(1))
         at = time.time()
         cluster.heal(node)
         tell("healed", at)
-        rejoined = json.loads(_announced(driver, r"^rejoined (.*)", 120, log).group(1))
+        rejoined = json.loads(announced(driver, r"^rejoined (.*)", 120, log).group(1))
         assert driver.wait(30) == 0
     finally:
         cluster.heal(node)
