@@ -18,6 +18,7 @@ from agentloop_grpc.rollout.dataset import DatasetError
 from agentloop_grpc.rollout.run import LoopConfigError, RolloutError
 
 from .config import load_train_config
+from .preflight import checked_rows
 
 #: What the ratio should reach: the policy's reward at the end at least 1.5 times its reward at the start.
 RATIO_TARGET = 1.5
@@ -33,16 +34,23 @@ def train(
     # experimental rollout_func, whose version is pinned and tested here
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
+    settings = load_settings(config, load_train_config, "training", output_dir)
+    if max_steps is not None:
+        settings = settings.model_copy(update={"grpo": settings.grpo.model_copy(update={"max_steps": max_steps})})
+    # a row or loop that cannot run is told before the trainer's imports, which take seconds
+    try:
+        rows = checked_rows(settings)
+    except LoopConfigError as error:
+        _fail(str(error))
+    except DatasetError as error:
+        _fail(str(error).splitlines()[0], 1)
     try:
         from .run import RATIO_NAME, run_training
     except ImportError as error:
         needs_extra("training", "trl", error)
-    settings = load_settings(config, load_train_config, "training", output_dir)
-    if max_steps is not None:
-        settings = settings.model_copy(update={"grpo": settings.grpo.model_copy(update={"max_steps": max_steps})})
     stop_on_sigterm()
     try:
-        record = run_training(settings, echo=typer.echo)
+        record = run_training(settings, rows, echo=typer.echo)
     except KeyboardInterrupt:
         typer.echo(f"interrupted: servers stopped; per-step metrics so far in {settings.output_dir}", err=True)
         raise typer.Exit(130) from None

@@ -1,7 +1,7 @@
 """One training run, start to finish: GRPO with TRL on rollouts from our engine and tool servers.
 
-Steps: (1) read the dataset and check its loops as a rollout does (``rollout.run.check_loops``), before anything
-starts; (2) start the engine replicas and the tool server (or use running ones) on a background loop; (3) the
+Steps: (1) the dataset's rows, read and checked by the caller (``preflight.checked_rows``) before anything starts;
+(2) start the engine replicas and the tool server (or use running ones) on a background loop; (3) the
 rollout (``AgentLoopRollout``: one manager for the whole run, tokenizer checked against the engines) and TRL's
 GRPOTrainer on the engines' own checkpoint, with the weight push after every step; (4) every step: one line of
 progress and one JSON line of metrics (reward, correct and valid-call rates, rollout / train / weight-sync
@@ -38,9 +38,7 @@ from agentloop_grpc.integrations.trl import (
     prompt_dataset,
     train_top_layers,
 )
-from agentloop_grpc.rollout.agents_run import check_agent
-from agentloop_grpc.rollout.dataset import read_rows, to_samples
-from agentloop_grpc.rollout.run import check_loops, error_causes, routing, start_engines, start_tools
+from agentloop_grpc.rollout.run import error_causes, routing, start_engines, start_tools
 from agentloop_grpc.trackers import resolve_report_to
 from agentloop_grpc.trackers.rollout import sample_rows
 from agentloop_grpc.trackers.trainer_env import scoped_environ, trainer_environ
@@ -159,7 +157,8 @@ def worker_spec(config: TrainConfig, addresses: Sequence[str], model_dir: str | 
                       router=routing(config))
 
 
-def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> TrainRecord:
+def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], None] = print) -> TrainRecord:
+    """Train on ``rows`` (the dataset's, as ``preflight.checked_rows`` gave them)."""
     import torch
     from trl import GRPOConfig, GRPOTrainer
 
@@ -168,11 +167,6 @@ def run_training(config: TrainConfig, echo: Callable[[str], None] = print) -> Tr
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     record = TrainRecord(out)
-    # 1. the dataset and every loop its rows name, before anything starts
-    rows = read_rows(config.dataset)
-    check_loops(config, to_samples(rows, config.dataset, 1))
-    if config.agent is not None:
-        check_agent(config.agent, config.dataset.reward)
     report_to = resolve_report_to(config.report_to)
     servers = BackgroundLoop("agentloop-servers")
     stack = AsyncExitStack()

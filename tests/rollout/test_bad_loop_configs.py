@@ -49,9 +49,13 @@ def _run(tmp_path: Path, command: str, rows: list[dict], default_loop: str, loop
     }
     path = tmp_path / f"{command}.yaml"
     path.write_text(yaml.safe_dump(config))
-    # the loops' modules are the user's, found on PYTHONPATH as a user's own package would be
+    # the loops' modules are the user's, found on PYTHONPATH as a user's own package would be; a `trl` that
+    # cannot be imported comes first: the checks answer before the trainer's imports (seconds) are paid
+    poisoned = tmp_path / "poisoned"
+    (poisoned / "trl").mkdir(parents=True)
+    (poisoned / "trl" / "__init__.py").write_text("raise RuntimeError('trl imported before the config was checked')")
     env = {**os.environ, "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(poisoned), str(ROOT), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([*AGENTLOOP, command, "--config", str(path)], capture_output=True, text=True,
                             timeout=300, env=env, cwd=ROOT)
     return result, out
