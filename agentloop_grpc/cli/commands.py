@@ -14,6 +14,7 @@ import enum
 import functools
 import importlib.metadata
 import inspect
+import json
 import logging
 import sys
 import typing
@@ -373,6 +374,11 @@ def engine_launch(
         None, help="Address the servers bind (default 127.0.0.1). Not with --ray: each server binds its node's Ray "
         "address (`ray start --node-ip-address`)."
     ),
+    advertise_host: str = typer.Option(
+        None, help="Address clients dial, written to the discovery file (default: --host; with --host 0.0.0.0 or "
+        "::, this machine's address: the source address of its default route, else of its first interface other "
+        "than loopback). Not with --ray."
+    ),
     discovery_file: Path = typer.Option(Path("discovery.json"), help="Where to write the servers' addresses."),
     log_dir: Path = typer.Option(Path("logs"), help="One log file per server (on the server's node)."),
     use_ray: bool = typer.Option(
@@ -381,6 +387,17 @@ def engine_launch(
     ray_address: str = typer.Option(None, help="--ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)."),
     cpus_per_server: float = typer.Option(1.0, min=0.01, help="--ray: CPUs each DP group reserves."),
     gpus_per_server: float = typer.Option(0.0, min=0.0, help="--ray: GPUs each DP group reserves (all its TP ranks)."),
+    resources_per_server: str = typer.Option(
+        None, help='--ray: custom Ray resources each DP group reserves too, as JSON (e.g. \'{"engine_node": 1}\': '
+        "only nodes started with `ray start --resources` that declare them take servers)."
+    ),
+    restart_lost: bool = typer.Option(
+        False, "--restart-lost",
+        help="--ray: start a lost server again (its process exited, or its node died), in its placement group, which "
+        "Ray moves to a live node with room; the discovery file gets its new address. Without it a loss is only "
+        "reported (an error line naming the server, node and cause), the server left out of the discovery file and "
+        "its placement group removed.",
+    ),
     tls_ca: str = typer.Option(
         None, "--tls-ca", help="CA that signed --tls-cert, for clients (default: --tls-cert itself, if self-signed)."
     ),
@@ -388,6 +405,7 @@ def engine_launch(
         None, "--tls-client-cert", help="mTLS: the client certificate the launcher (and routers) show the servers."
     ),
     tls_client_key: str = typer.Option(None, "--tls-client-key", help="mTLS: the key of --tls-client-cert."),
+    log_level: LogLevel = _LOG_LEVEL,
     *,
     settings: EngineConfig,
     security: ServerSecurity,
@@ -396,9 +414,20 @@ def engine_launch(
     write the discovery file; stop them all on Ctrl-C or SIGTERM. Every server gets the engine config of --adapter,
     --config and --set (embedded: threads default to the cores / dp). With TLS or tokens, the discovery file says
     how to reach the servers (certificate and token paths, variable names), never a secret."""
-    if use_ray and host is not None:
-        _config_error("--host does not apply with --ray: each server binds its node's Ray address (the "
-                      "--node-ip-address of `ray start`), which the discovery file records")
+    _configure_logging(log_level)
+    for name, given in (("--host", host), ("--advertise-host", advertise_host)):
+        if use_ray and given is not None:
+            _config_error(f"{name} does not apply with --ray: each server binds its node's Ray address (the "
+                          "--node-ip-address of `ray start`), which the discovery file records")
+    for name, wanted in (("--restart-lost", restart_lost), ("--resources-per-server", resources_per_server)):
+        if not use_ray and wanted:
+            _config_error(f"{name} applies with --ray only")
+    try:
+        extra_resources = json.loads(resources_per_server) if resources_per_server else {}
+        if not isinstance(extra_resources, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        _config_error(f"--resources-per-server: a JSON object of resource names and amounts ({exc})")
     if not use_ray:  # over Ray the servers run on other nodes, whose files this one cannot see
         try:
             check_model(settings)
@@ -422,21 +451,23 @@ def engine_launch(
         _config_error(str(exc))
     protected = client_security != ClientSecurity()
     try:
-        launch = EngineLaunch(engine=settings, dp=dp, host=host or "127.0.0.1",
+        launch = EngineLaunch(engine=settings, dp=dp, host=host or "127.0.0.1", advertise_host=advertise_host,
                               security=security if protected else None,
                               client_security=client_security if protected else None)
         if use_ray:
             from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources
 
-            resources = RayResources(cpus_per_server=cpus_per_server, gpus_per_server=gpus_per_server)
-    except ValueError as exc:
+            resources = RayResources(cpus_per_server=cpus_per_server, gpus_per_server=gpus_per_server,
+                                     resources=extra_resources)
+    except (ValueError, TypeError) as exc:
         _config_error(str(exc))
 
     async def run() -> None:
         # handlers first: a SIGTERM at any point from here on (even while servers start) is a clean stop, never
         # the default death or Ray's sys.exit(15), which would leave servers or placement groups behind
         stop = stop_signal()
-        launcher = RayEngineLauncher(launch, log_dir, resources) if use_ray else EngineLauncher(launch, log_dir)
+        launcher = (RayEngineLauncher(launch, log_dir, resources, restart_lost=restart_lost) if use_ray
+                    else EngineLauncher(launch, log_dir))
         starting = asyncio.ensure_future(launcher.start())
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -452,6 +483,8 @@ def engine_launch(
             where = " over Ray placement groups" if use_ray else ""
             print(f"agentloop engine launch: {dp} {settings.kind} server(s) serving{where}: "
                   f"{', '.join(launcher.addresses)}; discovery file {path}", flush=True)
+            if use_ray:  # losses reported (and restarted) until stopped
+                typing.cast("RayEngineLauncher", launcher).watch(path)
             await stop.wait()
         finally:
             await launcher.stop()

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -49,6 +50,48 @@ class LaunchError(RuntimeError):
     """A server did not start (its log's tail is in the message)."""
 
 
+#: Bind addresses that mean "every interface": no client can dial them from another machine.
+_UNSPECIFIED = frozenset({"0.0.0.0", "::", "[::]", ""})
+_SIOCGIFADDR = 0x8915
+
+
+def host_address() -> str:
+    """This host's address as other machines reach it: the source address of its route to a public address (a UDP
+    socket connected, no packet sent: what Ray's ``get_node_ip_address`` and vLLM's ``get_ip`` do), else, without
+    a default route (a private cluster network), the first IPv4 address of an interface other than loopback, else
+    127.0.0.1."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("8.8.8.8", 80))
+        address = probe.getsockname()[0]
+        if not address.startswith("127.") and address != "0.0.0.0":
+            return address
+    return next(iter(interface_addresses()), "127.0.0.1")
+
+
+def interface_addresses() -> list[str]:
+    """The IPv4 addresses of this host's interfaces other than loopback (Linux: SIOCGIFADDR; elsewhere none)."""
+    try:
+        import fcntl
+        import struct
+    except ImportError:
+        return []
+    found = []
+    for _, name in socket.if_nameindex():
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            address = socket.inet_ntoa(packed[20:24])
+            if not address.startswith("127."):
+                found.append(address)
+    return found
+
+
+def advertised_host(host: str, advertise_host: str | None = None) -> str:
+    """The host clients dial for a server bound to ``host``: ``advertise_host`` when given, else ``host`` itself,
+    or this host's address (``host_address``) when ``host`` is unspecified (0.0.0.0, ::)."""
+    chosen = advertise_host or (host_address() if host in _UNSPECIFIED else host)
+    return f"[{chosen}]" if ":" in chosen and not chosen.startswith("[") else chosen
+
+
 def _terminate_with_parent() -> None:
     """In the child before exec (Linux): SIGTERM this process when the process that started it dies, so a server
     started by a Ray actor that is killed (node drained, ``ray.kill``) does not outlive it as an orphan."""
@@ -71,6 +114,9 @@ class ServerProcess:
     terminate_with_parent: bool = False
     #: How to reach the server for its health checks (TLS: which CA to trust, the client certificate).
     security: ClientSecurity | None = None
+    #: The host clients dial, when not the one the server prints (it binds 0.0.0.0): ``address`` is this host and
+    #: the printed port, and the health checks dial it.
+    advertise_host: str | None = None
     process: asyncio.subprocess.Process | None = None
     address: str | None = None
     # held so the event loop's weak reference is not the only one while the task reads
@@ -100,6 +146,8 @@ class ServerProcess:
             match = _LISTENING.search(line.decode(errors="replace"))
             if match:
                 self.address = match.group(1)
+                if self.advertise_host:
+                    self.address = f"{self.advertise_host}:{self.address.rsplit(':', 1)[1]}"
         self._stdout_drain = asyncio.ensure_future(self._drain_stdout())
         await self._wait_serving(deadline)
         return self.address
@@ -150,6 +198,9 @@ class EngineLaunch:
     engine: EngineConfig = field(default_factory=EmbeddedEngineConfig)
     dp: int = 1
     host: str = "127.0.0.1"
+    #: The host clients dial (the discovery file's addresses): default ``host``, or this host's address when
+    #: ``host`` is 0.0.0.0 or :: (``advertised_host``).
+    advertise_host: str | None = None
     #: More ``agentloop engine serve`` options, e.g. ("--log-level", "WARNING").
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
@@ -171,6 +222,11 @@ class EngineLaunch:
     @property
     def adapter(self) -> str:
         return self.engine.kind
+
+    @property
+    def advertised(self) -> str:
+        """The host in the servers' addresses (see ``advertised_host``)."""
+        return advertised_host(self.host, self.advertise_host)
 
     def server_engine(self, rank: int) -> EngineConfig:
         """Server ``rank``'s config: DP group ``rank`` of ``dp``; an embedded engine whose threads are not set
@@ -223,7 +279,7 @@ class EngineLauncher(Launcher):
         self.grace_s = grace_s
         self.servers = [
             ServerProcess(launch.command(rank), self.log_dir / f"engine-{rank}.log", security=launch.client_security,
-                          terminate_with_parent=terminate_with_parent)
+                          terminate_with_parent=terminate_with_parent, advertise_host=launch.advertised)
             for rank in range(launch.dp)
         ]
 

@@ -12,6 +12,16 @@ once, anywhere with access to the cluster, instead:
 Stopping drains the servers (SIGTERM), kills the host actors and removes the placement groups. A host actor that
 dies (node drained, ``ray.kill``) takes its server with it (``ServerProcess.terminate_with_parent``). Log files are
 written on each server's node.
+
+Once started, ``watch`` follows every server until stopped: a server is lost when its process exits or its host
+actor dies (Ray declares an actor dead when its node dies: the GCS's health checks of the node's raylet failed
+``health_check_failure_threshold`` times, ``health_check_period_ms`` apart; a node that is only unreachable is not
+a loss until then). A loss is logged (server, DP rank, node, cause) and the discovery file rewritten without it.
+Then, with ``restart_lost``, the server is started again in the same placement group: Ray reschedules a group whose
+node died (its state RESCHEDULING) onto a live node with room, and keeps it in place when only the process died;
+the new server's address goes into the discovery file, whose readers (``follow_discovery_file``) add it. Without
+``restart_lost`` the group is removed, so Ray does not hold a reservation nobody uses. A restarted server serves
+the weights of its engine config: a Router holds it out of routing until it reports the fleet's weight version.
 """
 
 from __future__ import annotations
@@ -21,7 +31,9 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
@@ -43,14 +55,20 @@ class RayResources:
     gpus_per_server: float = 0.0
     #: How long to wait for the cluster to have room for every group.
     ready_timeout_s: float = 600.0
+    #: Custom Ray resources each group reserves too (e.g. ``{"engine_node": 1}`` to keep servers on the nodes that
+    #: declare it with ``ray start --resources``).
+    resources: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.cpus_per_server <= 0 or self.gpus_per_server < 0:
             raise ValueError("cpus_per_server must be > 0 and gpus_per_server >= 0")
+        if any(name in ("CPU", "GPU") or amount <= 0 for name, amount in self.resources.items()):
+            raise ValueError("resources: custom resources (not CPU or GPU), each amount > 0")
 
     @property
     def bundle(self) -> dict[str, float]:
-        return {"CPU": self.cpus_per_server, **({"GPU": self.gpus_per_server} if self.gpus_per_server else {})}
+        return {"CPU": self.cpus_per_server, **({"GPU": self.gpus_per_server} if self.gpus_per_server else {}),
+                **self.resources}
 
 
 class ServerHost:
@@ -72,6 +90,11 @@ class ServerHost:
     async def stop(self, grace_s: float) -> int | None:
         return await self.server.stop(grace_s)
 
+    async def wait_exit(self) -> int:
+        """Return when the server process exits (its exit code)."""
+        assert self.server.process is not None
+        return await self.server.process.wait()
+
     def server_pid(self) -> int | None:
         return self.server.process.pid if self.server.process else None
 
@@ -81,9 +104,12 @@ class RayEngineLauncher(Launcher):
     ``async with`` stops them. See the module docstring."""
 
     def __init__(
-        self, launch: EngineLaunch, log_dir: str | Path, resources: RayResources | None = None, grace_s: float = 10.0
+        self, launch: EngineLaunch, log_dir: str | Path, resources: RayResources | None = None, grace_s: float = 10.0,
+        restart_lost: bool = False,
     ) -> None:
+        """``restart_lost``: ``watch`` starts a lost server again (see the module docstring)."""
         self.resources = resources or RayResources()
+        self.restart_lost = restart_lost
         engine = launch.engine
         if isinstance(engine, EmbeddedEngineConfig) and "threads" not in engine.model_fields_set:
             # the group's CPUs, not the node's
@@ -94,17 +120,19 @@ class RayEngineLauncher(Launcher):
         self.grace_s = grace_s
         self.placement_groups: list = []
         self.hosts: list = []
-        #: One entry per DP rank once started: address, node_ip, node_id.
-        self.servers: list[dict[str, str]] = []
+        #: One entry per DP rank once started: address, node_ip, node_id (None while a lost one is down).
+        self.servers: list[dict[str, str] | None] = []
+        #: What ``watch`` saw, in order: ("lost" | "restarted" | "restart failed", rank, detail), for callers and tests.
+        self.events: list[tuple[str, int, str]] = []
+        self._watching: asyncio.Future | None = None
 
     @property
     def addresses(self) -> list[str]:
-        return [s["address"] for s in self.servers]
+        return [s["address"] for s in self.servers if s is not None]
 
     async def start(self) -> list[str]:
         import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = self.resources.bundle
         try:
@@ -119,16 +147,7 @@ class RayEngineLauncher(Launcher):
                     f"the Ray cluster had no room for {self.launch.dp} placement groups of {bundle} within "
                     f"{self.resources.ready_timeout_s:.0f} s (its resources: {ray.cluster_resources()})"
                 ) from None
-            host_class = ray.remote(ServerHost)
-            for rank, group in enumerate(self.placement_groups):
-                strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
-                self.hosts.append(
-                    host_class.options(
-                        num_cpus=self.resources.cpus_per_server,
-                        num_gpus=self.resources.gpus_per_server,
-                        scheduling_strategy=strategy,
-                    ).remote(self.launch, rank, str(self.log_dir))
-                )
+            self.hosts = [self._host(rank) for rank in range(self.launch.dp)]
             self.servers = list(
                 await asyncio.gather(*(host.start.remote(self.launch.startup_timeout_s) for host in self.hosts))
             )
@@ -137,9 +156,121 @@ class RayEngineLauncher(Launcher):
             raise
         return self.addresses
 
+    def _host(self, rank: int):
+        """A host actor for DP rank ``rank``, in its placement group."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self.placement_groups[rank], placement_group_bundle_index=0)
+        resources = {name: amount for name, amount in self.resources.bundle.items() if name not in ("CPU", "GPU")}
+        return ray.remote(ServerHost).options(
+            num_cpus=self.resources.cpus_per_server, num_gpus=self.resources.gpus_per_server, resources=resources,
+            scheduling_strategy=strategy,
+        ).remote(self.launch, rank, str(self.log_dir))
+
+    # -- watching ---------------------------------------------------------------------------------------------
+
+    def watch(self, discovery_file: str | Path | None = None) -> asyncio.Future:
+        """Follow the servers until ``stop``: report each loss, rewrite ``discovery_file`` (when given) and, with
+        ``restart_lost``, start the server again (see the module docstring). Returns the future doing it."""
+        if self._watching is None:
+            path = Path(discovery_file) if discovery_file is not None else None
+            self._watching = asyncio.gather(*(self._follow(rank, path) for rank in range(len(self.hosts))))
+        return self._watching
+
+    async def _follow(self, rank: int, discovery_file: Path | None) -> None:
+        try:
+            await self._watch_rank(rank, discovery_file)
+        except Exception:  # a bug here must not pass unnoticed until stop()
+            log.exception("watching dp rank %d failed; its server is no longer watched", rank)
+
+    async def _watch_rank(self, rank: int, discovery_file: Path | None) -> None:
+        while True:
+            server = self.servers[rank]
+            assert server is not None
+            cause = await self._lost(self.hosts[rank], server["node_id"])
+            lost_at = time.monotonic()
+            where = f"node {server['node_ip']} (Ray node {server['node_id'][:12]})"
+            self._event("lost", rank, f"engine server {server['address']} (dp rank {rank}) on {where} lost: {cause}",
+                        logging.ERROR)
+            self.servers[rank] = None
+            self._write(discovery_file)
+            await self._discard_host(rank)
+            if not self.restart_lost:
+                await asyncio.to_thread(self._remove_group, rank)
+                self._event("not restarted", rank, f"dp rank {rank} stays down (restart_lost is off); its placement "
+                            "group is removed", logging.WARNING)
+                return
+            try:
+                self.servers[rank] = await self._restart(rank)
+            except LaunchError as error:
+                self._event("restart failed", rank, f"dp rank {rank} could not be restarted, it stays down: {error}",
+                            logging.ERROR)
+                return
+            server = self.servers[rank]
+            assert server is not None
+            self._write(discovery_file)
+            self._event("restarted", rank, f"engine server dp rank {rank} restarted on node {server['node_ip']} at "
+                        f"{server['address']}, {time.monotonic() - lost_at:.1f} s after the loss", logging.WARNING)
+
+    async def _lost(self, host, node_id: str) -> str:
+        """Wait until the server of ``host`` is lost; return the cause."""
+        import ray
+
+        while True:
+            try:
+                code = await host.wait_exit.remote()
+                return f"its server process exited with code {code}"
+            except ray.exceptions.ActorUnavailableError:  # unreachable for now (a partition): not dead yet
+                await asyncio.sleep(1.0)
+            except ray.exceptions.RayActorError as error:
+                return await asyncio.to_thread(_death_cause, error, node_id)
+
+    async def _restart(self, rank: int) -> dict[str, str]:
+        group = self.placement_groups[rank]
+        try:  # a group whose node died is RESCHEDULING until Ray has placed its bundle on a live node with room
+            await asyncio.wait_for(group.ready(), self.resources.ready_timeout_s)
+        except TimeoutError:
+            raise LaunchError(f"no node had room for its placement group ({self.resources.bundle}) within "
+                              f"{self.resources.ready_timeout_s:.0f} s") from None
+        self.hosts[rank] = self._host(rank)
+        try:
+            return await self.hosts[rank].start.remote(self.launch.startup_timeout_s)
+        except Exception as error:  # noqa: BLE001 - a LaunchError from the actor, or its death, as Ray wraps them
+            await self._discard_host(rank)
+            raise LaunchError(str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)) from None
+
+    async def _discard_host(self, rank: int) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):  # dead already, most often
+            ray.kill(self.hosts[rank])
+
+    def _remove_group(self, rank: int) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        with contextlib.suppress(Exception):
+            remove_placement_group(self.placement_groups[rank])
+
+    def _event(self, kind: str, rank: int, message: str, level: int) -> None:
+        log.log(level, "%s", message)
+        self.events.append((kind, rank, message))
+
+    def _write(self, discovery_file: Path | None) -> None:
+        if discovery_file is not None:
+            self.write_discovery(discovery_file)
+
+    # -- stopping ---------------------------------------------------------------------------------------------
+
     async def stop(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
+
+        if self._watching is not None:  # first: a server stopped here is no loss
+            self._watching.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watching
+            self._watching = None
 
         async def stop_host(host) -> None:
             with contextlib.suppress(Exception):  # a dead host took its server with it
@@ -150,16 +281,41 @@ class RayEngineLauncher(Launcher):
         groups, self.hosts, self.placement_groups = self.placement_groups, [], []
         # removal blocks while Ray's control store is unreachable (a local Ray that got the terminal's Ctrl-C too):
         # bounded, in a daemon thread, so stopping never hangs; the groups die with that Ray anyway
-        remover = threading.Thread(target=lambda: [remove_placement_group(g) for g in groups], daemon=True)
+        def remove() -> None:
+            for group in groups:
+                with contextlib.suppress(Exception):  # removed already (a lost server's, not restarted)
+                    remove_placement_group(group)
+
+        remover = threading.Thread(target=remove, daemon=True)
         remover.start()
         await asyncio.to_thread(remover.join, _REMOVE_TIMEOUT_S)
         if remover.is_alive():
             log.warning("placement groups not confirmed removed within %.0f s (is Ray still up?)", _REMOVE_TIMEOUT_S)
 
     def write_discovery(self, path: str | Path) -> Path:
-        """The servers with their DP rank, node and placement group (``Router.from_discovery_file`` reads it)."""
+        """The servers with their DP rank, node and placement group (``Router.from_discovery_file`` reads it); a
+        lost server is left out until it is restarted. Written whole to a temporary file, then renamed: a reader
+        never sees half a file."""
         servers = [
             {**server, "dp_rank": rank, "adapter": self.launch.adapter, "placement_group": group.id.hex()}
             for rank, (server, group) in enumerate(zip(self.servers, self.placement_groups, strict=True))
+            if server is not None
         ]
-        return write_discovery(path, servers, self.launch.client_security)
+        path = Path(path)
+        written = write_discovery(path.with_name(f".{path.name}.tmp"), servers, self.launch.client_security)
+        written.replace(path)
+        return path
+
+
+def _death_cause(error: Exception, node_id: str) -> str:
+    """Why Ray says the host actor on ``node_id`` died, in a line: its node died (with Ray's reason), or Ray's
+    message."""
+    import ray
+
+    node: dict = next((n for n in ray.nodes() if n.get("NodeID") == node_id), {})
+    if node and not node.get("Alive", True):
+        reason = node.get("DeathReasonMessage") or node.get("DeathReason") or ""
+        return f"its node died ({reason})" if reason else "its node died"
+    lines = [line.strip() for line in str(error).splitlines()
+             if line.strip() and not line.startswith("\t") and "died unexpectedly before finishing" not in line]
+    return " ".join(lines) or type(error).__name__

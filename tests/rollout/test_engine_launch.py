@@ -118,3 +118,50 @@ def test_sigterm_while_servers_load_stops_them_cleanly(tmp_path):
     assert code == 0, err
     assert "serving" not in out and not discovery.exists()
     assert len(children) == 1 and not psutil.pid_exists(children[0])
+
+
+def test_the_advertised_host_is_dialable_for_an_unspecified_bind_address(monkeypatch):
+    from agentloop_grpc.launch import launcher
+
+    monkeypatch.setattr(launcher, "host_address", lambda: "10.1.2.3")
+    assert launcher.advertised_host("127.0.0.1") == "127.0.0.1"
+    assert launcher.advertised_host("0.0.0.0") == "10.1.2.3" and launcher.advertised_host("::") == "10.1.2.3"
+    assert launcher.advertised_host("0.0.0.0", "engines.example") == "engines.example"
+    assert launcher.advertised_host("::", "fd00::5") == "[fd00::5]"
+
+
+def test_this_hosts_address_is_not_loopback_or_unspecified():
+    from agentloop_grpc.launch.launcher import host_address, interface_addresses
+
+    address = host_address()
+    socket.inet_aton(address)  # IPv4
+    assert address != "0.0.0.0"
+    assert not address.startswith("127.") or interface_addresses() == []
+
+
+async def test_a_launch_bound_to_all_interfaces_records_an_address_clients_can_dial(tmp_path):
+    """Before: the discovery file said 0.0.0.0:PORT, which no other machine can dial."""
+    from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
+    from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, host_address
+
+    launch = EngineLaunch(engine=FakeEngineConfig(), host="0.0.0.0", extra_args=("--log-level", "WARNING"),
+                          startup_timeout_s=60)
+    async with EngineLauncher(launch, tmp_path / "logs") as launcher:
+        servers = json.loads(launcher.write_discovery(tmp_path / "discovery.json").read_text())["servers"]
+        assert servers[0]["address"] == launcher.addresses[0]
+        assert servers[0]["address"].rsplit(":", 1)[0] == host_address() != "0.0.0.0"
+        async with Router.from_discovery_file(tmp_path / "discovery.json") as router:
+            result = await router.generate(GenerateCall("s", [1, 2, 3], SamplingParams(max_new_tokens=2)))
+            assert len(result.token_ids) == 2
+
+
+@pytest.mark.parametrize("options, refused", [
+    (["--ray", "--advertise-host", "10.0.0.9"], "--advertise-host does not apply with --ray"),
+    (["--restart-lost"], "--restart-lost applies with --ray only"),
+    (["--resources-per-server", '{"a": 1}'], "--resources-per-server applies with --ray only"),
+    (["--ray", "--resources-per-server", "[1]"], "--resources-per-server: a JSON object"),
+])
+def test_launch_options_that_do_not_apply_are_refused(options, refused):
+    result = subprocess.run([*AGENTLOOP, "engine", "launch", "--adapter", "fake", *options], capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
+    assert result.returncode == 2 and refused in result.stderr, result.stderr

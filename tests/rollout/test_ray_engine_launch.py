@@ -17,10 +17,10 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
+from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.launch.launcher import EngineLaunch
 from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources
-from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.router import GenerateCall, Router
 
 from ..ray_start import init_ray
@@ -148,3 +148,63 @@ def test_host_with_ray_is_refused_rather_than_ignored() -> None:
          "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"},
     )
     assert result.returncode == 2 and "--host does not apply with --ray" in result.stderr
+
+
+async def test_a_lost_server_is_reported_restarted_and_a_following_router_takes_it_up(local_ray, tmp_path) -> None:
+    """The server process killed (as an OOM kill would): the launcher reports the loss, drops it from the discovery
+    file, starts it again in the same placement group and writes its new address, which a Router following the
+    file adds and routes to; the server it replaces is removed from the Router once gone from the file."""
+    from agentloop_grpc.router.follow import following_discovery_file
+
+    launch = EngineLaunch(engine=FakeEngineConfig(), dp=1, extra_args=("--log-level", "WARNING"), startup_timeout_s=60)
+    discovery = tmp_path / "discovery.json"
+    async with RayEngineLauncher(launch, tmp_path / "logs", RayResources(cpus_per_server=0.5),
+                                 restart_lost=True) as launcher:
+        launcher.write_discovery(discovery)
+        before = json.loads(discovery.read_text())["servers"][0]
+        async with Router.from_discovery_file(discovery) as router, \
+                following_discovery_file(router.fleet, discovery, interval_s=0.1):
+            launcher.watch(discovery)
+            os.kill(await launcher.hosts[0].server_pid.remote(), signal.SIGKILL)
+            async with asyncio.timeout(60):
+                while not any(kind == "restarted" for kind, _, _ in launcher.events):
+                    await asyncio.sleep(0.1)
+            after = json.loads(discovery.read_text())["servers"][0]
+            assert after["address"] != before["address"] and after["dp_rank"] == 0
+            assert after["placement_group"] == before["placement_group"]  # the same reservation, same node
+            assert [kind for kind, _, _ in launcher.events] == ["lost", "restarted"]
+            assert f"engine server {before['address']} (dp rank 0) on node {before['node_ip']}" in launcher.events[0][2]
+            assert "its server process exited with code -9" in launcher.events[0][2]
+            async with asyncio.timeout(30):
+                while set(router.fleet.servers) != {after["address"]}:
+                    await asyncio.sleep(0.1)
+                await router.fleet.wait_ready(min_servers=1, timeout_s=30)
+            result = await router.generate(GenerateCall("after", [1, 2, 3], SamplingParams(max_new_tokens=2)))
+            assert result.servers == (after["address"],)
+
+
+async def test_without_restart_a_dead_host_is_reported_and_its_group_removed(local_ray, tmp_path) -> None:
+    launch = EngineLaunch(engine=FakeEngineConfig(), dp=2, extra_args=("--log-level", "WARNING"), startup_timeout_s=60)
+    discovery = tmp_path / "discovery.json"
+    async with RayEngineLauncher(launch, tmp_path / "logs", RayResources(cpus_per_server=0.5)) as launcher:
+        launcher.write_discovery(discovery)
+        launcher.watch(discovery)
+        lost = launcher.servers[1]
+        ray.kill(launcher.hosts[1])
+        async with asyncio.timeout(30):
+            while len(launcher.events) < 2:
+                await asyncio.sleep(0.1)
+        assert [(kind, rank) for kind, rank, _ in launcher.events] == [("lost", 1), ("not restarted", 1)]
+        assert f"engine server {lost['address']} (dp rank 1) on node" in launcher.events[0][2]
+        assert [s["dp_rank"] for s in json.loads(discovery.read_text())["servers"]] == [0]
+        async with asyncio.timeout(30):
+            while placement_group_table(launcher.placement_groups[1])["state"] != "REMOVED":
+                await asyncio.sleep(0.1)
+        assert placement_group_table(launcher.placement_groups[0])["state"] == "CREATED"
+    assert launcher.events[2:] == []  # stopping is no loss
+
+
+def test_resources_per_server_go_into_each_bundle() -> None:
+    assert RayResources(cpus_per_server=2, resources={"engine_node": 1}).bundle == {"CPU": 2, "engine_node": 1}
+    with pytest.raises(ValueError, match="custom resources"):
+        RayResources(resources={"GPU": 1})
