@@ -6,6 +6,13 @@ takes to come up and to go, what a fault took to detect).
     node1 10.238.0.2  Ray worker, 1 CPU: one engine server (a DP group's placement group)
     node2 10.238.0.3  Ray worker, 1 CPU: the other engine server
     node3 10.238.0.4  no Ray: the tool server
+    node4 10.238.0.5  Ray worker, 1 CPU, for tests that launch engines of their own (``loss_engine`` resource)
+    node5 10.238.0.6  Ray worker, 1 CPU, the same: a node to kill and a spare one to restart on
+
+The shared engines reserve the ``shared_engine`` resource, which only node1 and node2 have, so they never land on
+node4 or node5. The GCS checks every raylet each second and declares its node dead after 5 failed checks: a killed
+node (its raylet's port refused) is dead ~5 s later, a partitioned one (each check waits out its 10 s timeout)
+~55 s later, longer than any partition here lasts.
 
 Every server needs TLS (a certificate naming the nodes' IPs, made here) and tokens; drivers in node0 find the
 engines through the launcher's discovery file.
@@ -25,6 +32,11 @@ from .harness import Cluster, NodeSpec
 from .processes import AGENTLOOP, ENGINE, Engines, ToolServer, announced, stop
 
 _TIMINGS = pytest.StashKey[dict[str, float]]()
+#: What the shared engines' placement groups reserve besides a CPU: only node1 and node2 have it.
+SHARED = {"shared_engine": 1}
+#: The GCS's health checks of the raylets (Ray's defaults: every 3 s, 5 failures).
+RAY_NODE_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "10000",
+                  "RAY_health_check_failure_threshold": "5"}
 
 
 @pytest.fixture(scope="session")
@@ -44,8 +56,11 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def cluster(cluster_timings: dict[str, float]) -> Iterator[Cluster]:
     began = time.monotonic()
-    specs = [NodeSpec(num_cpus=0), NodeSpec(num_cpus=1), NodeSpec(num_cpus=1), NodeSpec(ray=False)]
-    with Cluster(specs) as cluster:
+    shared, own = NodeSpec(num_cpus=1, resources=SHARED), NodeSpec(num_cpus=1, resources={"loss_engine": 1})
+    specs = [NodeSpec(num_cpus=0), shared, shared, NodeSpec(ray=False), own, own]
+    cluster = Cluster(specs)
+    cluster.env.update(RAY_NODE_DEATH)
+    with cluster:
         cluster_timings["cluster up"] = time.monotonic() - began
         cluster_timings.update({f"  {phase}": seconds for phase, seconds in cluster.timings.items()})
         yield cluster
@@ -69,7 +84,8 @@ def engines(cluster: Cluster, certificates: pki.ClusterPki, tmp_path_factory: py
     began = time.monotonic()
     launcher = cluster.head.spawn(
         [*AGENTLOOP, "engine", "launch", "--ray", "--ray-address", cluster.ray_address, "--adapter", "fake",
-         *settings, "--dp", "2", "--cpus-per-server", "1", "--discovery-file", str(discovery),
+         *settings, "--dp", "2", "--cpus-per-server", "1", "--resources-per-server", json.dumps(SHARED),
+         "--discovery-file", str(discovery),
          "--log-dir", str(folder / "logs"), "--tls-cert", str(certificates.server_cert),
          "--tls-key", str(certificates.server_key), "--tls-ca", str(certificates.ca),
          "--auth-token-file", str(certificates.token), "--admin-token-file", str(certificates.admin_token)],
