@@ -155,10 +155,11 @@ def fill_token_chunk(message: generation_pb2.TokenChunk, chunk: TokenChunk) -> N
 
 
 def fill_complete(
-    message: generation_pb2.GenerateComplete, complete: GenerateComplete, tail: TokenChunk | None = None
+    message: generation_pb2.GenerateComplete, complete: GenerateComplete, tail: TokenChunk | None = None,
+    load: LoadInfo | None = None,
 ) -> None:
     """Write ``complete`` into an empty message in place; ``tail`` holds the tokens not sent in a chunk
-    (StreamOptions grouping, GenerateUnary)."""
+    (StreamOptions grouping, GenerateUnary); ``load``: the server's load now, as GetLoad would answer it."""
     message.finish_reason = FINISH_REASONS[complete.finish_reason]
     message.prompt_tokens = complete.prompt_tokens
     message.cached_prompt_tokens = complete.cached_prompt_tokens
@@ -169,6 +170,8 @@ def fill_complete(
         fill_token_chunk(message.tokens, tail)
     if complete.matched_stop_token_id is not None:
         message.matched_stop_token_id = complete.matched_stop_token_id
+    if load is not None:
+        fill_load(message.load, load)
 
 
 def chunk_to_proto(chunk: TokenChunk) -> generation_pb2.GenerateResponse:
@@ -177,10 +180,12 @@ def chunk_to_proto(chunk: TokenChunk) -> generation_pb2.GenerateResponse:
     return response
 
 
-def complete_to_proto(complete: GenerateComplete, tail: TokenChunk | None = None) -> generation_pb2.GenerateResponse:
+def complete_to_proto(
+    complete: GenerateComplete, tail: TokenChunk | None = None, load: LoadInfo | None = None
+) -> generation_pb2.GenerateResponse:
     """The last message of a Generate stream."""
     response = generation_pb2.GenerateResponse()
-    fill_complete(response.complete, complete, tail)
+    fill_complete(response.complete, complete, tail, load)
     return response
 
 
@@ -193,14 +198,19 @@ def info_to_proto(
 
 
 def load_to_proto(load: LoadInfo) -> generation_pb2.GetLoadResponse:
-    return generation_pb2.GetLoadResponse(
-        running_requests=load.running_requests,
-        waiting_requests=load.waiting_requests,
-        kv_cache_usage=load.kv_cache_usage,
-        prefix_cache_hit_rate=load.prefix_cache_hit_rate,
-        max_running_requests=load.max_running_requests,
-        preemptions=load.preemptions,
-    )
+    message = generation_pb2.GetLoadResponse()
+    fill_load(message, load)
+    return message
+
+
+def fill_load(message: generation_pb2.GetLoadResponse, load: LoadInfo) -> None:
+    """Write ``load`` in place: GetLoad's answer, and the copy every completion carries."""
+    message.running_requests = load.running_requests
+    message.waiting_requests = load.waiting_requests
+    message.kv_cache_usage = load.kv_cache_usage
+    message.prefix_cache_hit_rate = load.prefix_cache_hit_rate
+    message.max_running_requests = load.max_running_requests
+    message.preemptions = load.preemptions
 
 
 def weight_group_from_proto(request: engine_pb2.JoinWeightGroupRequest) -> WeightGroupSpec:

@@ -3,8 +3,9 @@
 A thin layer between the wire and ``lifecycle.py`` (which owns the state, the gate, the in-flight registry and the
 one Generate path, aborting a request whose caller went away): it validates requests before the adapter sees them
 (``convert.py``, ``validation.py``), groups tokens into fewer messages when the caller's StreamOptions ask for it
-(``grouping.py``) and keeps the standard health service in step with the engine's state. Errors are EngineError
-subclasses, mapped to status codes in ``serving/status.py``.
+(``grouping.py``) and keeps the standard health service in step with the engine's state. Every completion
+carries the engine's load as GetLoad would answer it then, for every adapter alike, so a router that hears from a
+server need not poll it. Errors are EngineError subclasses, mapped to status codes in ``serving/status.py``.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
             await context.write(convert.chunk_to_proto(chunk))
 
         async def send_complete(complete: GenerateComplete, tail: TokenChunk | None) -> None:
-            await context.write(convert.complete_to_proto(complete, tail))
+            await context.write(convert.complete_to_proto(complete, tail, self.lifecycle.load()))
 
         await self._run(await self._request(request), grouper, send_chunk, send_complete)
 
@@ -115,7 +116,7 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
             convert.fill_token_chunk(response.chunks.add(), chunk)
 
         async def set_complete(complete: GenerateComplete, tail: TokenChunk | None) -> None:
-            convert.fill_complete(response.complete, complete, tail)
+            convert.fill_complete(response.complete, complete, tail, self.lifecycle.load())
 
         # final_only holds every token; a chunk is cut only where the weight version changes
         domain = await self._request(request.request)

@@ -38,7 +38,7 @@ class RouterConfig(BaseModel):
     )
     kv_pressure_usage: float = Field(
         0.95, gt=0, le=1, description="A server whose KV cache is this full (GetLoad.kv_cache_usage), or whose "
-        "preemption count rose since the last poll, takes no new session while another server can "
+        "preemption count rose within the last load_poll_interval_s, takes no new session while another server can "
         "(cache_aware); its own sessions go on."
     )
     pressure_wait_s: float = Field(
@@ -71,7 +71,8 @@ class RouterConfig(BaseModel):
         "loaded one: a cache miss costs more than a small queue.",
     )
     load_poll_interval_s: float = Field(
-        0.5, gt=0, description="How often each server's GetLoad refines the locally tracked in-flight counts."
+        0.5, gt=0, description="How often each server's load refines the locally tracked in-flight counts: a "
+        "GetLoad poll of every server that reported none on a completed generation within this interval."
     )
     health_retry_interval_s: float = Field(
         0.5, gt=0, description="Delay before re-watching the health of a server whose watch stream failed."

@@ -3,7 +3,10 @@
 One HTTP/2 channel per server, reused by every call. Two background tasks keep the view fresh: a
 ``grpc.health.v1`` Watch stream (the server pushes SERVING / NOT_SERVING as it loads, sleeps or drains; a broken
 stream means the server is gone, and the watch is retried) and a periodic GetLoad that refines the locally
-counted in-flight requests with what the server itself reports (other clients' load included).
+counted in-flight requests with what the server itself reports (other clients' load included). Every completed
+generation carries the same report (``GenerateComplete.load``), so a server that finished one of our requests
+within ``load_poll_interval_s`` is not polled: with W Routers over S servers the polls would otherwise cost each
+Router S polls a interval however many calls it makes (figures in NOTES.md), and only idle servers need them.
 
 A hung server is found two ways. The channel pings the server when nothing arrives for a while, and closes the
 connection when a ping goes unanswered (a stopped process, a partition: the peer's kernel may still acknowledge
@@ -12,8 +15,10 @@ gone. A server whose connection answers pings but whose handlers do not run (a w
 GetLoad: when polls have gone unanswered for ``RouterConfig.liveness_timeout_s``, the server is taken out and the
 Router's generate calls on it are cancelled, to fail over as from a dead server.
 
-GetServerInfo is fetched each time the server becomes SERVING (it may have restarted with other weights) and at
-every poll while it is held out for an old weight version (see versions.py).
+A completion proves the server's handlers run as well as a poll answer does, so either one resets the liveness
+clock. GetServerInfo is fetched each time the server becomes SERVING (it may have restarted with other weights)
+and at every poll while it is held out for an old weight version (see versions.py): such a server is polled
+whatever it reports.
 """
 
 from __future__ import annotations
@@ -64,9 +69,13 @@ class Endpoint:
         #: In-flight requests as best known: our own count, or the server's report if it saw more. Kept as either
         #: changes, not computed when read: every generate reads every routable server's (figures in NOTES.md).
         self.load = 0
-        #: The last poll found the KV cache nearly full or new preemptions: no new sessions here (cache_aware).
+        #: The last report found the KV cache nearly full, or preemptions rose within the last poll interval: no
+        #: new sessions here (cache_aware).
         self.pressured = False
-        self._preemptions = 0
+        self._preemptions: int | None = None  # the count at the last report (None: no report yet)
+        self._preempted_at = -float("inf")
+        self._reported_at = 0.0  # when the last load report (poll answer or completion) arrived
+        self._load_gauge = metrics.server_load.labels(address)  # looked up once: completions set it often
         self.info: ServerInfo | None = None
         self._watch_task: asyncio.Task | None = None
         self._poll_task: asyncio.Task | None = None
@@ -122,6 +131,22 @@ class Endpoint:
         self._calls.discard(call)
         if self._abandoned:
             self._abandoned.discard(call)
+
+    def report_load(self, load: generation_pb2.GetLoadResponse) -> None:
+        """The server's load as it reported it (a GetLoad answer, or the one a completion carries): it answers."""
+        now = time.monotonic()
+        self._answered_at = self._reported_at = now
+        self.reported_load = load.running_requests + load.waiting_requests
+        self.load = max(self.in_flight, self.reported_load)
+        # preemptions count since the server started: any rise means the engine evicts running work to fit (the
+        # first report's count may be old); a rise keeps new sessions away for one poll interval, as long as when
+        # only polls reported it
+        if self._preemptions is not None and load.preemptions > self._preemptions:
+            self._preempted_at = now
+        self._preemptions = load.preemptions
+        full = load.kv_cache_usage >= self._config.kv_pressure_usage
+        self.pressured = full or now - self._preempted_at < self._config.load_poll_interval_s
+        self._load_gauge.set(self.reported_load)
 
     def abandoned(self, call: grpc.aio.Call) -> bool:
         """Whether ``call`` was cancelled because the server stopped answering, not by its caller's cancellation."""
@@ -189,15 +214,22 @@ class Endpoint:
         self._versions.report(self.address, self.info.weight_version)
 
     async def _poll_load(self) -> None:
-        liveness_s = self._config.liveness_timeout_s
+        interval_s, liveness_s = self._config.load_poll_interval_s, self._config.liveness_timeout_s
         # short polls, so that a hung server's time out one after another until the bound
-        timeout_s = min(liveness_s, max(1.0, self._config.load_poll_interval_s))
+        timeout_s = min(liveness_s, max(1.0, interval_s))
+        due = time.monotonic() + interval_s
         while True:
-            await asyncio.sleep(self._config.load_poll_interval_s)
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            behind = self.address in self._versions.behind
+            # a completion reported the load since: the poll is due one interval after that report
+            due = self._reported_at + interval_s
+            if due > time.monotonic() and not behind:
+                continue
+            due = time.monotonic() + interval_s
             if not self.healthy:
                 continue
             try:
-                if self.address in self._versions.behind:  # held out: updated since by someone?
+                if behind:  # held out: updated since by someone?
                     await self._refresh_info(timeout_s)
                 load = await self.generate.GetLoad(generation_pb2.GetLoadRequest(), timeout=timeout_s)
             except grpc.aio.AioRpcError as error:
@@ -206,11 +238,4 @@ class Endpoint:
                 if hung and self.healthy and time.monotonic() - self._answered_at >= liveness_s:
                     self._lose()
                 continue
-            self._answered_at = time.monotonic()
-            self.reported_load = load.running_requests + load.waiting_requests
-            self.load = max(self.in_flight, self.reported_load)
-            # preemptions count since the server started: any rise means the engine evicts running work to fit
-            full = load.kv_cache_usage >= self._config.kv_pressure_usage
-            self.pressured = full or load.preemptions > self._preemptions
-            self._preemptions = load.preemptions
-            self._metrics.server_load.labels(self.address).set(self.reported_load)
+            self.report_load(load)

@@ -346,6 +346,8 @@ class Router:
         self, progress: Progress, endpoint: Endpoint, complete: generation_pb2.GenerateComplete
     ) -> GenerateResult:
         self.fleet.produced_with(endpoint.address, complete.weight_version)
+        if complete.HasField("load"):  # the server's load after this request: its next poll can wait
+            endpoint.report_load(complete.load)
         matched = complete.matched_stop_token_id if complete.HasField("matched_stop_token_id") else None
         finish_reason = wire.FINISH_REASONS_FROM_PROTO[complete.finish_reason]
         return self._result(progress, finish_reason, matched, complete.cached_prompt_tokens, complete.prompt_images)

@@ -191,6 +191,25 @@ async def test_get_load_reports_running_requests(engine: ContractTarget) -> None
         call.cancel()
 
 
+async def test_every_completion_carries_the_load_get_load_reports(engine: ContractTarget) -> None:
+    """A router that hears a completion needs no GetLoad poll: the completion says what GetLoad would, the
+    finished request no longer counted."""
+    busy = engine.generate.Generate(request(engine, max_new_tokens=engine.long_tokens, ignore_eos=True))
+    await busy.read()
+    streamed = (await collect(engine, request(engine, max_new_tokens=2, ignore_eos=True))).complete
+    unary = (await engine.generate.GenerateUnary(
+        generation_pb2.GenerateUnaryRequest(request=request(engine, max_new_tokens=2, ignore_eos=True)), timeout=120
+    )).complete
+    polled = await engine.load()
+    for complete in (streamed, unary):
+        assert complete.HasField("load")
+        load = complete.load
+        assert load.running_requests + load.waiting_requests == 1  # the busy request, not the one that finished
+        assert load.max_running_requests == polled.max_running_requests
+        assert 0.0 <= load.kv_cache_usage <= 1.0 and 0.0 <= load.prefix_cache_hit_rate <= 1.0
+    busy.cancel()
+
+
 async def test_prefix_reuse_is_reported(engine: ContractTarget) -> None:
     await engine.control.FlushCache(engine_pb2.FlushCacheRequest(), timeout=30)
     prompt = [(7 * i) % 1000 + 3 for i in range(200)]
