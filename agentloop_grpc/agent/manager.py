@@ -185,7 +185,8 @@ class AgentLoopManager:
         ``leave_out_unreachable``: the engines that do not answer are left out (returned) instead of failing it."""
         if self._weights is None:
             self._weights = await choose_weight_transfer(
-                self.spec.weight_transfer, self.control, self.spec.weights_dir, self.spec.weight_group_address
+                self.spec.weight_transfer, self.control, self.spec.weights_dir, self.spec.weight_group_address,
+                timeout_s=self.spec.weight_group_timeout_s,
             )
         try:
             return await update_weights_mid_rollout(

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from agentloop_grpc.client_security import ClientSecurity
+from agentloop_grpc.common.weight_layout import DEFAULT_TIMEOUT_S
 from agentloop_grpc.router import Fleet, Router, RouterConfig
 
 from .chat import ChatCodec
@@ -97,6 +98,10 @@ class WorkerSpec(BaseModel):
         "finish first).")
     weight_group_address: str | None = Field(None, description="The address engines reach this process by, for "
                                              "collective transfers; None: the one on the route to the first engine.")
+    weight_group_timeout_s: float = Field(
+        DEFAULT_TIMEOUT_S, gt=0, le=86400, description="Collective transfers: how long the group may take to form, "
+        "and each of its collectives (a piece of the broadcast) to complete; a member lost mid-update (a partition, "
+        "a crash) fails the update on every member within about this long, and none applies it.")
     weights_dir: str | None = Field(None, description="Folder every engine can read, for path transfers (shared "
                                     "storage across machines); None: a temporary folder (engines on this machine).")
     trace_path: str | None = Field(None, description="Append one JSON line per turn here (per worker: a suffix "

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import tempfile
 import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from agentloop_grpc.common.addresses import is_loopback
+from agentloop_grpc.common.addresses import is_loopback, local_address_towards
 from agentloop_grpc.common.safetensors_format import write_safetensors
 from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.common.weight_layout import (
@@ -34,11 +33,15 @@ from agentloop_grpc.common.weight_layout import (
     WeightGroupSpec,
 )
 from agentloop_grpc.router import FanOutResult, Fleet
+from agentloop_grpc.v1 import engine_pb2
 
 if TYPE_CHECKING:
     from agentloop_grpc.common.weight_group import WeightGroupLeader
 
 log = logging.getLogger(__name__)
+
+#: How long past the group's timeout a member may take to report a failed broadcast before it counts as lost.
+LOST_MARGIN_S = 5.0
 
 WeightTransferKind = Literal["auto", "collective", "stream", "path"]
 
@@ -169,17 +172,45 @@ class CollectiveTransfer:
             await self.form(fleet, wanted)
         specs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in tensors]
         layout = BucketLayout.of(specs, self.bucket_bytes)
-        receiving = asyncio.ensure_future(fleet.receive_weights(
-            self._group, specs, self.bucket_bytes, weight_version, servers=self._members
-        ))
+        # one call per member: when the broadcast fails, each answers on its own (a lost one never does)
+        receiving = {address: asyncio.ensure_future(fleet.receive_weights(
+            self._group, specs, self.bucket_bytes, weight_version, servers={address}
+        )) for address in sorted(self._members)}
         try:
             await asyncio.to_thread(self._send, layout, [t.data for t in tensors])
-        except WeightGroupError:
+        except WeightGroupError as error:
             log.warning("the broadcast over weight group %s failed; it forms again at the next update", self._group)
-            result = await receiving
-            await self.close(fleet)
-            return result
-        return await receiving
+            return await self._fail(fleet, receiving, error)
+        return _merged({a: await call for a, call in receiving.items()})
+
+    async def _fail(self, fleet: Fleet, receiving: Mapping[str, asyncio.Future[FanOutResult]],
+                    error: WeightGroupError) -> FanOutResult:
+        """After a failed broadcast: every member's collective fails by the group's timeout as this one's did (none
+        applies the update: the commit never completed) and answers so. A member that does not answer by then and
+        ``LOST_MARGIN_S``, or does not answer GetServerInfo within ``LOST_MARGIN_S`` after, is lost (its link down,
+        its process stopped) and its error says so. The group is let go: the members that answer leave it (they did
+        already when their receive failed), the lost ones leave by their own timeout."""
+        _, pending = await asyncio.wait(receiving.values(), timeout=self.timeout_s + LOST_MARGIN_S)
+        for call in pending:
+            call.cancel()
+        answers = {a: call.result() for a, call in receiving.items() if call not in pending}
+        result = _merged(answers)
+        probes = {a: fleet.endpoint(a).control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=LOST_MARGIN_S)
+                  for a in sorted(self._members)}
+        outcomes = dict(zip(probes, await asyncio.gather(*probes.values(), return_exceptions=True), strict=True))
+        lost = {a for a, outcome in outcomes.items() if isinstance(outcome, BaseException)}
+        for address in sorted(lost):
+            how = f"its answer: {result.errors[address]}" if address in result.errors else "no answer"
+            result.errors[address] = WeightGroupError(
+                f"lost: does not answer (GetServerInfo: {_status(outcomes[address])}) since the broadcast over "
+                f"weight group {self._group} failed ({error}); {how}"
+            )
+            log.warning("weight group %s: member %s lost", self._group, address)
+        leader, self._leader = self._leader, None
+        if leader is not None:
+            await asyncio.to_thread(leader.close)
+            await fleet.leave_weight_group(self._group, self._members - lost)
+        return result
 
     def _send(self, layout: BucketLayout, sources: Sequence[bytes]) -> None:
         assert self._leader is not None
@@ -193,32 +224,38 @@ class CollectiveTransfer:
             await fleet.leave_weight_group(self._group, self._members)
 
 
+def _status(error: object) -> str:
+    code = getattr(error, "code", None)
+    return code().name if callable(code) else type(error).__name__
+
+
+def _merged(results: dict[str, FanOutResult]) -> FanOutResult:
+    """The one-server results of a call made per server, as one."""
+    merged: FanOutResult = FanOutResult()
+    for result in results.values():
+        merged.responses.update(result.responses)
+        merged.errors.update(result.errors)
+    return merged
+
+
 def _join_errors(joined: FanOutResult) -> str:
     described = "; ".join(f"{address}: {error}" for address, error in sorted(joined.errors.items()))
     return f"the weight group did not form ({described or 'no engine reported an error'})"
 
 
-def local_address_towards(address: str) -> str:
-    """This machine's address on the route to ``host:port`` (what an engine there reaches it by)."""
-    if is_loopback(address):
-        return "127.0.0.1"
-    host, port = address.rsplit(":", 1)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent: connect only routes
-        probe.connect((host.strip("[]"), int(port)))
-        return probe.getsockname()[0]
-
-
 async def choose_weight_transfer(
     kind: WeightTransferKind, fleet: Fleet, folder: str | None = None, group_address: str | None = None,
-    backend: str = "gloo",
+    backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> WeightTransfer:
-    """The transfer ``kind`` names (a collective group is formed now); ``auto``: collective if the group forms,
+    """The transfer ``kind`` names (a collective group is formed now, with ``timeout_s``: see
+    ``WorkerSpec.weight_group_timeout_s``); ``auto``: collective if the group forms,
     else path when every engine is on this machine (or ``folder`` is given: the caller says the engines can read
     it), else stream."""
     addresses = list(fleet.servers)
     if kind in ("auto", "collective"):
         try:
-            transfer = CollectiveTransfer(group_address or local_address_towards(addresses[0]), backend)
+            transfer = CollectiveTransfer(group_address or local_address_towards(addresses[0]), backend,
+                                          timeout_s=timeout_s)
             await transfer.form(fleet)
         except (WeightGroupError, OSError, IndexError) as error:
             if kind == "collective":

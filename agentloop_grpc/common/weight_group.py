@@ -8,13 +8,21 @@ never torch's default one: an engine worker may already be in one (vLLM's and SG
 An update is announced first and then broadcast as ``weight_layout.BucketLayout`` says. A member receives every
 piece straight into one flat buffer and reads each tensor as a view of it, so receiving costs no copy. Before
 the bytes move, every rank votes (an all-reduce of 0 or 1): if any member refuses the update
-(a tensor its model does not have, a stale version), nobody receives and nothing is applied anywhere.
+(a tensor its model does not have, a stale version), nobody receives and nothing is applied anywhere. After the
+last piece every rank takes part in one more all-reduce (the commit): a member hands the bytes on to be applied only
+once it completed, that is once every rank has every byte, so a rank lost mid-broadcast (a partition, a crash)
+fails the update on every member, each at the group's timeout at the latest, and none applies it.
+
+Gloo's sockets bind the address on the route to the rendezvous (the leader: the rendezvous address itself), not
+the one this host's name resolves to: that is often 127.0.0.1 (``/etc/hosts``), which peers on other machines
+cannot reach. ``GLOO_SOCKET_IFNAME`` (an interface name), when set, chooses instead, as in torch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import socket
 import warnings
 from collections.abc import Sequence
@@ -22,16 +30,30 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from .addresses import local_address_towards
 from .weight_layout import DEFAULT_TIMEOUT_S, BucketLayout, WeightGroupError, WeightGroupSpec
 
 
-def _process_group(store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float):
+def _process_group(store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float, local: str):
+    """The group's process group; gloo's sockets on ``local`` (this host's address as the peers reach it)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, world_size, options)
-    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    gloo = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # the devices option is private
+    gloo._timeout = timeout
+    gloo._devices = [_gloo_device(local)]
+    return dist.ProcessGroupGloo(store, rank, world_size, gloo)
+
+
+def _gloo_device(local: str):
+    """Gloo's device: bound to ``local``, or to the interface ``GLOO_SOCKET_IFNAME`` names when it is set. (Gloo's
+    default device binds the address this host's name resolves to, often 127.0.0.1: peers elsewhere cannot reach
+    it, and a group across machines never forms.)"""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return dist.ProcessGroupGloo.create_default_device()
+    return dist.ProcessGroupGloo.create_device(hostname=local)
 
 
 _FROM_RANK_0 = dist.BroadcastOptions()  # rootRank and rootTensor default to 0
@@ -56,6 +78,11 @@ class _Group:
         options.reduceOp = dist.ReduceOp.MIN
         self._run(lambda: self._group.allreduce([flag], options))
         return bool(flag.item())
+
+    def _commit(self) -> None:
+        """The all-reduce after the last piece: it completes on no rank before every rank has every byte."""
+        if not self.vote(True):  # every rank says yes: a no here is a peer of another protocol
+            raise WeightGroupError(f"a rank of the weight group at {self.address} did not commit the update")
 
     def _broadcast(self, piece: torch.Tensor) -> None:
         self._run(lambda: self._group.broadcast([piece], _FROM_RANK_0))
@@ -82,13 +109,14 @@ class WeightGroupMember(_Group):
     def join(cls, spec: WeightGroupSpec, rank: int) -> WeightGroupMember:
         address = f"{spec.master_address}:{spec.master_port}"
         try:
+            local = local_address_towards(address)
             store = dist.TCPStore(
                 spec.master_address, spec.master_port, spec.world_size, is_master=False,
                 timeout=datetime.timedelta(seconds=spec.timeout_s),
             )
             group = _process_group(dist.PrefixStore(f"{spec.name}/", store), rank, spec.world_size, spec.backend,
-                                   spec.timeout_s)
-        except (RuntimeError, ValueError) as error:  # DistStoreError/DistNetworkError are RuntimeErrors
+                                   spec.timeout_s, local)
+        except (OSError, RuntimeError, ValueError) as error:  # DistStoreError/DistNetworkError are RuntimeErrors
             raise WeightGroupError(f"could not join weight group {spec.name!r} at {address}: {error}") from error
         return cls(group, rank, spec.backend, address)
 
@@ -97,10 +125,12 @@ class WeightGroupMember(_Group):
         return self.receive(layout) if self.vote(agree) else None
 
     def receive(self, layout: BucketLayout) -> torch.Tensor:
-        """The broadcast bytes of ``layout``, in one flat uint8 tensor on this member's device."""
+        """The broadcast bytes of ``layout``, in one flat uint8 tensor on this member's device, once every rank has
+        them all (the commit; WeightGroupError if a rank is lost before: then nobody applies them)."""
         flat = torch.empty(layout.total_bytes, dtype=torch.uint8, device=self.device)
         for start, end in layout.pieces():
             self._broadcast(flat[start:end])
+        self._commit()
         return flat
 
 
@@ -129,7 +159,7 @@ class WeightGroupLeader(_Group):
         address = f"{spec.master_address}:{spec.master_port}"
         try:
             group = _process_group(dist.PrefixStore(f"{spec.name}/", store), 0, spec.world_size, spec.backend,
-                                   spec.timeout_s)
+                                   spec.timeout_s, spec.master_address)
         except RuntimeError as error:
             raise WeightGroupError(f"weight group {spec.name!r} at {address} did not form: {error}") from error
         return cls(group, 0, spec.backend, address, store)
@@ -145,6 +175,7 @@ class WeightGroupLeader(_Group):
                 if lo < hi:
                     piece[lo - start : hi - start].copy_(view[lo - offset : hi - offset])
             self._broadcast(piece[: end - start])
+        self._commit()
 
 
 def _bytes_of(source: object) -> torch.Tensor:

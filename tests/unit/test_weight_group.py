@@ -8,7 +8,7 @@ import threading
 import torch
 
 from agentloop_grpc.common.weight_group import WeightGroupLeader, WeightGroupMember
-from agentloop_grpc.common.weight_layout import ALIGN, BucketLayout, TensorSpec, WeightGroupSpec
+from agentloop_grpc.common.weight_layout import ALIGN, BucketLayout, TensorSpec, WeightGroupError, WeightGroupSpec
 
 SPECS = [TensorSpec("a", "float32", (3, 5)), TensorSpec("b", "bfloat16", (7,)), TensorSpec("c", "int64", ()),
          TensorSpec("empty", "float32", (0, 4)), TensorSpec("d", "float32", (600, 700))]
@@ -64,3 +64,32 @@ def test_a_spec_names_what_keeps_it_from_forming() -> None:
     assert "ranks 1..3" in spec.problem(3)
     assert "backend" in WeightGroupSpec("g", "h", 1, 3, 1, "mpi").problem(1)
     assert "group_name" in WeightGroupSpec("", "h", 1, 3, 1).problem(1)
+
+
+def test_bytes_are_handed_on_only_once_every_rank_has_them_all() -> None:
+    """The leader sends every piece, then goes (as a partitioned or crashed rank would) before the commit: no member
+    hands the bytes on to be applied, each fails instead, although each received them all."""
+    store, port = WeightGroupLeader.host("127.0.0.1", 3, 10)
+    layout = BucketLayout.of(SPECS, 1 << 20)
+    outcomes: dict[int, object] = {}
+
+    def member(rank: int) -> None:
+        joined = WeightGroupMember.join(WeightGroupSpec("g", "127.0.0.1", port, 3, rank, "gloo", 10), rank)
+        try:
+            outcomes[rank] = joined.vote_and_receive(layout, True)
+        except WeightGroupError as error:
+            outcomes[rank] = error
+        joined.close()
+
+    threads = [threading.Thread(target=member, args=(rank,)) for rank in (1, 2)]
+    for thread in threads:
+        thread.start()
+    leader = WeightGroupLeader.form(store, WeightGroupSpec("g", "127.0.0.1", port, 3, 0, "gloo", 10))
+    assert leader.vote(True)
+    piece = torch.zeros(layout.bucket_bytes, dtype=torch.uint8)
+    for start, end in layout.pieces():  # every byte, but no commit
+        leader._broadcast(piece[: end - start])
+    leader.close()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert all(isinstance(outcomes[rank], WeightGroupError) for rank in (1, 2)), outcomes
