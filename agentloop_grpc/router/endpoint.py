@@ -35,6 +35,7 @@ from agentloop_grpc.channels import open_channel
 from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 from .config import RouterConfig
+from .lowest_load import LowestLoad
 from .metrics import RouterMetrics
 from .replies import ServerInfo, server_info
 from .versions import WeightVersions
@@ -51,11 +52,15 @@ _SERVING = health_pb2.HealthCheckResponse.SERVING
 class Endpoint:
     """One engine server: channel, stubs, health, load and server info."""
 
-    def __init__(self, address: str, config: RouterConfig, metrics: RouterMetrics, versions: WeightVersions) -> None:
+    def __init__(
+        self, address: str, config: RouterConfig, metrics: RouterMetrics, versions: WeightVersions,
+        lowest: LowestLoad,
+    ) -> None:
         self.address = address
         self._config = config
         self._metrics = metrics
         self._versions = versions
+        self._lowest = lowest  # the Fleet's lowest load over healthy servers: told each change of this one's
         self.channel = open_channel(address, config.security, _CHANNEL_OPTIONS)
         self.generate = generation_pb2_grpc.TokenGenerateStub(self.channel)
         self.control = engine_pb2_grpc.EngineControlStub(self.channel)
@@ -67,7 +72,7 @@ class Endpoint:
         self.in_flight = 0
         self.reported_load = 0
         #: In-flight requests as best known: our own count, or the server's report if it saw more. Kept as either
-        #: changes, not computed when read: every generate reads every routable server's (figures in NOTES.md).
+        #: changes (``_set_load``), not computed when read: every generate reads it (figures in NOTES.md).
         self.load = 0
         #: The last report found the KV cache nearly full, or preemptions rose within the last poll interval: no
         #: new sessions here (cache_aware).
@@ -120,24 +125,30 @@ class Endpoint:
     def begin_request(self, call: grpc.aio.Call) -> None:
         """A generate call started here (one started after the server was lost is cancelled at once)."""
         self.in_flight += 1
-        self.load = max(self.in_flight, self.reported_load)
+        self._set_load(max(self.in_flight, self.reported_load))
         self._calls.add(call)
         if self._lost:
             self._abandon(call)
 
     def end_request(self, call: grpc.aio.Call) -> None:
         self.in_flight -= 1
-        self.load = max(self.in_flight, self.reported_load)
+        self._set_load(max(self.in_flight, self.reported_load))
         self._calls.discard(call)
         if self._abandoned:
             self._abandoned.discard(call)
+
+    def _set_load(self, load: int) -> None:
+        if load != self.load:
+            if self.healthy:
+                self._lowest.move(self.load, load)
+            self.load = load
 
     def report_load(self, load: generation_pb2.GetLoadResponse) -> None:
         """The server's load as it reported it (a GetLoad answer, or the one a completion carries): it answers."""
         now = time.monotonic()
         self._answered_at = self._reported_at = now
         self.reported_load = load.running_requests + load.waiting_requests
-        self.load = max(self.in_flight, self.reported_load)
+        self._set_load(max(self.in_flight, self.reported_load))
         # preemptions count since the server started: any rise means the engine evicts running work to fit (the
         # first report's count may be old); a rise keeps new sessions away for one poll interval, as long as when
         # only polls reported it
@@ -189,6 +200,9 @@ class Endpoint:
             if healthy:
                 self._lost = False
                 self._answered_at = time.monotonic()  # the time it was out does not count against it
+                self._lowest.add(self.load)
+            else:
+                self._lowest.remove(self.load)
         self.healthy = healthy
         self._metrics.server_healthy.labels(self.address).set(1 if healthy else 0)
 

@@ -25,6 +25,7 @@ from .discovery import discovery_addresses, discovery_config
 from .endpoint import Endpoint
 from .errors import NoHealthyServerError
 from .fanout import FanOutResult, Reply, tensor_specs, weight_update_messages
+from .lowest_load import LowestLoad
 from .metrics import RouterMetrics
 from .replies import (
     ServerInfo,
@@ -49,6 +50,7 @@ class Fleet:
         self.metrics = RouterMetrics()
         self._endpoints: dict[str, Endpoint] = {}
         self._versions = WeightVersions(self.metrics)
+        self._lowest = LowestLoad()  # over the healthy servers, kept by their endpoints as loads change
         self._initial = list(servers)
         self._paused = False
 
@@ -82,7 +84,7 @@ class Fleet:
     async def add_server(self, address: str) -> None:
         if address in self._endpoints:
             return
-        endpoint = Endpoint(address, self.config, self.metrics, self._versions)
+        endpoint = Endpoint(address, self.config, self.metrics, self._versions, self._lowest)
         self._endpoints[address] = endpoint
         endpoint.start()
 
@@ -115,6 +117,15 @@ class Fleet:
                 held = f"; held out below weight version {self._versions.expected}: {sorted(behind)}" if behind else ""
                 raise NoHealthyServerError(f"no healthy engine server among {sorted(self._endpoints)}{held}")
             await asyncio.sleep(0.02)
+
+    def sticky_loads(self, address: str) -> tuple[int, int] | None:
+        """The load of ``address`` and the lowest load of the servers that take new requests, while ``address`` is
+        one of them and no server is held out for its weights; None otherwise (then ``routable_loads`` decides).
+        O(1), for the sticky call that most generate calls are (policy.keeps)."""
+        endpoint = self._endpoints.get(address)
+        if endpoint is None or not endpoint.healthy or self._versions.behind:
+            return None
+        return endpoint.load, self._lowest.value  # type: ignore[return-value]  # endpoint is healthy: counted
 
     # -- weight versions -------------------------------------------------------------------------------------
 

@@ -64,10 +64,11 @@ def _overloaded(load: float, lowest: float, config: RouterConfig) -> bool:
     return load - lowest > config.imbalance_min_gap and load > config.imbalance_ratio * lowest
 
 
-def keeps(current: str | None, loads: Mapping[str, float], config: RouterConfig) -> bool:
-    """Whether a sticky placement leaves the session on ``current``: routable and within the imbalance bound.
-    The common case of every call, so it costs one min() and no hashing."""
-    return current is not None and current in loads and not _overloaded(loads[current], min(loads.values()), config)
+def keeps(load: float, lowest: float, config: RouterConfig) -> bool:
+    """Whether a sticky placement leaves a session on its (routable) server, which carries ``load`` while the
+    least-loaded routable server carries ``lowest``: within the imbalance bound. The common case of every call, so
+    it takes the lowest load as the Fleet keeps it (lowest_load.py) rather than a min() over every server."""
+    return not _overloaded(load, lowest, config)
 
 
 def least_loaded(session_id: str, loads: Mapping[str, float]) -> str:
@@ -120,8 +121,10 @@ def choose_server(
     if not loads:
         raise ValueError("no healthy server to choose from")
     placement = Placement(config.placement)  # a config copied with model_copy(update=...) may hold a plain string
-    if placement in STICKY and keeps(current, loads, config):
-        return current, Decision.STICKY  # type: ignore[return-value]
+    if placement in STICKY and current is not None and current in loads and keeps(
+        loads[current], min(loads.values()), config
+    ):
+        return current, Decision.STICKY
     if placement is Placement.CACHE_AWARE:
         chosen = place(session_id, loads, config, hints)
     elif placement is Placement.STICKY_LEAST_LOADED or placement is Placement.LEAST_LOADED:

@@ -146,14 +146,22 @@ class Router:
         this request), waiting a bounded time for one."""
         fleet, config, call, deadline = self.fleet, self.config, progress.call, progress.deadline
         session_id = call.session_id
-        loads = await fleet.routable_loads(min(deadline, time.monotonic() + config.no_server_wait_s), avoid)
         current = self._sessions.get(session_id)
-        if self._placement in STICKY and keeps(current, loads, config):  # most calls: no more to weigh
+        # most calls: a session on a routable server within the imbalance bound, judged without reading every load
+        sticky = None
+        if current is not None and not avoid and self._placement in STICKY:
+            sticky = fleet.sticky_loads(current)
+        if sticky is not None and keeps(*sticky, config):
             address, decision = current, Decision.STICKY
-        elif self._placement is Placement.CACHE_AWARE:
-            address, decision = await self._place(progress, current, loads, avoid)
-        else:
-            address, decision = choose_server(session_id, current, loads, config, sequence=next(self._sequence))
+        else:  # new, or moving, or judged over every routable load (servers held out, or this request's failed)
+            loads = await fleet.routable_loads(min(deadline, time.monotonic() + config.no_server_wait_s), avoid)
+            if (self._placement in STICKY and current is not None and current in loads
+                    and keeps(loads[current], min(loads.values()), config)):
+                address, decision = current, Decision.STICKY
+            elif self._placement is Placement.CACHE_AWARE:
+                address, decision = await self._place(progress, current, loads, avoid)
+            else:
+                address, decision = choose_server(session_id, current, loads, config, sequence=next(self._sequence))
         self._decision_counters[decision].inc()
         if decision is Decision.MOVED:
             log.debug("session %s moves to %s", session_id, address)

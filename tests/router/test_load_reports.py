@@ -9,6 +9,7 @@ import time
 
 from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 from agentloop_grpc.router.endpoint import Endpoint
+from agentloop_grpc.router.lowest_load import LowestLoad
 from agentloop_grpc.router.metrics import RouterMetrics
 from agentloop_grpc.router.versions import WeightVersions
 from agentloop_grpc.v1 import generation_pb2
@@ -75,7 +76,7 @@ async def test_a_rise_in_preemptions_keeps_new_sessions_away_for_a_poll_interval
     """Completions report far more often than polls did: a rise seen in one report must not be forgotten at the
     next, a moment later, or KV back-off would last milliseconds."""
     config = RouterConfig(load_poll_interval_s=0.2)
-    endpoint = Endpoint("127.0.0.1:1", config, RouterMetrics(), WeightVersions(RouterMetrics()))
+    endpoint = Endpoint("127.0.0.1:1", config, RouterMetrics(), WeightVersions(RouterMetrics()), LowestLoad())
     try:
         endpoint.report_load(generation_pb2.GetLoadResponse(preemptions=3))  # a server's first report: its count
         endpoint.report_load(generation_pb2.GetLoadResponse(preemptions=3))
