@@ -203,9 +203,10 @@ class RayEngineLauncher(Launcher):
                 return
             try:
                 self.servers[rank] = await self._restart(rank)
-            except LaunchError as error:
-                self._event("restart failed", rank, f"dp rank {rank} could not be restarted, it stays down: {error}",
-                            logging.ERROR)
+            except LaunchError as error:  # the group goes too: Ray would otherwise place it whenever room appears
+                await asyncio.to_thread(self._remove_group, rank)
+                self._event("restart failed", rank, f"dp rank {rank} could not be restarted, it stays down (its "
+                            f"placement group removed): {error}", logging.ERROR)
                 return
             server = self.servers[rank]
             assert server is not None
