@@ -27,7 +27,7 @@ from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
 from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
 from agentloop_grpc.integrations.verl.client import AgentloopFullyAsyncLLMClient, AgentloopLLMClient  # noqa: E402
-from agentloop_grpc.integrations.verl.loops_manager import agentloop_client  # noqa: E402
+from agentloop_grpc.integrations.verl.loops_manager import RouterAgentLoopWorker, agentloop_client  # noqa: E402
 
 from .test_verl_tool_loop import ADD_SCHEMA, CALL, ROLLOUT, AddTool, _direct, _segments  # noqa: E402
 
@@ -168,6 +168,26 @@ async def test_each_trajectory_of_verls_worker_sticks_to_one_of_our_servers(tmp_
     assert len(log) == 8 and len(placed) == 4
     assert all(len(servers) == 1 for servers in placed.values())  # both turns on one server: its prefix cache
     assert {name for name, _ in log} == {"a", "b"}  # the trajectories spread over both
+
+
+async def test_our_worker_gives_the_router_each_samples_uid_as_its_grpo_group(tmp_path) -> None:
+    """verl's loops never pass the sample's uid to generate(); our worker (RouterAgentLoopManager's) sets it for the
+    sample's task, so the Router places a group's samples together: the prompt is prefilled once per server."""
+    tokenizer = AutoTokenizer.from_pretrained(str(model_store.prepare()))
+    log = []
+    fakes = [await _scripted_fake(tokenizer, log, name) for name in ("a", "b")]
+    config = verl_config(128, tool_config_path=_tool_config(tmp_path))
+    client = AgentloopLLMClient(config, servers=[address for _, address, *_ in fakes])
+    try:
+        await RouterAgentLoopWorker(config, client).generate_sequences(prompts(2, 4, "tool_agent"))
+        router = await client.router()
+        groups = router.live_groups  # sessions stay (verl closes none): the groups they were placed in
+    finally:
+        await client.close()
+        for server, *_ in fakes:
+            await server.stop(grace_s=1)
+    assert groups == 2  # q0 and q1; none without the uid (every sample a group of its own)
+    assert len(log) == 16  # 8 samples of 2 turns
 
 
 async def test_verls_worker_records_the_real_models_tokens_from_the_embedded_engine(servers) -> None:

@@ -1,19 +1,21 @@
 """verl's engine-level seam: an ``LLMServerClient`` whose ``generate`` reaches agentloop.v1 engines through our
 Router, so verl's own agent loops (single-turn, tool) run unchanged on our engines.
 
-verl's loops call ``server_manager.generate(request_id, prompt_ids=, sampling_params=, ...) -> TokenOutput``.
-Here verl's request id is the Router's session (a tool loop's turns share it: they stick to one server and its
-prefix cache); verl's sampling dict is mapped key by key (``sampling.py``), with the defaults verl's own servers
-take from the rollout config (``repetition_penalty``, ``ignore_eos``, the seed under ``full_determinism``) and
-their budget (the rollout's lengths by default, always within the engine's context, at least one token); verl's
-priority is vLLM's (lower first), ours is negated; the ids and logprobs are the engine's own; the finish maps to
-verl's stop reasons ('aborted' for an abort, as when EngineControl Pause(ABORT) stops it, with the tokens so far;
-'completed' otherwise); the weight versions of the tokens go into ``extra_fields`` as verl's
-``global_steps``/``min_global_steps``/``max_global_steps`` (verl's staleness bookkeeping), the prefix-cache hit
-as ``num_cached_tokens``, failovers as ``num_preempted``. Pictures (``image_data``: verl's prompt ids are already
-expanded by the processor) go as ``GenerateRequest.media``, each with its span in the ids, found with the model's
-processor (``picture_spans.py``; the model is ``model_path=`` or verl's ``actor_rollout_ref.model.path``); videos,
-audio and processor arguments with pictures are refused by name (agentloop.v1 does not carry them).
+verl's loops call ``server_manager.generate(request_id, prompt_ids=, sampling_params=, ...) -> TokenOutput``. Here
+verl's request id is the Router's session (a tool loop's turns share it: they stick to one server and its prefix
+cache), and the sample's ``uid`` its GRPO group where ``RouterAgentLoopWorker`` runs the loop (``sample_group.py``:
+the group's samples share a server and its prefill of their prompt); verl's sampling dict is mapped key by key
+(``sampling.py``), with the defaults verl's own servers take from the rollout config (``repetition_penalty``,
+``ignore_eos``, the seed under ``full_determinism``) and their budget (the rollout's lengths by default, always
+within the engine's context, at least one token); verl's priority is vLLM's (lower first), ours is negated; the ids
+and logprobs are the engine's own; the finish maps to verl's stop reasons ('aborted' for an abort, as when
+EngineControl Pause(ABORT) stops it, with the tokens so far; 'completed' otherwise); the weight versions of the
+tokens go into ``extra_fields`` as verl's ``global_steps``/``min_global_steps``/``max_global_steps`` (verl's
+staleness bookkeeping), the prefix-cache hit as ``num_cached_tokens``, failovers as ``num_preempted``. Pictures
+(``image_data``: verl's prompt ids are already expanded by the processor) go as ``GenerateRequest.media``, each with
+its span in the ids, found with the model's processor (``picture_spans.py``; the model is ``model_path=`` or verl's
+``actor_rollout_ref.model.path``); videos, audio and processor arguments with pictures are refused by name
+(agentloop.v1 does not carry them).
 
 ``AgentloopFullyAsyncLLMClient`` is verl's ``FullyAsyncLLMServerClient`` over the same calls: an aborted
 generation is resumed from its tokens once the engines take requests again, invisibly to the loop.
@@ -37,6 +39,7 @@ from agentloop_grpc.common.types import FinishReason, SamplingParams
 from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 
 from .picture_spans import PictureSpans
+from .sample_group import current_group
 from .sampling import sampling_from_verl
 
 #: verl's version this was written and tested against (its client and agent-loop interfaces move between releases).
@@ -187,7 +190,7 @@ class AgentloopLLMClient(LLMServerClient):
             sampling = dataclasses.replace(sampling, max_new_tokens=budget)
         result = await router.generate(
             GenerateCall(session_id=str(request_id), prompt_ids=prompt_ids, sampling=sampling, priority=priority,
-                         media=media)
+                         media=media, group_id=current_group())
         )
         versions = result.weight_versions or (router.fleet.weight_version,)
         # only fields that describe this call as a whole: verl's tool loop keeps the first call's extra fields

@@ -13,19 +13,23 @@ actor_rollout_ref:
         servers: ["10.0.0.1:50051", "10.0.0.2:50051"]   # else the servers of verl's rollout (name=agentloop)
 ```
 
-verl's trainer creates the manager with the client of its own server manager; that client's only use here is to
-find the servers (``settings.server_addresses``). A ``FullyAsyncLLMServerClient`` (partial rollout) becomes our
-fully-async client, so aborted generations still resume invisibly to the loops.
+verl's trainer creates the manager with the client of its own server manager; that client's only use here is to find
+the servers (``settings.server_addresses``). Its workers are ``RouterAgentLoopWorker``: verl's worker, each sample's
+loop run with the sample's ``uid`` as its GRPO group for the Router (``sample_group.py``). A
+``FullyAsyncLLMServerClient`` (partial rollout) becomes our fully-async client, so aborted generations still resume
+invisibly to the loops.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+import ray
+from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 
 from .client import AgentloopFullyAsyncLLMClient, AgentloopLLMClient
+from .sample_group import sample_group
 from .settings import server_addresses
 
 
@@ -39,10 +43,22 @@ async def agentloop_client(config: Any, llm_client: LLMServerClient) -> Agentloo
     return AgentloopLLMClient(config, servers=servers)
 
 
+class RouterAgentLoopWorker(AgentLoopWorker):
+    """verl's worker, each sample's loop run with its ``uid`` as the GRPO group of the calls it makes (verl runs each
+    sample in a task of its own, so the group set here is that sample's alone)."""
+
+    async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name: str, trace: bool = True, **kwargs):
+        with sample_group(kwargs.get("uid")):
+            return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
+                                                 **kwargs)
+
+
 class RouterAgentLoopManager(AgentLoopManager):
-    """verl's manager, its workers handed ``AgentloopLLMClient`` (see the module docstring; ``manager.py``'s
-    ``AgentloopAgentLoopManager`` runs our own loops instead). Created as verl's:
+    """verl's manager, its workers (``RouterAgentLoopWorker``) handed ``AgentloopLLMClient`` (see the module
+    docstring; ``manager.py``'s ``AgentloopAgentLoopManager`` runs our own loops instead). Created as verl's:
     ``RouterAgentLoopManager.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)``."""
+
+    agent_loop_workers_class = ray.remote(RouterAgentLoopWorker)
 
     async def _init_agent_loop_workers(self) -> None:
         # the swap happens here, not in __init__: finding verl's servers asks its load balancer, a Ray call
@@ -50,4 +66,4 @@ class RouterAgentLoopManager(AgentLoopManager):
         await super()._init_agent_loop_workers()
 
 
-__all__ = ["RouterAgentLoopManager", "agentloop_client"]
+__all__ = ["RouterAgentLoopManager", "RouterAgentLoopWorker", "agentloop_client"]
