@@ -72,7 +72,14 @@ class RouterConfig(BaseModel):
     )
     load_poll_interval_s: float = Field(
         0.5, gt=0, description="How often each server's load refines the locally tracked in-flight counts: a "
-        "GetLoad poll of every server that reported none on a completed generation within this interval."
+        "GetLoad poll of every server carrying requests of this Router that reported none on a completed generation "
+        "within this interval (the others: idle_load_poll_interval_s)."
+    )
+    idle_load_poll_interval_s: float = Field(
+        2.0, gt=0, description="How often a server carrying none of this Router's requests is polled (at least "
+        "load_poll_interval_s), unless a completion reported its load meanwhile: only its liveness and other "
+        "clients' load are at stake there, and W Routers over S servers would otherwise each send S polls every "
+        "load_poll_interval_s."
     )
     health_retry_interval_s: float = Field(
         0.5, gt=0, description="Delay before re-watching the health of a server whose watch stream failed."

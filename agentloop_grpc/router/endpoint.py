@@ -5,8 +5,9 @@ One HTTP/2 channel per server, reused by every call. Two background tasks keep t
 stream means the server is gone, and the watch is retried) and a periodic GetLoad that refines the locally
 counted in-flight requests with what the server itself reports (other clients' load included). Every completed
 generation carries the same report (``GenerateComplete.load``), so a server that finished one of our requests
-within ``load_poll_interval_s`` is not polled: with W Routers over S servers the polls would otherwise cost each
-Router S polls a interval however many calls it makes (figures in NOTES.md), and only idle servers need them.
+within ``load_poll_interval_s`` is not polled, and one carrying none of our requests is polled every
+``idle_load_poll_interval_s`` only: W Routers over S servers would otherwise each send S polls every interval
+however many calls they make (figures in NOTES.md).
 
 A hung server is found two ways. The channel pings the server when nothing arrives for a while, and closes the
 connection when a ping goes unanswered (a stopped process, a partition: the peer's kernel may still acknowledge
@@ -228,15 +229,19 @@ class Endpoint:
         self._versions.report(self.address, self.info.weight_version)
 
     async def _poll_load(self) -> None:
-        interval_s, liveness_s = self._config.load_poll_interval_s, self._config.liveness_timeout_s
+        config = self._config
+        interval_s, liveness_s = config.load_poll_interval_s, config.liveness_timeout_s
+        idle_s = max(interval_s, config.idle_load_poll_interval_s)
         # short polls, so that a hung server's time out one after another until the bound
         timeout_s = min(liveness_s, max(1.0, interval_s))
         due = time.monotonic() + interval_s
         while True:
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            # awake every interval at least: a server that takes one of our requests meanwhile is due sooner
+            await asyncio.sleep(min(interval_s, max(0.0, due - time.monotonic())))
             behind = self.address in self._versions.behind
-            # a completion reported the load since: the poll is due one interval after that report
-            due = self._reported_at + interval_s
+            # due one interval after the last report (a poll's or a completion's); one idle interval for a server
+            # carrying none of our requests, where only its liveness and other clients' load are at stake
+            due = self._reported_at + (interval_s if self.in_flight or behind else idle_s)
             if due > time.monotonic() and not behind:
                 continue
             due = time.monotonic() + interval_s

@@ -1,6 +1,7 @@
 """Load reported on completions (GenerateComplete.load): the Router takes a server's load from each generation it
 finishes there and polls GetLoad only from servers it has not heard from within load_poll_interval_s, so W
-Routers over S servers do not each poll all S while they route; an idle server is still polled (liveness)."""
+Routers over S servers do not each poll all S while they route; a server carrying none of its requests is polled
+less often (idle_load_poll_interval_s), but still polled (liveness)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ async def test_a_completion_brings_the_servers_load_without_a_poll() -> None:
 
 
 async def test_a_server_that_answers_generations_is_not_polled_and_an_idle_one_is() -> None:
-    config = RouterConfig(load_poll_interval_s=0.1, **FAST)
+    config = RouterConfig(load_poll_interval_s=0.1, idle_load_poll_interval_s=0.1, **FAST)
     async with fake_servers(2, token_latency_s=0.001) as servers, \
             Router([address(s) for s in servers], config) as router:
         await router.fleet.wait_ready(2)
@@ -70,6 +71,25 @@ async def test_a_server_that_answers_generations_is_not_polled_and_an_idle_one_i
             await asyncio.sleep(0.01)
         assert polls[busy][0] <= 1, f"{polls[busy][0]} polls of a server that reported its load on every completion"
         assert polls[idle][0] >= 5, f"only {polls[idle][0]} polls of the idle server in 1.5 s"
+
+
+async def test_a_server_carrying_our_requests_is_polled_each_interval_an_idle_one_each_idle_interval() -> None:
+    """A long generation reports nothing until it ends: its server is polled every interval (its liveness guards
+    our request); a server with none of ours only every idle interval."""
+    config = RouterConfig(load_poll_interval_s=0.05, idle_load_poll_interval_s=0.5, **FAST)
+    async with fake_servers(2, token_latency_s=0.01) as servers, \
+            Router([address(s) for s in servers], config) as router:
+        await router.fleet.wait_ready(2)
+        long = asyncio.create_task(router.generate(GenerateCall("long", [1, 2, 3], params(1000))))
+        await _until(lambda: router.session_server("long") is not None)
+        busy = router.session_server("long")
+        idle = next(address(s) for s in servers if address(s) != busy)
+        polls = {a: _count_polls(router.fleet.endpoint(a)) for a in (busy, idle)}
+        await asyncio.sleep(1.5)
+        long.cancel()
+        await asyncio.gather(long, return_exceptions=True)
+        assert polls[busy][0] >= 10, f"only {polls[busy][0]} polls in 1.5 s of a server carrying our request"
+        assert 1 <= polls[idle][0] <= 4, f"{polls[idle][0]} polls in 1.5 s of a server idle to us"
 
 
 async def test_a_rise_in_preemptions_keeps_new_sessions_away_for_a_poll_interval() -> None:
