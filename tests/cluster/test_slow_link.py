@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None,
 
 #: Added latency each way (a 400 ms round trip on top of the bridge's).
 DELAY_S = 0.2
-#: Short stalls: below the channel's ping timeout (5 s), which is the shortest stall a Router can notice.
-STALL_S = 3.0
+#: Short stalls: well below the channel's ping timeout (5 s, less the round trip), the shortest stall a Router can
+#: notice, with a margin for a loaded machine's scheduling.
+STALL_S = 2.5
 FLAP_DOWN_S, FLAP_UP_S, FLAPS = 1.0, 0.5, 3
 SESSIONS = 8
 #: Generations that outlast the faults below the bound (10 ms a token: 10 s) and a shorter one for the stall.
@@ -63,7 +64,7 @@ class _Proxy:
 def test_a_slow_or_flapping_link_fails_nothing_over_below_the_bound_and_a_longer_stall_resumes_elsewhere(
     cluster: Cluster, engines: Engines, cluster_timings: dict[str, float], tmp_path: Path
 ) -> None:
-    """Eight generations over both engine servers, node1's through the proxy: 200 ms each way, a 3 s stall and three
+    """Eight generations over both engine servers, node1's through the proxy: 200 ms each way, a 2.5 s stall and three
     1 s flaps leave every one on its server, complete and token-exact, over one connection that never dropped; then
     a stall for good: the Router takes the proxied server out within its liveness bound and its generations resume
     on node2 from the tokens received, token-exact; once the stall ends, the server is routed to again."""
@@ -118,6 +119,7 @@ def test_a_slow_or_flapping_link_fails_nothing_over_below_the_bound_and_a_longer
     assert below["cut_at"] == dict.fromkeys(placed, SLOW_TOKENS)  # each the engine's one stream, token for token
     slowed = [s for s, server in placed.items() if server == proxy.address]
     assert all(below["longest_gap_s"][s] >= STALL_S - 0.5 for s in slowed)  # the stall did hold their streams
+    cluster_timings["slow link: longest stream gap ridden out"] = max(below["longest_gap_s"][s] for s in slowed)
     # beyond it: the stalled server's generations resumed on the other one, the rest undisturbed
     cut = {s for s, server in placed_again.items() if server == proxy.address}
     assert beyond["tokens"] == dict.fromkeys(placed_again, STALL_TOKENS)
