@@ -232,8 +232,6 @@ class Endpoint:
         config = self._config
         interval_s, liveness_s = config.load_poll_interval_s, config.liveness_timeout_s
         idle_s = max(interval_s, config.idle_load_poll_interval_s)
-        # short polls, so that a hung server's time out one after another until the bound
-        timeout_s = min(liveness_s, max(1.0, interval_s))
         due = time.monotonic() + interval_s
         while True:
             # awake every interval at least: a server that takes one of our requests meanwhile is due sooner
@@ -247,6 +245,9 @@ class Endpoint:
             due = time.monotonic() + interval_s
             if not self.healthy:
                 continue
+            # a poll waits for what is left of the bound (1 s at least): a hung server's poll times out at the bound,
+            # while a slow link's answer (a round trip of more than a second) still counts as one
+            timeout_s = max(1.0, liveness_s - (time.monotonic() - self._answered_at))
             try:
                 if behind:  # held out: updated since by someone?
                     await self._refresh_info(timeout_s)

@@ -13,6 +13,8 @@ It prints ``listening on HOST:PORT`` once bound, then reads commands on stdin, o
     flap DOWN UP N   N times: stalled DOWN seconds, then UP seconds forwarding (the first stall begins now)
     release          end a stall now
     stats            {"accepted": connections accepted, "open": open now, "up": bytes to upstream, "down": bytes back}
+
+``start`` runs it in a test's own event loop instead, obeying a ``Link`` the test sets.
 """
 
 from __future__ import annotations
@@ -101,10 +103,15 @@ async def _flap(link: Link, down_s: float, up_s: float, times: int) -> None:
         await asyncio.sleep(down_s + up_s)
 
 
-async def main(listen_host: str, upstream: str) -> None:
+async def start(listen_host: str, upstream: str, link: Link) -> asyncio.Server:
+    """The proxy in the running event loop (a test's own), on a free port of ``listen_host``, obeying ``link``."""
     host, _, port = upstream.rpartition(":")
+    return await asyncio.start_server(lambda r, w: _serve(r, w, link, (host, int(port))), listen_host, 0)
+
+
+async def main(listen_host: str, upstream: str) -> None:
     link = Link()
-    server = await asyncio.start_server(lambda r, w: _serve(r, w, link, (host, int(port))), listen_host, 0)
+    server = await start(listen_host, upstream, link)
     bound = server.sockets[0].getsockname()
     print(f"listening on {bound[0]}:{bound[1]}", flush=True)
     flaps: set[asyncio.Task] = set()
