@@ -17,7 +17,8 @@ sessions through it) and C calls in flight:
 Each call asks one token (GenerateUnary). Measured in the Router's process: CPU time (user + system, every thread,
 gRPC's included, and so the background of step 1) per call of step 2 and of step 3; the resident memory (RSS, after
 a garbage collection and glibc's malloc_trim) it gained from the end of step 1 to the end of step 3 (L live
-sessions); the live sessions it remembers at the end.
+sessions); the live sessions it remembers at the end; the GetLoad polls it sent during step 3 (a count the host's
+load does not blur, unlike CPU time).
 Workers: W Router processes at once, each with L/W sessions and K/W sticky calls, over the same S servers: CPU per
 call of each (each watches and polls every server, so its background falls on fewer calls).
 
@@ -27,7 +28,7 @@ other one and a ratio pairs a run with the one just before it. RATIO lines: stic
 100k sessions) over (4, 1k), target 1.5 (flat in servers and sessions); the same for a session's first (placed)
 call, target 1.5; the memory gained with 100k live sessions over 10k, target 10 (at most linear in live sessions,
 which max_sessions bounds); a worker Router's sticky CPU per call (W of them, L/W sessions each) over the single
-Router's at the same scale, target 1.5.
+Router's at the same scale, target 1.5; and the worker Routers' GetLoad polls per sticky call (no target).
 
 Usage: python bench/router_scale.py [--quick] [--scales 4x1000,256x100000] [--in-flight 64]
                                     [--sticky-calls 10000] [--workers 4]
@@ -97,6 +98,8 @@ class RouterRun:
     sticky_wall_s: float
     rss_gain: int
     live_sessions: int
+    #: GetLoad polls the Router sent during the sticky calls (a count the host's load does not blur).
+    sticky_polls: int = 0
 
     @property
     def open_us(self) -> float:
@@ -148,6 +151,7 @@ async def _route(addresses: Sequence[str], first: int, sessions: int, sticky: in
     config = RouterConfig(max_sessions=sessions)
     async with Router(list(addresses), config) as router:
         await router.fleet.wait_ready(min_servers=len(addresses), timeout_s=300)
+        polls = _count_polls(router)
         await asyncio.to_thread(ready.wait)  # every Router of the run is ready: they start together
         cpu = time.process_time()
         await asyncio.sleep(IDLE_S)
@@ -159,11 +163,24 @@ async def _route(addresses: Sequence[str], first: int, sessions: int, sticky: in
         open_cpu, open_wall = time.process_time() - cpu, time.perf_counter() - wall
         # 3. sticky calls on live sessions
         rng = random.Random(first)
-        cpu, wall = time.process_time(), time.perf_counter()
+        cpu, wall, polled = time.process_time(), time.perf_counter(), polls[0]
         await drive(first + rng.randrange(sessions) for _ in range(sticky))
         sticky_cpu, sticky_wall = time.process_time() - cpu, time.perf_counter() - wall
         return RouterRun(idle_cpu_per_s, sessions, open_cpu, open_wall, sticky, sticky_cpu, sticky_wall,
-                         _rss() - rss, router.live_sessions)
+                         _rss() - rss, router.live_sessions, polls[0] - polled)
+
+
+def _count_polls(router) -> list[int]:
+    """Count the GetLoad polls of every server from now on (the list's one element): the bench's own wrapper
+    around each server's stub, so every version of the Router is counted alike."""
+    polls = [0]
+    for endpoint in router.fleet.servers.values():
+        def counted(*args, _get_load=endpoint.generate.GetLoad, **kwargs):
+            polls[0] += 1
+            return _get_load(*args, **kwargs)
+
+        endpoint.generate.GetLoad = counted
+    return polls
 
 
 def _router_process(addresses: list[str], first: int, sessions: int, sticky: int, in_flight: int, ready,
@@ -204,7 +221,9 @@ def _print_run(scale: Scale, runs: list[RouterRun]) -> None:
               f"{run.open_calls:6d} calls {run.open_calls / run.open_wall_s:6.0f}/s {run.open_us:6.0f} us CPU/call | "
               f"sticky {run.sticky_calls:6d} calls {run.sticky_calls / run.sticky_wall_s:6.0f}/s "
               f"{run.sticky_us:6.0f} us CPU/call | RSS +{run.rss_gain / 2**20:6.1f} MiB, "
-              f"{run.rss_gain / run.live_sessions:5.0f} B/session | live {run.live_sessions}", flush=True)
+              f"{run.rss_gain / run.live_sessions:5.0f} B/session | live {run.live_sessions} | "
+              f"{run.sticky_polls / run.sticky_wall_s:5.0f} polls/s, {run.sticky_polls / run.sticky_calls:.3f} a call",
+              flush=True)
 
 
 def _scale(text: str) -> Scale:
@@ -230,6 +249,8 @@ def _ratios(runs: list[tuple[Scale, list[RouterRun]]], scales: Sequence[Scale], 
         worker_us = statistics.mean(run.sticky_us for run in last[workers][1])
         lines.append(f"RATIO router_worker_cpu_per_call_{workers.routers}w_over_1 {worker_us / big.sticky_us:.2f} "
                      f"target 1.5")
+        worker_polls = statistics.mean(run.sticky_polls / run.sticky_calls for run in last[workers][1])
+        lines.append(f"RATIO router_worker_polls_per_call_{workers.routers}w {worker_polls:.3f} target 0")
     return lines
 
 

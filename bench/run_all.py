@@ -53,8 +53,8 @@ BENCHMARKS = {
                       "bound; 10,000 concurrent trajectories in one worker"),
     "router_scale": ("router_scale.py", "one Router over 4 to 256 fake engine servers (zero latency, 64 to a process) "
                      "with 1k to 100k live sessions (GRPO groups of 8, one token a call), then 4 worker Routers "
-                     "sharing 100k sessions over the 256 servers: the Router's CPU per call (placing and sticky) and "
-                     "the memory its live sessions take"),
+                     "sharing 100k sessions over the 256 servers: the Router's CPU per call (placing and sticky), "
+                     "the memory its live sessions take and the GetLoad polls it sends per call"),
 }
 RATIO = re.compile(r"^RATIO (\S+) (\S+) target (\S+)$")
 
