@@ -17,11 +17,12 @@ from .processes import ENGINE, ROOT, Engines, announced
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
 
-#: Added latency each way (a 400 ms round trip on top of the bridge's).
-DELAY_S = 0.2
-#: Short stalls: well below the channel's ping timeout (5 s, less the round trip), the shortest stall a Router can
-#: notice, with a margin for a loaded machine's scheduling.
-STALL_S = 2.5
+#: Added latency each way: a 1.2 s round trip, longer than a GetLoad poll's timeout was (1 s: every poll timed out,
+#: and the server was taken out as hung at the liveness bound).
+DELAY_S = 0.6
+#: Short stalls: well below the channel's ping timeout less the round trip (5 - 1.2 s), the shortest stall a Router
+#: can notice, with a margin for a loaded machine's scheduling.
+STALL_S = 2.0
 FLAP_DOWN_S, FLAP_UP_S, FLAPS = 1.0, 0.5, 3
 SESSIONS = 8
 #: Generations that outlast the faults below the bound (10 ms a token: 10 s) and a shorter one for the stall.
@@ -64,7 +65,7 @@ class _Proxy:
 def test_a_slow_or_flapping_link_fails_nothing_over_below_the_bound_and_a_longer_stall_resumes_elsewhere(
     cluster: Cluster, engines: Engines, cluster_timings: dict[str, float], tmp_path: Path
 ) -> None:
-    """Eight generations over both engine servers, node1's through the proxy: 200 ms each way, a 2.5 s stall and three
+    """Eight generations over both engine servers, node1's through the proxy: 600 ms each way, a 2 s stall and three
     1 s flaps leave every one on its server, complete and token-exact, over one connection that never dropped; then
     a stall for good: the Router takes the proxied server out within its liveness bound and its generations resume
     on node2 from the tokens received, token-exact; once the stall ends, the server is routed to again."""
@@ -132,5 +133,6 @@ def test_a_slow_or_flapping_link_fails_nothing_over_below_the_bound_and_a_longer
     cluster_timings["stall: server taken out after"] = detected
     cluster_timings["stall: last generation resumed after"] = resumed
     cluster_timings["stall ended: server routed to again after"] = done["routed_to_again_s"]
-    # not before a ping could time out (5 s), within the liveness bound (RouterConfig.liveness_timeout_s, 10 s)
-    assert detected is not None and 4.0 <= detected <= 10 + 1.5
+    # not before a ping sent a round trip before the stall could time out (5 s after it was sent), within the
+    # liveness bound (RouterConfig.liveness_timeout_s, 10 s)
+    assert detected is not None and 5 - 2 * DELAY_S - 0.5 <= detected <= 10 + 1.5
