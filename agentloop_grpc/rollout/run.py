@@ -228,7 +228,10 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
         trace = out / "trace.jsonl"
         trace.unlink(missing_ok=True)
         spec = WorkerSpec(
-            engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
+            # engines from a discovery file are followed: a server the launcher restarts elsewhere joins the run
+            engines=() if config.engines.discovery_file else tuple(addresses),
+            discovery_file=config.engines.discovery_file, tool_server=tool_address,
+            tool_security=config.tools.security,
             model_dir=model_dir, loop=config.loop,
             router=routing(config), max_concurrency=config.max_concurrency, reward=config.reward_function,
             interactions=config.interactions, loops=config.loops, trace_path=str(trace) if config.trace else None,

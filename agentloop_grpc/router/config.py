@@ -81,6 +81,11 @@ class RouterConfig(BaseModel):
         "clients' load are at stake there, and W Routers over S servers would otherwise each send S polls every "
         "load_poll_interval_s."
     )
+    discovery_poll_s: float = Field(
+        1.0, ge=0, le=3600, description="A Router or Fleet built from a launcher's discovery file re-reads it this "
+        "often while running: servers the file gains (a lost one restarted elsewhere) are added, those it drops are "
+        "removed once they stop answering. 0: the file is read once."
+    )
     health_retry_interval_s: float = Field(
         0.5, gt=0, description="Delay before re-watching the health of a server whose watch stream failed."
     )

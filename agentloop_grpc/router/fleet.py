@@ -10,6 +10,7 @@ generate calls over.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from .discovery import discovery_addresses, discovery_config
 from .endpoint import Endpoint
 from .errors import NoHealthyServerError
 from .fanout import FanOutResult, Reply, tensor_specs, weight_update_messages
+from .follow import follow_discovery_file
 from .lowest_load import LowestLoad
 from .metrics import RouterMetrics
 from .replies import (
@@ -45,7 +47,8 @@ from .versions import WeightVersions
 class Fleet:
     """Engine servers and their control; see the module docstring. Use ``async with Fleet(...)``."""
 
-    def __init__(self, servers: Sequence[str], config: RouterConfig | None = None) -> None:
+    def __init__(self, servers: Sequence[str], config: RouterConfig | None = None,
+                 discovery_file: str | Path | None = None) -> None:
         self.config = config or RouterConfig()
         self.metrics = RouterMetrics()
         self._endpoints: dict[str, Endpoint] = {}
@@ -53,22 +56,33 @@ class Fleet:
         self._lowest = LowestLoad()  # over the healthy servers, kept by their endpoints as loads change
         self._initial = list(servers)
         self._paused = False
+        # the launcher's file the servers came from: followed while entered (follow.py)
+        self._discovery_file = discovery_file
+        self._follower: asyncio.Task | None = None
 
     @classmethod
     def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Fleet:
         """Servers from a launcher's discovery file, reached with the file's security settings unless ``config``
-        has its own."""
-        return cls(discovery_addresses(path), discovery_config(path, config))
+        has its own; while entered, the file is followed (``RouterConfig.discovery_poll_s``)."""
+        return cls(discovery_addresses(path), discovery_config(path, config), discovery_file=path)
 
     async def __aenter__(self) -> Fleet:
         for address in self._initial:
             await self.add_server(address)
+        if self._discovery_file is not None and self.config.discovery_poll_s > 0:
+            self._follower = asyncio.create_task(
+                follow_discovery_file(self, self._discovery_file, self.config.discovery_poll_s))
         return self
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
 
     async def close(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+            self._follower = None
         for address in list(self._endpoints):
             await self.remove_server(address)
 

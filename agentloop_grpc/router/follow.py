@@ -1,8 +1,8 @@
 """Following a launcher's discovery file: the servers it adds join a Fleet, the ones it drops leave it.
 
 ``agentloop engine launch --ray`` rewrites its discovery file when a server is lost (left out) and when one is
-restarted (its new address); a Router built from the file reads it once. ``follow_discovery_file`` polls the file
-and brings a running Fleet (a Router's ``router.fleet``) up to date:
+restarted (its new address). ``follow_discovery_file`` polls the file and brings a running Fleet (a Router's
+``router.fleet``) up to date; a Fleet or Router built with ``from_discovery_file`` runs it while entered:
   - an address new in the file is added (it takes traffic once SERVING and at the fleet's weight version: a
     restarted server serving older weights is held out until it has the fleet's, see versions.py);
   - an address the file no longer lists is removed once it is not healthy (a lost server; one still serving, e.g.
@@ -19,9 +19,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .discovery import discovery_addresses
-from .fleet import Fleet
+
+if TYPE_CHECKING:  # the Fleet runs this module's follower
+    from .fleet import Fleet
 
 log = logging.getLogger(__name__)
 

@@ -54,8 +54,9 @@ _PRESSURE_POLL_S = 0.05
 class Router:
     """Routes generate calls over a Fleet of engine servers; see the module docstring. Use ``async with``."""
 
-    def __init__(self, servers: Sequence[str], config: RouterConfig | None = None) -> None:
-        self.fleet = Fleet(servers, config)
+    def __init__(self, servers: Sequence[str], config: RouterConfig | None = None,
+                 discovery_file: str | Path | None = None) -> None:
+        self.fleet = Fleet(servers, config, discovery_file)
         self.config = self.fleet.config
         self.metrics = self.fleet.metrics
         self._sessions = SessionTable(self.config.max_sessions, self.config.session_ttl_s)
@@ -84,8 +85,8 @@ class Router:
     @classmethod
     def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Router:
         """Servers from a launcher's discovery file, reached with the file's security settings unless ``config``
-        has its own."""
-        return cls(discovery_addresses(path), discovery_config(path, config))
+        has its own; while entered, the file is followed (``RouterConfig.discovery_poll_s``)."""
+        return cls(discovery_addresses(path), discovery_config(path, config), discovery_file=path)
 
     async def __aenter__(self) -> Router:
         await self.fleet.__aenter__()

@@ -152,7 +152,10 @@ def worker_spec(config: TrainConfig, addresses: Sequence[str], model_dir: str | 
                 tool_address: str | None) -> WorkerSpec:
     """What the rollout's workers are built from: the run's engines, tools and loops, and the reward its dataset
     brings (reasoning_gym: the task's scorer; otherwise the tool rewards)."""
-    return WorkerSpec(engines=tuple(addresses), tool_server=tool_address, tool_security=config.tools.security,
+    # engines from a discovery file are followed: a server the launcher restarts elsewhere joins the run
+    return WorkerSpec(engines=() if config.engines.discovery_file else tuple(addresses),
+                      discovery_file=config.engines.discovery_file, tool_server=tool_address,
+                      tool_security=config.tools.security,
                       model_dir=model_dir, reward=config.dataset.reward, loop=config.loop, loops=config.loops,
                       router=routing(config))
 

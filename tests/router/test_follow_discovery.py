@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from agentloop_grpc.agent.spec import WorkerSpec
 from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.router import GenerateCall, Router
 from agentloop_grpc.router.follow import following_discovery_file
@@ -51,3 +52,22 @@ async def test_a_router_follows_the_servers_its_discovery_file_gains_and_drops(t
             await servers[0].stop(grace_s=0)
             await _until(lambda: listed not in router.fleet.servers)
             assert set(router.fleet.servers) == {restarted, elsewhere}  # not from the file: left alone
+
+
+async def test_a_router_or_spec_built_from_a_discovery_file_follows_it_unless_told_to_read_it_once(tmp_path) -> None:
+    discovery = tmp_path / "discovery.json"
+    async with fake_servers(2) as servers:
+        first, restarted = (address(s) for s in servers)
+        _write(discovery, [first])
+        following = FAST.model_copy(update={"discovery_poll_s": 0.05})
+        once = FAST.model_copy(update={"discovery_poll_s": 0})
+        spec = WorkerSpec(discovery_file=str(discovery), router=following)
+        async with spec.make_router() as router, Router.from_discovery_file(discovery, once) as reads_once:
+            await router.fleet.wait_ready(1)
+            _write(discovery, [first, restarted])
+            await _until(lambda: restarted in router.fleet.servers and router.fleet.servers[restarted].healthy)
+            result = await router.generate(GenerateCall("s", [1, 2, 3], params(2)))
+            assert result.servers[0] in {first, restarted}
+            assert set(reads_once.fleet.servers) == {first}
+        # the follower stops with the router
+        assert not [t for t in asyncio.all_tasks() if "follow_discovery_file" in repr(t.get_coro())]
