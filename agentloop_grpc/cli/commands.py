@@ -314,7 +314,8 @@ def tools_serve(
 @with_server_security
 def gateway(
     engines: str = typer.Option(None, help="Running engine servers, host:port[,host:port...]."),
-    discovery_file: Path = typer.Option(None, help="A discovery file written by `agentloop engine launch`."),
+    discovery_file: Path = typer.Option(None, help="A discovery file written by `agentloop engine launch`, "
+                                        "followed while serving: servers it gains join, those it drops leave."),
     config: Path = typer.Option(None, help="A gateway YAML (GatewayConfig: tool_parser, forced sampling, limits)."),
     model_dir: Path = typer.Option(None, help="The served model's folder, for its tokenizer (default: the default "
                                                "model)."),
@@ -358,7 +359,7 @@ def gateway(
 
     try:
         asyncio.run(serve_gateway(settings, addresses, host, port, str(model_dir) if model_dir else None,
-                                  security, router, on_listening=announce))
+                                  security, router, on_listening=announce, discovery_file=discovery_file))
     except (ValueError, ImportError, OSError, SystemExit) as exc:
         if isinstance(exc, SystemExit):  # uvicorn exits when it cannot bind
             _config_error(f"the gateway could not listen on {host}:{port}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 from agentloop_grpc.agent.config import AgentLoopConfig
 from agentloop_grpc.agent.spec import load_codec
@@ -26,9 +27,11 @@ async def serve_gateway(
     security: ServerSecurity | None = None,
     router: RouterConfig | None = None,
     on_listening: Callable[[str], None] | None = None,
+    discovery_file: str | Path | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT; ``on_listening(base_url)`` once bound. The tokenizer is the model's
-    (``model_dir``; None: the default model), with the config's chat template."""
+    (``model_dir``; None: the default model), with the config's chat template. ``discovery_file``: the launcher's
+    file ``engines`` came from, followed while serving (a server restarted elsewhere joins)."""
     security = security or ServerSecurity()
     if security.client_ca_file is not None:
         raise ValueError("the gateway takes no client certificates (--tls-client-ca): use its tokens")
@@ -36,7 +39,7 @@ async def serve_gateway(
     stop = stop_signal()
     codec = load_codec(model_dir, AgentLoopConfig(chat_template=config.chat_template))
     async with AsyncExitStack() as stack:
-        fleet = await stack.enter_async_context(Router(list(engines), router or RouterConfig()))
+        fleet = await stack.enter_async_context(Router(list(engines), router or RouterConfig(), discovery_file))
         gateway = SessionGateway(fleet, codec, config)
         app = create_app(gateway, user_token, admin_token)
         url = await stack.enter_async_context(serve_app(

@@ -41,7 +41,8 @@ async def test_the_gateway_command_serves_sessions_and_stops_on_sigterm(server_p
 
 
 async def test_a_discovery_files_tokens_reach_the_engines(server_processes, tmp_path):
-    """The gateway reaches the engines of a discovery file as the file says (here: with its token file)."""
+    """The gateway reaches the engines of a discovery file as the file says (here: with its token file), and
+    follows the file while serving."""
     from agentloop_grpc.client_security import ClientSecurity
     from agentloop_grpc.launch.launcher import write_discovery
 
@@ -56,6 +57,16 @@ async def test_a_discovery_files_tokens_reach_the_engines(server_processes, tmp_
         client = openai.AsyncOpenAI(base_url=f"{url}/sessions/c1/v1", api_key="unused")
         reply = await client.chat.completions.create(model="m", max_tokens=4,
                                                      messages=[{"role": "user", "content": "Hi"}])
+        assert 0 < reply.usage.completion_tokens <= 4
+        # the launcher restarted the server elsewhere (its new address in the file), the old one is gone: the
+        # gateway follows the file, so a new session is served
+        server_processes.append(ServerProcess(token_latency_ms=1, program=program))
+        write_discovery(discovery, [{"address": server_processes[1].address}],
+                        ClientSecurity(token_file=str(tmp_path / "engine-token")))
+        server_processes[0].stop()
+        client = openai.AsyncOpenAI(base_url=f"{url}/sessions/c2/v1", api_key="unused", timeout=60, max_retries=0)
+        reply = await client.chat.completions.create(model="m", max_tokens=4,
+                                                     messages=[{"role": "user", "content": "Hi again"}])
         assert 0 < reply.usage.completion_tokens <= 4
     finally:
         process.send_signal(signal.SIGTERM)
