@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+import grpc
+
 from agentloop_grpc.common.addresses import is_loopback, local_address_towards
 from agentloop_grpc.common.safetensors_format import write_safetensors
 from agentloop_grpc.common.types import NamedTensor
@@ -225,8 +227,7 @@ class CollectiveTransfer:
 
 
 def _status(error: object) -> str:
-    code = getattr(error, "code", None)
-    return code().name if callable(code) else type(error).__name__
+    return error.code().name if isinstance(error, grpc.aio.AioRpcError) else type(error).__name__
 
 
 def _merged(results: dict[str, FanOutResult]) -> FanOutResult:
