@@ -159,6 +159,24 @@ def test_slot_moves_and_block_copies() -> None:
     assert not kv.allocated
 
 
+def _resident_bytes() -> int:
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+
+def test_the_kv_budget_takes_memory_only_where_requests_write() -> None:
+    """An allocated cache holds what its slots use: the default budget is ~5.8 GB, and a server that took it all at
+    start (torch.zeros writes every page) held that much with no request (two replicas ~12.6 GB in a test)."""
+    shape = KVShape(layers=4, slots=64, kv_heads=3, max_len=2048, head_dim=64)  # 800 MB of keys and values
+    kv = SlotKVCache(shape)
+    before = _resident_bytes()
+    kv.allocate()
+    untouched = _resident_bytes() - before
+    kv.keys[3][5, :, :100] = 1.0
+    assert untouched < 50e6, f"{untouched / 1e6:.0f} MB resident for an unused 800 MB cache"
+    assert float(kv.keys[3].sum()) == 3 * 100 * 64 and float(kv.values[0].abs().sum()) == 0.0
+    kv.release()
+
+
 LOGITS = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, -1.0])
 
 

@@ -11,6 +11,8 @@ allocations, so freeing them returns the memory to the OS.
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +29,13 @@ class KVShape:
     @property
     def bytes_per_token(self) -> int:
         return self.layers * 2 * self.kv_heads * self.head_dim * 4
+
+
+def _untouched_zeros(dims: tuple[int, ...]) -> torch.Tensor:
+    """float32 zeros in an anonymous mapping: the kernel gives a page its memory at its first write, so a server
+    holds the KV its requests use, not its whole budget (``torch.zeros`` writes every page); freed on release."""
+    count = math.prod(dims)
+    return torch.frombuffer(mmap.mmap(-1, count * 4), dtype=torch.float32, count=count).view(dims)
 
 
 class SlotKVCache:
@@ -46,9 +55,8 @@ class SlotKVCache:
             return
         s = self.shape
         dims = (s.slots, s.kv_heads, s.max_len, s.head_dim)
-        # torch.zeros of a large buffer maps fresh pages lazily: memory grows with what requests really use.
-        self.keys = [torch.zeros(dims, dtype=torch.float32) for _ in range(s.layers)]
-        self.values = [torch.zeros(dims, dtype=torch.float32) for _ in range(s.layers)]
+        self.keys = [_untouched_zeros(dims) for _ in range(s.layers)]
+        self.values = [_untouched_zeros(dims) for _ in range(s.layers)]
 
     def release(self) -> None:
         self.keys, self.values = [], []
