@@ -140,17 +140,17 @@ lint: protos
 ## test: everything (Python lint and types, contracts lint and breaking check, Python suites, Node client suite)
 test: lint protos protos-lint protos-breaking test-python test-node
 
-# tests/cluster's fault cases (~95 s of partitions, stalls and a killed node) are left to `make test-cluster`: with
-# them CI's fresh-clone run would come within a minute of its 30-minute limit; the rest of it (~45 s) runs here
+# Two workers: one runs the folders that hold the most memory (vLLM, trainers), one after another, the other the rest
+# (tests/conftest.py); much of the suite waits on servers and timeouts, so a second worker fits on two cores
 test-python: protos
-	$(PY) -m pytest -m "not (cluster and fault)"
+	$(PY) -m pytest -n 2 --dist loadscope
 
 ## test-faults: only the fault-injection suite (tests/FAULTS.md; `make test` runs it too)
 test-faults: protos
 	$(PY) -m pytest -m fault
 
 ## test-cluster: the multi-node suite (tests/cluster: Ray nodes in network namespaces, as root, else skipped;
-## `make test` runs all but its fault cases, for CI's time limit)
+## `make test` runs it too)
 test-cluster: protos
 	$(PY) -m pytest -m cluster
 
