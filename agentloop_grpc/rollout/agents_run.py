@@ -21,21 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 from agentloop_grpc.agent import AgentLoopConfig, Sample, Trajectory
 from agentloop_grpc.agent.spec import ComponentSpec, load_codec
-from agentloop_grpc.router import NoHealthyServerError, Router
+from agentloop_grpc.router import Router
 
 from .config import ExternalAgent, RolloutConfig
 from .dataset import read_rows, to_samples
 from .progress import Progress
 from .run import (
     LoopConfigError,
-    RolloutError,
     RunRecord,
-    end_run,
+    collecting,
     open_tracking,
     routing,
-    sample_load,
-    start_engines,
-    start_tools,
+    start_servers,
+    wait_engines,
 )
 
 if TYPE_CHECKING:
@@ -156,35 +154,13 @@ async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: R
     started = time.monotonic()
     async with AsyncExitStack() as stack:
         tracking = open_tracking(config, stack, record, progress)
-        # 2-3. engines and tools
-        progress.status("starting engine and tool servers")
-        (addresses, model_dir), _ = await asyncio.gather(start_engines(config.engines, stack, out),
-                                                         start_tools(config.tools, stack, out))
-        record.servers = addresses
+        addresses, model_dir, _ = await start_servers(config, stack, record, progress)
         # 4. the Router, the gateway and its app, the agents
         router = await stack.enter_async_context(Router(addresses, routing(config)))
-        try:
-            await router.fleet.wait_ready(min_servers=len(addresses), timeout_s=config.router.no_server_wait_s)
-        except NoHealthyServerError:
-            down = [a for a, e in router.fleet.servers.items() if not e.healthy]
-            raise RolloutError(f"engine server(s) {', '.join(down)} did not answer as SERVING") from None
+        await wait_engines(router.fleet, addresses, config.router.no_server_wait_s)
         agents = await stack.enter_async_context(agent_sessions(agent, program, router, model_dir, config.loop,
                                                                 config.reward_function, out / "logs" / "agents"))
-        progress.start(len(samples))
-        sampler = asyncio.create_task(sample_load(router.metrics, record))
-
-        def done(trajectory: Trajectory) -> None:
-            record.trajectories.append(trajectory)
-            progress.advance(trajectory)
-            tracking.advance(trajectory, time.monotonic() - started)
-
-        try:
+        async with collecting(config, record, router.metrics, tracking, progress, started, len(samples)) as done:
             record.trajectories = await agents.run(
                 samples, agent_rows(rows, samples, config.samples_per_prompt), on_done=done)  # the samples' order
-        except asyncio.CancelledError:
-            record.interrupted = True
-            raise
-        finally:
-            sampler.cancel()
-            end_run(config, record, router.metrics, tracking, progress, started)
     return record

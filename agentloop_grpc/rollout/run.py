@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -40,6 +40,7 @@ from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerP
 from agentloop_grpc.router import NoHealthyServerError, RouterConfig
 from agentloop_grpc.router.call import GenerateCall
 from agentloop_grpc.router.discovery import discovery_addresses, discovery_config
+from agentloop_grpc.router.fleet import Fleet
 from agentloop_grpc.router.metrics import RouterMetrics
 from agentloop_grpc.router.result import GenerateResult
 from agentloop_grpc.serving.metrics import serve_metrics
@@ -172,15 +173,6 @@ async def start_tools(tools: Tools, stack: AsyncExitStack, out: Path) -> str | N
     return await server.start(timeout_s=60)
 
 
-async def sample_load(metrics: RouterMetrics, record: RunRecord, every_s: float = 0.25) -> None:
-    """Record each server's requests in flight every ``every_s`` (until cancelled)."""
-    while True:
-        now = time.time()
-        for server in record.servers:
-            record.load.append(LoadSample(now, server, metrics.value("agentloop_router_in_flight", server=server)))
-        await asyncio.sleep(every_s)
-
-
 def open_tracking(config: RolloutConfig, stack: AsyncExitStack, record: RunRecord,
                   progress: Progress) -> RolloutTracking:
     """The trackers of report_to, opened first: one that cannot start (no W&B login, a bad MLflow URI) fails
@@ -193,17 +185,64 @@ def open_tracking(config: RolloutConfig, stack: AsyncExitStack, record: RunRecor
     return RolloutTracking(trackers, config.trackers.log_every, config.trackers.samples)
 
 
-def end_run(config: RolloutConfig, record: RunRecord, metrics: RouterMetrics, tracking: RolloutTracking,
-            progress: Progress, started: float) -> None:
-    """The record's routing decisions, wall time and metrics (those of what finished, when interrupted); the
-    outputs written."""
-    record.decisions = {d: metrics.value("agentloop_router_routing_decisions_total", decision=d)
-                        for d in ("new", "sticky", "moved")}
-    record.wall_s = time.monotonic() - started
-    if record.metrics is None:
-        record.metrics = RolloutMetrics.of(record.trajectories, record.wall_s)
-    progress.stop()
-    write_outputs(config, record, tracking)
+async def start_servers(config: RolloutConfig, stack: AsyncExitStack, record: RunRecord,
+                        progress: Progress) -> tuple[list[str], str | None, str | None]:
+    """2-3. The engine and tool servers, started together (stopped by ``stack``): the engines' addresses (also the
+    record's servers), their model folder and the tool server's address."""
+    progress.status("starting engine and tool servers")
+    out = record.output_dir
+    (addresses, model_dir), tool_address = await asyncio.gather(start_engines(config.engines, stack, out),
+                                                                 start_tools(config.tools, stack, out))
+    record.servers = addresses
+    return addresses, model_dir, tool_address
+
+
+async def wait_engines(fleet: Fleet, addresses: Sequence[str], timeout_s: float) -> None:
+    """Until every engine answers as SERVING; a RolloutError naming those that did not within ``timeout_s``."""
+    try:
+        await fleet.wait_ready(min_servers=len(addresses), timeout_s=timeout_s)
+    except NoHealthyServerError:
+        down = [a for a, e in fleet.servers.items() if not e.healthy]
+        raise RolloutError(f"engine server(s) {', '.join(down)} did not answer as SERVING") from None
+
+
+@asynccontextmanager
+async def collecting(config: RolloutConfig, record: RunRecord, metrics: RouterMetrics, tracking: RolloutTracking,
+                     progress: Progress, started: float, samples: int) -> AsyncIterator[Callable[[Trajectory], None]]:
+    """4-5 around the block that plays the samples: yields the ``on_done`` each finished trajectory goes to (the
+    record, the progress display, the trackers) while each server's load is sampled; on the way out, also when
+    interrupted (the record says so), the record is completed and the outputs written."""
+    progress.start(samples)
+    sampler = asyncio.create_task(_sample_load(metrics, record))
+
+    def done(trajectory: Trajectory) -> None:
+        record.trajectories.append(trajectory)
+        progress.advance(trajectory)
+        tracking.advance(trajectory, time.monotonic() - started)
+
+    try:
+        yield done
+    except asyncio.CancelledError:
+        record.interrupted = True
+        raise
+    finally:
+        sampler.cancel()
+        record.decisions = {d: metrics.value("agentloop_router_routing_decisions_total", decision=d)
+                            for d in ("new", "sticky", "moved")}
+        record.wall_s = time.monotonic() - started
+        if record.metrics is None:
+            record.metrics = RolloutMetrics.of(record.trajectories, record.wall_s)
+        progress.stop()
+        write_outputs(config, record, tracking)
+
+
+async def _sample_load(metrics: RouterMetrics, record: RunRecord, every_s: float = 0.25) -> None:
+    """Record each server's requests in flight every ``every_s`` (until cancelled)."""
+    while True:
+        now = time.time()
+        for server in record.servers:
+            record.load.append(LoadSample(now, server, metrics.value("agentloop_router_in_flight", server=server)))
+        await asyncio.sleep(every_s)
 
 
 async def run_rollout(config: RolloutConfig, progress: Progress, record: RunRecord) -> RunRecord:
@@ -220,11 +259,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
     started = time.monotonic()
     async with AsyncExitStack() as stack:
         tracking = open_tracking(config, stack, record, progress)
-        # 2-3. engines and tools
-        progress.status("starting engine and tool servers")
-        (addresses, model_dir), tool_address = await asyncio.gather(start_engines(config.engines, stack, out),
-                                                                     start_tools(config.tools, stack, out))
-        record.servers = addresses
+        addresses, model_dir, tool_address = await start_servers(config, stack, record, progress)
         trace = out / "trace.jsonl"
         trace.unlink(missing_ok=True)
         spec = WorkerSpec(
@@ -238,35 +273,19 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
         )
         manager = AgentLoopManager(spec, num_workers=config.workers, use_ray=config.ray)
         await stack.enter_async_context(manager)
-        try:
-            await manager.control.wait_ready(min_servers=len(addresses), timeout_s=config.router.no_server_wait_s)
-        except NoHealthyServerError:
-            down = [a for a, e in manager.control.servers.items() if not e.healthy]
-            raise RolloutError(f"engine server(s) {', '.join(down)} did not answer as SERVING") from None
+        control = manager.control
+        assert control is not None  # entered
+        await wait_engines(control, addresses, config.router.no_server_wait_s)
         if config.metrics_port is not None:
-            http = serve_metrics(manager.control.metrics.registry, "127.0.0.1", config.metrics_port)
+            http = serve_metrics(control.metrics.registry, "127.0.0.1", config.metrics_port)
             stack.callback(http.shutdown)
             # printed whole (no status dots after it), so it can be copied or clicked
             progress.console.print(f"router metrics at http://127.0.0.1:{http.server_port}/metrics")
         # 4. the rollout
-        progress.start(len(samples))
-        sampler = asyncio.create_task(sample_load(manager.control.metrics, record))
-
-        def done(trajectory: Trajectory) -> None:
-            record.trajectories.append(trajectory)
-            progress.advance(trajectory)
-            tracking.advance(trajectory, time.monotonic() - started)
-
-        try:
+        async with collecting(config, record, control.metrics, tracking, progress, started, len(samples)) as done:
             batch = await manager.generate(samples, on_done=done)
             record.trajectories = list(batch.trajectories)  # the samples' order
             record.metrics = batch.metrics
-        except asyncio.CancelledError:
-            record.interrupted = True
-            raise
-        finally:
-            sampler.cancel()
-            end_run(config, record, manager.control.metrics, tracking, progress, started)
     return record
 
 

@@ -264,9 +264,7 @@ class Fleet:
 
             return await endpoint.control.UpdateWeights(stream(), timeout=self.config.control_timeout_s)
 
-        result = await self._fan_out(send, weights_applied, only=servers)
-        self._report_versions(result)
-        return result
+        return await self._apply_weights(send, servers)
 
     async def load_weights(
         self, path: str, weight_version: int | None = None, flush_cache: bool = True,
@@ -277,12 +275,8 @@ class Fleet:
         request = engine_pb2.LoadWeightsRequest(path=path, flush_cache=flush_cache)
         if weight_version is not None:
             request.weight_version = weight_version
-        result = await self._fan_out(
-            lambda e: e.control.LoadWeights(request, timeout=self.config.control_timeout_s), weights_applied,
-            only=servers,
-        )
-        self._report_versions(result)
-        return result
+        return await self._apply_weights(
+            lambda e: e.control.LoadWeights(request, timeout=self.config.control_timeout_s), servers)
 
     async def join_weight_group(
         self, group: str, master_address: str, master_port: int, world_size: int,
@@ -314,12 +308,8 @@ class Fleet:
         )
         if weight_version is not None:
             request.weight_version = weight_version
-        result = await self._fan_out(
-            lambda e: e.control.ReceiveWeights(request, timeout=self.config.control_timeout_s), weights_applied,
-            only=servers,
-        )
-        self._report_versions(result)
-        return result
+        return await self._apply_weights(
+            lambda e: e.control.ReceiveWeights(request, timeout=self.config.control_timeout_s), servers)
 
     async def leave_weight_group(self, group: str, servers: Collection[str] | None = None) -> FanOutResult[None]:
         request = engine_pb2.LeaveWeightGroupRequest(group_name=group)
@@ -327,6 +317,14 @@ class Fleet:
             lambda e: e.control.LeaveWeightGroup(request, timeout=self.config.control_timeout_s), nothing,
             only=servers,
         )
+
+    async def _apply_weights(self, call: Callable[[Endpoint], Awaitable[Any]],
+                             servers: Collection[str] | None) -> FanOutResult[WeightsApplied]:
+        """A weight update fanned out to ``servers`` (None: all); the versions the servers answer become the
+        fleet's."""
+        result = await self._fan_out(call, weights_applied, only=servers)
+        self._report_versions(result)
+        return result
 
     def _report_versions(self, result: FanOutResult[ServerInfo] | FanOutResult[WeightsApplied]) -> None:
         """Record the weight versions in the answers of a fan-out (GetServerInfo, UpdateWeights, LoadWeights)."""
