@@ -394,10 +394,10 @@ def engine_launch(
     ),
     restart_lost: bool = typer.Option(
         False, "--restart-lost",
-        help="--ray: start a lost server again (its process exited, or its node died), in its placement group, which "
-        "Ray moves to a live node with room; the discovery file gets its new address. Without it a loss is only "
-        "reported (an error line naming the server, node and cause), the server left out of the discovery file and "
-        "its placement group removed.",
+        help="Start a lost server again (its process exited; with --ray also: its node died), on a new port (with "
+        "--ray: in its placement group, which Ray moves to a live node with room); the discovery file gets its new "
+        "address. Without it a loss is only reported (an error line naming the server and the cause), the server "
+        "left out of the discovery file (with --ray its placement group removed).",
     ),
     tls_ca: str = typer.Option(
         None, "--tls-ca", help="CA that signed --tls-cert, for clients (default: --tls-cert itself, if self-signed)."
@@ -420,9 +420,8 @@ def engine_launch(
         if use_ray and given is not None:
             _config_error(f"{name} does not apply with --ray: each server binds its node's Ray address (the "
                           "--node-ip-address of `ray start`), which the discovery file records")
-    for name, wanted in (("--restart-lost", restart_lost), ("--resources-per-server", resources_per_server)):
-        if not use_ray and wanted:
-            _config_error(f"{name} applies with --ray only")
+    if not use_ray and resources_per_server:
+        _config_error("--resources-per-server applies with --ray only")
     try:
         extra_resources = json.loads(resources_per_server) if resources_per_server else {}
         if not isinstance(extra_resources, dict):
@@ -468,7 +467,7 @@ def engine_launch(
         # the default death or Ray's sys.exit(15), which would leave servers or placement groups behind
         stop = stop_signal()
         launcher = (RayEngineLauncher(launch, log_dir, resources, restart_lost=restart_lost) if use_ray
-                    else EngineLauncher(launch, log_dir))
+                    else EngineLauncher(launch, log_dir, restart_lost=restart_lost))
         starting = asyncio.ensure_future(launcher.start())
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -484,8 +483,7 @@ def engine_launch(
             where = " over Ray placement groups" if use_ray else ""
             print(f"agentloop engine launch: {dp} {settings.kind} server(s) serving{where}: "
                   f"{', '.join(launcher.addresses)}; discovery file {path}", flush=True)
-            if use_ray:  # losses reported (and restarted) until stopped
-                typing.cast("RayEngineLauncher", launcher).watch(path)
+            launcher.watch(path)  # losses reported (and restarted) until stopped
             await stop.wait()
         finally:
             await launcher.stop()

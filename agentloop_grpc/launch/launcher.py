@@ -8,6 +8,12 @@ bound; the launcher then waits until its ``grpc.health.v1`` status is SERVING (t
 SIGTERM (servers drain) and SIGKILL after a grace period. Server output goes to one log file per server, so the
 caller's terminal stays readable and a failed start can quote the log's tail.
 
+Once started, ``EngineLauncher.watch`` follows the servers until stopped, as ``RayEngineLauncher.watch`` does on
+a cluster: a server whose process exits is lost; the loss is logged (server, DP rank, exit status, log file) and the
+discovery file rewritten without it; with ``restart_lost`` the server is started again (a new port, its output in
+a new log file, the old one kept for the post-mortem) and its address written back, where a Router following the
+file (``follow_discovery_file``) picks it up and holds it out of routing until it reports the fleet's weights.
+
 The same ``ServerProcess`` starts tool servers (``agentloop tools serve``).
 """
 
@@ -17,7 +23,9 @@ import abc
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import json
+import logging
 import os
 import re
 import signal
@@ -41,6 +49,8 @@ from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check
 from agentloop_grpc.serving.server_security import ServerSecurity
 
 _LISTENING = re.compile(r"listening on (\S+)")
+
+log = logging.getLogger(__name__)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -247,7 +257,16 @@ class EngineLaunch:
 
 class Launcher(abc.ABC):
     """What a launcher of engine servers does, here or on a Ray cluster: ``async with`` starts them and stops them
-    whatever happens; ``addresses`` once started."""
+    whatever happens; ``addresses`` once started; ``watch`` follows them until stopped (each launcher's
+    ``_watch_rank`` says what a loss is and how a server is started again)."""
+
+    launch: EngineLaunch
+
+    def __init__(self) -> None:
+        #: What ``watch`` saw, in order: (kind, rank, message); kinds "lost", "restarted", "restart failed",
+        #: "not restarted".
+        self.events: list[tuple[str, int, str]] = []
+        self._watching: asyncio.Future | None = None
 
     @property
     @abc.abstractmethod
@@ -259,6 +278,9 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None: ...
 
+    @abc.abstractmethod
+    def write_discovery(self, path: str | Path) -> Path: ...
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self
@@ -266,26 +288,65 @@ class Launcher(abc.ABC):
     async def __aexit__(self, *exc_info) -> None:
         await self.stop()
 
+    def watch(self, discovery_file: str | Path | None = None) -> asyncio.Future:
+        """Follow the servers until ``stop``: report each loss, rewrite ``discovery_file`` (when given) and, where
+        the launcher restarts lost servers, start them again. Returns the future doing it."""
+        if self._watching is None:
+            path = Path(discovery_file) if discovery_file is not None else None
+            self._watching = asyncio.gather(*(self._follow(rank, path) for rank in range(self.launch.dp)))
+        return self._watching
+
+    @abc.abstractmethod
+    async def _watch_rank(self, rank: int, discovery_file: Path | None) -> None:
+        """Until ``rank``'s server is lost for good (or forever): wait for its loss, report it, restart it."""
+
+    async def _follow(self, rank: int, discovery_file: Path | None) -> None:
+        try:
+            await self._watch_rank(rank, discovery_file)
+        except Exception:  # a bug here must not pass unnoticed until stop()
+            log.exception("watching dp rank %d failed; its server is no longer watched", rank)
+
+    async def _stop_watching(self) -> None:
+        """First thing in ``stop``: a server stopped there is no loss."""
+        if self._watching is not None:
+            self._watching.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watching
+            self._watching = None
+
+    def _event(self, kind: str, rank: int, message: str, level: int) -> None:
+        log.log(level, "%s", message)
+        self.events.append((kind, rank, message))
+
+    def _write(self, discovery_file: Path | None) -> None:
+        if discovery_file is not None:
+            self.write_discovery(discovery_file)
+
 
 class EngineLauncher(Launcher):
     """Start ``launch.dp`` engine servers as local processes."""
 
     def __init__(self, launch: EngineLaunch, log_dir: str | Path, grace_s: float = 10.0,
-                 terminate_with_parent: bool = False) -> None:
+                 terminate_with_parent: bool = False, restart_lost: bool = False) -> None:
         """``terminate_with_parent``: the servers stop when this process dies, however it dies (servers that
-        belong to one run, not ones an ``agentloop engine launch`` keeps up)."""
+        belong to one run, not ones an ``agentloop engine launch`` keeps up). ``restart_lost``: ``watch`` starts a
+        lost server again (the module docstring)."""
+        super().__init__()
         self.launch = launch
         self.log_dir = Path(log_dir)
         self.grace_s = grace_s
+        self.restart_lost = restart_lost
         self.servers = [
             ServerProcess(launch.command(rank), self.log_dir / f"engine-{rank}.log", security=launch.client_security,
                           terminate_with_parent=terminate_with_parent, advertise_host=launch.advertised)
             for rank in range(launch.dp)
         ]
+        self._down: set[int] = set()
+        self._restarts = 0
 
     @property
     def addresses(self) -> list[str]:
-        return [s.address for s in self.servers if s.address]
+        return [s.address for rank, s in enumerate(self.servers) if s.address and rank not in self._down]
 
     async def start(self) -> list[str]:
         try:  # before any process spawns: a server announces itself first and finds a bad model only after
@@ -300,13 +361,53 @@ class EngineLauncher(Launcher):
         return self.addresses
 
     async def stop(self) -> None:
+        await self._stop_watching()
         await asyncio.gather(*(s.stop(self.grace_s) for s in self.servers))
 
     def write_discovery(self, path: str | Path) -> Path:
-        """``{"servers": [{"address", "dp_rank", "adapter"}...]}``: what ``Router.from_discovery_file`` reads."""
+        """``{"servers": [{"address", "dp_rank", "adapter"}...]}``: what ``Router.from_discovery_file`` reads; a
+        lost server is left out until it is restarted."""
         servers = [{"address": s.address, "dp_rank": rank, "adapter": self.launch.adapter}
-                   for rank, s in enumerate(self.servers)]
+                   for rank, s in enumerate(self.servers) if s.address and rank not in self._down]
         return write_discovery(path, servers, self.launch.client_security)
+
+    # -- watching (the module docstring) ----------------------------------------------------------------------
+
+    async def _watch_rank(self, rank: int, discovery_file: Path | None) -> None:
+        while True:
+            server = self.servers[rank]
+            assert server.process is not None  # started
+            code = await server.process.wait()
+            lost_at = time.monotonic()
+            self._down.add(rank)
+            self._event("lost", rank, f"engine server {server.address} (dp rank {rank}) lost: its process "
+                        f"{_exit_status(code)} (its log: {server.log_path})", logging.ERROR)
+            self._write(discovery_file)
+            if not self.restart_lost:
+                self._event("not restarted", rank, f"dp rank {rank} stays down (restart_lost is off)", logging.WARNING)
+                return
+            self._restarts += 1
+            log_path = self.log_dir / f"engine-{rank}.restart-{self._restarts}.log"
+            server = self.servers[rank] = dataclasses.replace(server, log_path=log_path, process=None, address=None)
+            try:
+                await server.start(self.launch.startup_timeout_s)
+            except LaunchError as error:
+                await server.stop(self.grace_s)
+                self._event("restart failed", rank, f"dp rank {rank} could not be restarted, it stays down: {error}",
+                            logging.ERROR)
+                return
+            self._down.discard(rank)
+            self._write(discovery_file)
+            self._event("restarted", rank, f"engine server dp rank {rank} restarted at {server.address}, "
+                        f"{time.monotonic() - lost_at:.1f} s after the loss", logging.WARNING)
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def write_discovery(
@@ -320,5 +421,8 @@ def write_discovery(
     document: dict[str, object] = {"servers": servers}
     if security is not None:
         document["security"] = security.model_dump(exclude_defaults=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    # whole to a temporary file, then renamed: a Router following the file never reads half of it
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(document, indent=2) + "\n")
+    temporary.replace(path)
     return path

@@ -109,6 +109,7 @@ class RayEngineLauncher(Launcher):
     ) -> None:
         """``restart_lost``: ``watch`` starts a lost server again (see the module docstring)."""
         self.resources = resources or RayResources()
+        super().__init__()
         self.restart_lost = restart_lost
         engine = launch.engine
         if isinstance(engine, EmbeddedEngineConfig) and "threads" not in engine.model_fields_set:
@@ -122,9 +123,6 @@ class RayEngineLauncher(Launcher):
         self.hosts: list = []
         #: One entry per DP rank once started: address, node_ip, node_id (None while a lost one is down).
         self.servers: list[dict[str, str] | None] = []
-        #: What ``watch`` saw, in order: ("lost" | "restarted" | "restart failed", rank, detail), for callers and tests.
-        self.events: list[tuple[str, int, str]] = []
-        self._watching: asyncio.Future | None = None
 
     @property
     def addresses(self) -> list[str]:
@@ -168,21 +166,7 @@ class RayEngineLauncher(Launcher):
             scheduling_strategy=strategy,
         ).remote(self.launch, rank, str(self.log_dir))
 
-    # -- watching ---------------------------------------------------------------------------------------------
-
-    def watch(self, discovery_file: str | Path | None = None) -> asyncio.Future:
-        """Follow the servers until ``stop``: report each loss, rewrite ``discovery_file`` (when given) and, with
-        ``restart_lost``, start the server again (see the module docstring). Returns the future doing it."""
-        if self._watching is None:
-            path = Path(discovery_file) if discovery_file is not None else None
-            self._watching = asyncio.gather(*(self._follow(rank, path) for rank in range(len(self.hosts))))
-        return self._watching
-
-    async def _follow(self, rank: int, discovery_file: Path | None) -> None:
-        try:
-            await self._watch_rank(rank, discovery_file)
-        except Exception:  # a bug here must not pass unnoticed until stop()
-            log.exception("watching dp rank %d failed; its server is no longer watched", rank)
+    # -- watching (the module docstring) ----------------------------------------------------------------------
 
     async def _watch_rank(self, rank: int, discovery_file: Path | None) -> None:
         while True:
@@ -253,25 +237,13 @@ class RayEngineLauncher(Launcher):
         with contextlib.suppress(Exception):
             remove_placement_group(self.placement_groups[rank])
 
-    def _event(self, kind: str, rank: int, message: str, level: int) -> None:
-        log.log(level, "%s", message)
-        self.events.append((kind, rank, message))
-
-    def _write(self, discovery_file: Path | None) -> None:
-        if discovery_file is not None:
-            self.write_discovery(discovery_file)
-
     # -- stopping ---------------------------------------------------------------------------------------------
 
     async def stop(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        if self._watching is not None:  # first: a server stopped here is no loss
-            self._watching.cancel()
-            with contextlib.suppress(BaseException):
-                await self._watching
-            self._watching = None
+        await self._stop_watching()
 
         async def stop_host(host) -> None:
             with contextlib.suppress(Exception):  # a dead host took its server with it
@@ -295,17 +267,13 @@ class RayEngineLauncher(Launcher):
 
     def write_discovery(self, path: str | Path) -> Path:
         """The servers with their DP rank, node and placement group (``Router.from_discovery_file`` reads it); a
-        lost server is left out until it is restarted. Written whole to a temporary file, then renamed: a reader
-        never sees half a file."""
+        lost server is left out until it is restarted."""
         servers = [
             {**server, "dp_rank": rank, "adapter": self.launch.adapter, "placement_group": group.id.hex()}
             for rank, (server, group) in enumerate(zip(self.servers, self.placement_groups, strict=True))
             if server is not None
         ]
-        path = Path(path)
-        written = write_discovery(path.with_name(f".{path.name}.tmp"), servers, self.launch.client_security)
-        written.replace(path)
-        return path
+        return write_discovery(path, servers, self.launch.client_security)
 
 
 def _death_cause(error: Exception, node_id: str) -> str:

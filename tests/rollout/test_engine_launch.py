@@ -3,6 +3,7 @@ reads; stopping the launcher stops its servers."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ import psutil
 import pytest
 
 from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.engine_adapters.config import engine_config
+from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher
 from agentloop_grpc.router import GenerateCall, Router
 
 from .launching import sigterm_while_loading
@@ -157,7 +160,6 @@ async def test_a_launch_bound_to_all_interfaces_records_an_address_clients_can_d
 
 @pytest.mark.parametrize("options, refused", [
     (["--ray", "--advertise-host", "10.0.0.9"], "--advertise-host does not apply with --ray"),
-    (["--restart-lost"], "--restart-lost applies with --ray only"),
     (["--resources-per-server", '{"a": 1}'], "--resources-per-server applies with --ray only"),
     (["--ray", "--resources-per-server", "[1]"], "--resources-per-server: a JSON object"),
 ])
@@ -165,3 +167,74 @@ def test_launch_options_that_do_not_apply_are_refused(options, refused):
     result = subprocess.run([*AGENTLOOP, "engine", "launch", "--adapter", "fake", *options], capture_output=True,
                             text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
     assert result.returncode == 2 and refused in result.stderr, result.stderr
+
+
+def _discovered(path) -> dict[int, str]:
+    return {s["dp_rank"]: s["address"] for s in json.loads(path.read_text())["servers"]}
+
+
+def test_a_killed_server_is_reported_and_restarted_and_a_router_following_the_file_uses_it(tmp_path):
+    discovery = tmp_path / "discovery.json"
+    launcher = subprocess.Popen(
+        [*AGENTLOOP, "engine", "launch", "--adapter", "fake", "--dp", "2", "--restart-lost",
+         "--discovery-file", str(discovery), "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = launcher.stdout.readline()
+        assert "2 fake server(s) serving" in line, (line, launcher.stderr.read() if launcher.poll() else "")
+        before = _discovered(discovery)
+        (rank1,) = [p for p in psutil.Process(launcher.pid).children() if "dp_rank=1" in p.cmdline()]
+        rank1.kill()
+        deadline = time.monotonic() + 60
+        while _discovered(discovery).get(1) in (None, before[1]):
+            assert time.monotonic() < deadline and launcher.poll() is None, "rank 1 was not restarted"
+            time.sleep(0.1)
+        after = _discovered(discovery)
+        assert after[0] == before[0] and after[1] != before[1]
+
+        async def route_to_the_new_server() -> set[str]:
+            async with Router.from_discovery_file(discovery) as router:
+                await router.fleet.wait_ready(min_servers=2, timeout_s=30)
+                used: set[str] = set()
+                for i in range(64):  # new sessions spread over equal loads by hash (see the dp2 test)
+                    result = await router.generate(GenerateCall(f"s{i}", [1, 2, 3], SamplingParams(max_new_tokens=2)))
+                    used.update(result.servers)
+                    if len(used) == 2:
+                        break
+                return used
+
+        assert asyncio.run(route_to_the_new_server()) == set(after.values())
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=60)
+    err = launcher.stderr.read()
+    assert launcher.returncode == 0, err
+    assert f"engine server {before[1]} (dp rank 1) lost: its process was killed by SIGKILL" in err, err
+    assert f"engine server dp rank 1 restarted at {after[1]}" in err, err
+    assert (tmp_path / "logs" / "engine-1.log").exists()  # the lost server's log is kept
+    assert (tmp_path / "logs" / "engine-1.restart-1.log").exists()
+    assert all(_closed(address) for address in after.values())
+
+
+async def test_without_restart_a_lost_server_leaves_the_discovery_file_and_the_others_serve(tmp_path):
+    discovery = tmp_path / "discovery.json"
+    launch = EngineLaunch(engine=engine_config("fake"), dp=2)
+    async with EngineLauncher(launch, tmp_path / "logs") as launcher:
+        launcher.write_discovery(discovery)
+        watching = launcher.watch(discovery)
+        lost, kept = launcher.servers
+        assert lost.process is not None
+        lost.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while len(launcher.events) < 2:
+            assert time.monotonic() < deadline, launcher.events
+            await asyncio.sleep(0.05)
+        assert [(kind, rank) for kind, rank, _ in launcher.events] == [("lost", 0), ("not restarted", 0)]
+        assert "exited with code 0" in launcher.events[0][2] or "killed by SIGTERM" in launcher.events[0][2]
+        assert _discovered(discovery) == {1: kept.address} and launcher.addresses == [kept.address]
+        async with Router.from_discovery_file(discovery) as router:
+            result = await router.generate(GenerateCall("s", [1, 2, 3], SamplingParams(max_new_tokens=2)))
+            assert result.servers == (kept.address,)
+        assert not watching.done()  # the other rank is still watched
+    assert watching.done() and kept.process is not None and kept.process.returncode is not None
