@@ -12,7 +12,9 @@ Once started, ``EngineLauncher.watch`` follows the servers until stopped, as ``R
 a cluster: a server whose process exits is lost; the loss is logged (server, DP rank, exit status, log file) and the
 discovery file rewritten without it; with ``restart_lost`` the server is started again (a new port, its output in
 a new log file, the old one kept for the post-mortem) and its address written back, where a Router following the
-file (``follow_discovery_file``) picks it up and holds it out of routing until it reports the fleet's weights.
+file (``follow_discovery_file``) picks it up and holds it out of routing until it reports the fleet's weights. A
+server lost within a minute of its start is started again after a back-off (1 s, doubling with each such loss in a
+row, up to a minute; either launcher): a crash loop does not reload the model back to back.
 
 The same ``ServerProcess`` starts tool servers (``agentloop tools serve``).
 """
@@ -51,6 +53,12 @@ from agentloop_grpc.serving.server_security import ServerSecurity
 _LISTENING = re.compile(r"listening on (\S+)")
 
 log = logging.getLogger(__name__)
+
+#: A lost server that had run this long is started again at once; one lost sooner waits _BACKOFF_FIRST_S, doubling
+#: with each further quick loss up to _BACKOFF_MAX_S, so a server that dies as it starts is not reloaded back to back.
+_STABLE_S = 60.0
+_BACKOFF_FIRST_S = 1.0
+_BACKOFF_MAX_S = 60.0
 
 
 _PR_SET_PDEATHSIG = 1
@@ -267,6 +275,9 @@ class Launcher(abc.ABC):
         #: "not restarted".
         self.events: list[tuple[str, int, str]] = []
         self._watching: asyncio.Future | None = None
+        #: When each rank's server was last (re)started, as ``watch`` saw it; its quick losses in a row.
+        self._up_since: dict[int, float] = {}
+        self._quick_losses: dict[int, int] = {}
 
     @property
     @abc.abstractmethod
@@ -293,6 +304,7 @@ class Launcher(abc.ABC):
         the launcher restarts lost servers, start them again. Returns the future doing it."""
         if self._watching is None:
             path = Path(discovery_file) if discovery_file is not None else None
+            self._up_since = dict.fromkeys(range(self.launch.dp), time.monotonic())
             self._watching = asyncio.gather(*(self._follow(rank, path) for rank in range(self.launch.dp)))
         return self._watching
 
@@ -305,6 +317,21 @@ class Launcher(abc.ABC):
             await self._watch_rank(rank, discovery_file)
         except Exception:  # a bug here must not pass unnoticed until stop()
             log.exception("watching dp rank %d failed; its server is no longer watched", rank)
+
+    async def _back_off(self, rank: int, lost_at: float) -> str:
+        """Wait before ``rank``'s lost server is started again (the module constants say how long); returns what
+        the restart's message adds about it."""
+        lived = lost_at - self._up_since[rank]
+        if lived >= _STABLE_S:
+            self._quick_losses[rank] = 0
+            return ""
+        delay = min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2 ** self._quick_losses.get(rank, 0))
+        self._quick_losses[rank] = self._quick_losses.get(rank, 0) + 1
+        await asyncio.sleep(delay)
+        return f" (after a {delay:.0f} s back-off: it had run {lived:.1f} s)"
+
+    def _restarted(self, rank: int) -> None:
+        self._up_since[rank] = time.monotonic()
 
     async def _stop_watching(self) -> None:
         """First thing in ``stop``: a server stopped there is no loss."""
@@ -386,6 +413,7 @@ class EngineLauncher(Launcher):
             if not self.restart_lost:
                 self._event("not restarted", rank, f"dp rank {rank} stays down (restart_lost is off)", logging.WARNING)
                 return
+            waited = await self._back_off(rank, lost_at)
             self._restarts += 1
             log_path = self.log_dir / f"engine-{rank}.restart-{self._restarts}.log"
             server = self.servers[rank] = dataclasses.replace(server, log_path=log_path, process=None, address=None)
@@ -396,10 +424,11 @@ class EngineLauncher(Launcher):
                 self._event("restart failed", rank, f"dp rank {rank} could not be restarted, it stays down: {error}",
                             logging.ERROR)
                 return
+            self._restarted(rank)
             self._down.discard(rank)
             self._write(discovery_file)
             self._event("restarted", rank, f"engine server dp rank {rank} restarted at {server.address}, "
-                        f"{time.monotonic() - lost_at:.1f} s after the loss", logging.WARNING)
+                        f"{time.monotonic() - lost_at:.1f} s after the loss{waited}", logging.WARNING)
 
 
 def _exit_status(code: int) -> str:

@@ -21,7 +21,8 @@ Then, with ``restart_lost``, the server is started again in the same placement g
 node died (its state RESCHEDULING) onto a live node with room, and keeps it in place when only the process died;
 the new server's address goes into the discovery file, whose readers (``follow_discovery_file``) add it. Without
 ``restart_lost`` the group is removed, so Ray does not hold a reservation nobody uses. A restarted server serves
-the weights of its engine config: a Router holds it out of routing until it reports the fleet's weight version.
+the weights of its engine config: a Router holds it out of routing until it reports the fleet's weight version. A
+server lost within a minute of its start is started again after a back-off (``launcher.py``'s docstring).
 """
 
 from __future__ import annotations
@@ -185,6 +186,7 @@ class RayEngineLauncher(Launcher):
                 self._event("not restarted", rank, f"dp rank {rank} stays down (restart_lost is off); its placement "
                             "group is removed", logging.WARNING)
                 return
+            waited = await self._back_off(rank, lost_at)
             try:
                 self.servers[rank] = await self._restart(rank)
             except LaunchError as error:  # the group goes too: Ray would otherwise place it whenever room appears
@@ -194,9 +196,11 @@ class RayEngineLauncher(Launcher):
                 return
             server = self.servers[rank]
             assert server is not None
+            self._restarted(rank)
             self._write(discovery_file)
             self._event("restarted", rank, f"engine server dp rank {rank} restarted on node {server['node_ip']} at "
-                        f"{server['address']}, {time.monotonic() - lost_at:.1f} s after the loss", logging.WARNING)
+                        f"{server['address']}, {time.monotonic() - lost_at:.1f} s after the loss{waited}",
+                        logging.WARNING)
 
     async def _lost(self, host, node_id: str) -> str:
         """Wait until the server of ``host`` is lost; return the cause."""

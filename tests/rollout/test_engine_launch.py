@@ -238,3 +238,25 @@ async def test_without_restart_a_lost_server_leaves_the_discovery_file_and_the_o
             assert result.servers == (kept.address,)
         assert not watching.done()  # the other rank is still watched
     assert watching.done() and kept.process is not None and kept.process.returncode is not None
+
+
+async def test_a_server_that_keeps_dying_as_it_starts_is_restarted_after_a_growing_back_off(tmp_path):
+    launch = EngineLaunch(engine=engine_config("fake"), dp=1)
+    async with EngineLauncher(launch, tmp_path / "logs", restart_lost=True) as launcher:
+        launcher.watch()
+        for restarts in (1, 2):
+            process = launcher.servers[0].process
+            assert process is not None
+            process.kill()
+            deadline = time.monotonic() + 60
+            while sum(kind == "restarted" for kind, _, _ in launcher.events) < restarts:
+                assert time.monotonic() < deadline, launcher.events
+                await asyncio.sleep(0.05)
+        restarted = [message for kind, _, message in launcher.events if kind == "restarted"]
+        # each ran seconds, not the minute that counts as stable: 1 s, then 2 s, before starting it again
+        assert "(after a 1 s back-off: it had run" in restarted[0], restarted
+        assert "(after a 2 s back-off: it had run" in restarted[1], restarted
+        assert [kind for kind, _, _ in launcher.events] == ["lost", "restarted", "lost", "restarted"]
+        async with Router([launcher.addresses[0]]) as router:
+            result = await router.generate(GenerateCall("s", [1, 2, 3], SamplingParams(max_new_tokens=2)))
+            assert len(result.token_ids) == 2
