@@ -24,7 +24,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import json
 import logging
@@ -110,10 +109,17 @@ def advertised_host(host: str, advertise_host: str | None = None) -> str:
     return f"[{chosen}]" if ":" in chosen and not chosen.startswith("[") else chosen
 
 
-def _terminate_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM this process when the process that started it dies, so a server
-    started by a Ray actor that is killed (node drained, ``ray.kill``) does not outlive it as an orphan."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+#: The child's side of ``ServerProcess.terminate_with_parent`` (Linux), run as ``python -c _ORPHAN_GUARD PARENT_PID
+#: PROGRAM ARG...``: it asks the kernel for SIGTERM when its parent dies (the request survives exec), exits if the
+#: parent died already, then becomes the program. Not a preexec_fn: that runs Python in the forked child, unsafe once
+#: the parent has threads (gRPC's): a replica a rollout's launcher restarted that way died of SIGSEGV before exec.
+_ORPHAN_GUARD = (
+    "import ctypes, os, signal, sys\n"
+    f"ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def agentloop_command() -> list[str]:
@@ -143,11 +149,12 @@ class ServerProcess:
     async def start(self, timeout_s: float) -> str:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
+        # a server that must not outlive its starter (e.g. one a Ray actor started, when the actor is killed)
+        guard = [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid())] if self.terminate_with_parent else []
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *self.args, stdout=asyncio.subprocess.PIPE, stderr=log, env={**os.environ, **self.env},
+                *guard, *self.args, stdout=asyncio.subprocess.PIPE, stderr=log, env={**os.environ, **self.env},
                 start_new_session=True,  # Ctrl-C in the caller's terminal reaches the caller, which stops us
-                preexec_fn=_terminate_with_parent if self.terminate_with_parent else None,
             )
         finally:
             log.close()

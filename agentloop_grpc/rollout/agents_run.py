@@ -30,6 +30,7 @@ from .run import (
     LoopConfigError,
     RunRecord,
     collecting,
+    engine_source,
     open_tracking,
     routing,
     start_servers,
@@ -156,7 +157,10 @@ async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: R
         tracking = open_tracking(config, stack, record, progress)
         addresses, model_dir, _ = await start_servers(config, stack, record, progress)
         # 4. the Router, the gateway and its app, the agents
-        router = await stack.enter_async_context(Router(addresses, routing(config)))
+        engines, discovery_file = engine_source(config.engines, addresses, out)
+        router = await stack.enter_async_context(
+            Router.from_discovery_file(discovery_file, routing(config)) if discovery_file is not None
+            else Router(engines, routing(config)))
         await wait_engines(router.fleet, addresses, config.router.no_server_wait_s)
         agents = await stack.enter_async_context(agent_sessions(agent, program, router, model_dir, config.loop,
                                                                 config.reward_function, out / "logs" / "agents"))

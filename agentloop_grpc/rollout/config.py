@@ -40,6 +40,11 @@ class LaunchEngines(BaseModel):
     extra_args: tuple[str, ...] = Field(
         (), description="More `agentloop engine serve` options for every replica (server ones, e.g. --log-level)."
     )
+    restart_lost: bool = Field(
+        False, description="Start a replica whose process exits (a crash, the OOM killer) again, on a new port, and "
+        "route to it (the run's Routers follow its discovery.json); a loss is reported either way. Not with "
+        "agentloop train: a restarted replica would serve the initial weights."
+    )
 
     @property
     def model_folder(self) -> str | None:

@@ -52,6 +52,9 @@ from .dataset import read_rows, to_samples
 from .error_causes import top_causes
 from .progress import Progress
 
+#: The run's launched engines, in its output folder (what ``agentloop engine launch`` writes).
+DISCOVERY_FILE = "discovery.json"
+
 
 class RolloutError(RuntimeError):
     """A run could not start or go on; the message is one sentence for the user."""
@@ -138,9 +141,10 @@ async def start_engines(engines: Engines, stack: AsyncExitStack, out: Path) -> t
                          startup_timeout_s=launch.startup_timeout_s),
             out / "logs",
             terminate_with_parent=True,  # a run killed without notice (SIGKILL, SIGTERM) must not leave them up
+            restart_lost=launch.restart_lost,
         )
         await stack.enter_async_context(launcher)
-        launcher.write_discovery(out / "discovery.json")
+        launcher.watch(launcher.write_discovery(out / DISCOVERY_FILE))  # losses reported (and restarted)
         return launcher.addresses, launch.model_folder
     if engines.discovery_file is not None:
         path = Path(engines.discovery_file)
@@ -149,6 +153,16 @@ async def start_engines(engines: Engines, stack: AsyncExitStack, out: Path) -> t
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise RolloutError(f"the discovery file {path} cannot be read ({error})") from None
     return list(engines.addresses), None
+
+
+def engine_source(engines: Engines, addresses: Sequence[str], out: Path) -> tuple[tuple[str, ...], str | None]:
+    """What the run's Routers are built from: (addresses, None), or ((), a discovery file they follow): the
+    config's, or the one this run's launcher rewrites as it restarts lost replicas (``restart_lost``)."""
+    if engines.discovery_file is not None:
+        return (), engines.discovery_file
+    if engines.launch is not None and engines.launch.restart_lost:
+        return (), str(out / DISCOVERY_FILE)
+    return tuple(addresses), None
 
 
 def routing(config: AgentRunConfig) -> RouterConfig:
@@ -262,10 +276,10 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
         addresses, model_dir, tool_address = await start_servers(config, stack, record, progress)
         trace = out / "trace.jsonl"
         trace.unlink(missing_ok=True)
+        engines, discovery_file = engine_source(config.engines, addresses, out)
         spec = WorkerSpec(
-            # engines from a discovery file are followed: a server the launcher restarts elsewhere joins the run
-            engines=() if config.engines.discovery_file else tuple(addresses),
-            discovery_file=config.engines.discovery_file, tool_server=tool_address,
+            # engines from a discovery file are followed: a server the launcher restarts joins the run
+            engines=engines, discovery_file=discovery_file, tool_server=tool_address,
             tool_security=config.tools.security,
             model_dir=model_dir, loop=config.loop,
             router=routing(config), max_concurrency=config.max_concurrency, reward=config.reward_function,

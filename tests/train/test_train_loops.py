@@ -65,3 +65,10 @@ def test_a_training_agent_scores_by_its_session_the_run_has_no_reward_function()
     assert TrainConfig.model_validate({**BASE, "agent": agent}).agent.callable == "my_agents:play"
     with pytest.raises(ValidationError, match="agent.reward: function needs a reward function"):
         TrainConfig.model_validate({**BASE, "agent": {**agent, "reward": "function"}})
+
+
+def test_training_refuses_to_restart_lost_replicas_a_rollout_restarts_them():
+    engines = {"launch": {"replicas": 2, "restart_lost": True}}
+    assert RolloutConfig.model_validate({**BASE, "engines": engines}).engines.launch.restart_lost
+    with pytest.raises(ValidationError, match="restart_lost applies to agentloop rollout only"):
+        TrainConfig.model_validate({**BASE, "engines": engines})
