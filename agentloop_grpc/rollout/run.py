@@ -161,7 +161,7 @@ def engine_source(engines: Engines, addresses: Sequence[str], out: Path) -> tupl
     if engines.discovery_file is not None:
         return (), engines.discovery_file
     if engines.launch is not None and engines.launch.restart_lost:
-        return (), str(out / DISCOVERY_FILE)
+        return (), str((out / DISCOVERY_FILE).absolute())  # read by workers that may run elsewhere (Ray)
     return tuple(addresses), None
 
 
