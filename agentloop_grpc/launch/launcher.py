@@ -376,7 +376,7 @@ class EngineLauncher(Launcher):
             for rank in range(launch.dp)
         ]
         self._down: set[int] = set()
-        self._restarts = 0
+        self._restarts = [0] * launch.dp  # per rank: names each restart's log file
 
     @property
     def addresses(self) -> list[str]:
@@ -421,8 +421,8 @@ class EngineLauncher(Launcher):
                 self._event("not restarted", rank, f"dp rank {rank} stays down (restart_lost is off)", logging.WARNING)
                 return
             waited = await self._back_off(rank, lost_at)
-            self._restarts += 1
-            log_path = self.log_dir / f"engine-{rank}.restart-{self._restarts}.log"
+            self._restarts[rank] += 1
+            log_path = self.log_dir / f"engine-{rank}.restart-{self._restarts[rank]}.log"
             server = self.servers[rank] = dataclasses.replace(server, log_path=log_path, process=None, address=None)
             try:
                 await server.start(self.launch.startup_timeout_s)

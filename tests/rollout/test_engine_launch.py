@@ -257,6 +257,8 @@ async def test_a_server_that_keeps_dying_as_it_starts_is_restarted_after_a_growi
         assert "(after a 1 s back-off: it had run" in restarted[0], restarted
         assert "(after a 2 s back-off: it had run" in restarted[1], restarted
         assert [kind for kind, _, _ in launcher.events] == ["lost", "restarted", "lost", "restarted"]
+        assert [p.name for p in sorted((tmp_path / "logs").iterdir())] == [
+            "engine-0.log", "engine-0.restart-1.log", "engine-0.restart-2.log"]  # each start's output kept
         async with Router([launcher.addresses[0]]) as router:
             result = await router.generate(GenerateCall("s", [1, 2, 3], SamplingParams(max_new_tokens=2)))
             assert len(result.token_ids) == 2
