@@ -109,8 +109,8 @@ class RayEngineLauncher(Launcher):
         restart_lost: bool = False,
     ) -> None:
         """``restart_lost``: ``watch`` starts a lost server again (see the module docstring)."""
-        self.resources = resources or RayResources()
         super().__init__()
+        self.resources = resources or RayResources()
         self.restart_lost = restart_lost
         engine = launch.engine
         if isinstance(engine, EmbeddedEngineConfig) and "threads" not in engine.model_fields_set:

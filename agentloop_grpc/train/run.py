@@ -38,7 +38,7 @@ from agentloop_grpc.integrations.trl import (
     prompt_dataset,
     train_top_layers,
 )
-from agentloop_grpc.rollout.run import error_causes, routing, start_engines, start_tools
+from agentloop_grpc.rollout.run import engine_source, error_causes, routing, start_engines, start_tools
 from agentloop_grpc.trackers import resolve_report_to
 from agentloop_grpc.trackers.rollout import sample_rows
 from agentloop_grpc.trackers.trainer_env import scoped_environ, trainer_environ
@@ -153,8 +153,8 @@ def worker_spec(config: TrainConfig, addresses: Sequence[str], model_dir: str | 
     """What the rollout's workers are built from: the run's engines, tools and loops, and the reward its dataset
     brings (reasoning_gym: the task's scorer; otherwise the tool rewards)."""
     # engines from a discovery file are followed: a server the launcher restarts elsewhere joins the run
-    return WorkerSpec(engines=() if config.engines.discovery_file else tuple(addresses),
-                      discovery_file=config.engines.discovery_file, tool_server=tool_address,
+    engines, discovery_file = engine_source(config.engines, addresses, Path(config.output_dir))
+    return WorkerSpec(engines=engines, discovery_file=discovery_file, tool_server=tool_address,
                       tool_security=config.tools.security,
                       model_dir=model_dir, reward=config.dataset.reward, loop=config.loop, loops=config.loops,
                       router=routing(config))

@@ -1,7 +1,8 @@
-"""Helpers of the launcher tests: stop a launcher while its servers load."""
+"""Helpers of the launcher tests: stop a launcher while its servers load; read a discovery file."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -29,3 +30,8 @@ def sigterm_while_loading(args: list[str], logs: Path, timeout_s: float = 120) -
         if launcher.poll() is None:
             launcher.kill()
     return launcher.returncode, out, err, children
+
+
+def discovered(path: Path) -> dict[int, str]:
+    """A discovery file's servers: their address by DP rank."""
+    return {s["dp_rank"]: s["address"] for s in json.loads(path.read_text())["servers"]}

@@ -20,7 +20,7 @@ from agentloop_grpc.engine_adapters.config import engine_config
 from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher
 from agentloop_grpc.router import GenerateCall, Router
 
-from .launching import sigterm_while_loading
+from .launching import discovered, sigterm_while_loading
 
 AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
 
@@ -169,10 +169,6 @@ def test_launch_options_that_do_not_apply_are_refused(options, refused):
     assert result.returncode == 2 and refused in result.stderr, result.stderr
 
 
-def _discovered(path) -> dict[int, str]:
-    return {s["dp_rank"]: s["address"] for s in json.loads(path.read_text())["servers"]}
-
-
 def test_a_killed_server_is_reported_and_restarted_and_a_router_following_the_file_uses_it(tmp_path):
     discovery = tmp_path / "discovery.json"
     launcher = subprocess.Popen(
@@ -183,14 +179,14 @@ def test_a_killed_server_is_reported_and_restarted_and_a_router_following_the_fi
     try:
         line = launcher.stdout.readline()
         assert "2 fake server(s) serving" in line, (line, launcher.stderr.read() if launcher.poll() else "")
-        before = _discovered(discovery)
+        before = discovered(discovery)
         (rank1,) = [p for p in psutil.Process(launcher.pid).children() if "dp_rank=1" in p.cmdline()]
         rank1.kill()
         deadline = time.monotonic() + 60
-        while _discovered(discovery).get(1) in (None, before[1]):
+        while discovered(discovery).get(1) in (None, before[1]):
             assert time.monotonic() < deadline and launcher.poll() is None, "rank 1 was not restarted"
             time.sleep(0.1)
-        after = _discovered(discovery)
+        after = discovered(discovery)
         assert after[0] == before[0] and after[1] != before[1]
 
         async def route_to_the_new_server() -> set[str]:
@@ -232,7 +228,7 @@ async def test_without_restart_a_lost_server_leaves_the_discovery_file_and_the_o
             await asyncio.sleep(0.05)
         assert [(kind, rank) for kind, rank, _ in launcher.events] == [("lost", 0), ("not restarted", 0)]
         assert "exited with code 0" in launcher.events[0][2] or "killed by SIGTERM" in launcher.events[0][2]
-        assert _discovered(discovery) == {1: kept.address} and launcher.addresses == [kept.address]
+        assert discovered(discovery) == {1: kept.address} and launcher.addresses == [kept.address]
         async with Router.from_discovery_file(discovery) as router:
             result = await router.generate(GenerateCall("s", [1, 2, 3], SamplingParams(max_new_tokens=2)))
             assert result.servers == (kept.address,)

@@ -16,11 +16,9 @@ import yaml
 from agentloop_grpc.agent import read_parquet
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 
+from .launching import discovered
+
 AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
-
-
-def _addresses(path) -> dict[int, str]:
-    return {s["dp_rank"]: s["address"] for s in json.loads(path.read_text())["servers"]}
 
 
 def test_a_replica_killed_mid_rollout_is_reported_restarted_and_used(tmp_path):
@@ -45,7 +43,7 @@ def test_a_replica_killed_mid_rollout_is_reported_restarted_and_used(tmp_path):
         while not discovery.exists():
             assert time.monotonic() < deadline and process.poll() is None, "the servers did not come up"
             time.sleep(0.1)
-        before = _addresses(discovery)
+        before = discovered(discovery)
         with grpc.insecure_channel(before[1]) as channel:  # killed while it generates
             load = generation_pb2_grpc.TokenGenerateStub(channel).GetLoad
             while load(generation_pb2.GetLoadRequest(), timeout=5).running_requests == 0:
@@ -59,7 +57,7 @@ def test_a_replica_killed_mid_rollout_is_reported_restarted_and_used(tmp_path):
             process.kill()
             process.wait()
     assert process.returncode == 0, err[-3000:]
-    after = _addresses(discovery)
+    after = discovered(discovery)
     assert after[0] == before[0] and after[1] != before[1], (before, after)
     assert f"engine server {before[1]} (dp rank 1) lost: its process was killed by SIGKILL" in err, err[-3000:]
     assert f"engine server dp rank 1 restarted at {after[1]}" in err, err[-3000:]
