@@ -174,16 +174,19 @@ class CollectiveTransfer:
             await self.form(fleet, wanted)
         specs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in tensors]
         layout = BucketLayout.of(specs, self.bucket_bytes)
-        # one call per member: when the broadcast fails, each answers on its own (a lost one never does)
+        # one call per member: when the broadcast fails, each answers on its own (a lost one never does); the
+        # versions are recorded once all answered, so the first to apply does not hold out the others
         receiving = {address: asyncio.ensure_future(fleet.receive_weights(
-            self._group, specs, self.bucket_bytes, weight_version, servers={address}
+            self._group, specs, self.bucket_bytes, weight_version, servers={address}, record_versions=False
         )) for address in sorted(self._members)}
         try:
             await asyncio.to_thread(self._send, layout, [t.data for t in tensors])
         except WeightGroupError as error:
             log.warning("the broadcast over weight group %s failed; it forms again at the next update", self._group)
             return await self._fail(fleet, receiving, error)
-        return _merged({a: await call for a, call in receiving.items()})
+        result = _merged({a: await call for a, call in receiving.items()})
+        fleet.record_weight_versions(result)
+        return result
 
     async def _fail(self, fleet: Fleet, receiving: Mapping[str, asyncio.Future[FanOutResult]],
                     error: WeightGroupError) -> FanOutResult:
@@ -197,6 +200,7 @@ class CollectiveTransfer:
             call.cancel()
         answers = {a: call.result() for a, call in receiving.items() if call not in pending}
         result = _merged(answers)
+        fleet.record_weight_versions(result)
         probes = {a: fleet.endpoint(a).control.GetServerInfo(engine_pb2.GetServerInfoRequest(), timeout=LOST_MARGIN_S)
                   for a in sorted(self._members)}
         outcomes = dict(zip(probes, await asyncio.gather(*probes.values(), return_exceptions=True), strict=True))

@@ -300,16 +300,24 @@ class Fleet:
     async def receive_weights(
         self, group: str, tensors: Sequence[TensorSpec], bucket_bytes: int,
         weight_version: int | None = None, flush_cache: bool = True, servers: Collection[str] | None = None,
+        record_versions: bool = True,
     ) -> FanOutResult[WeightsApplied]:
         """Announce an update to the servers of ``group`` (``servers``; None: all); each receives what the trainer
-        broadcasts next and applies it (versions as ``update_weights``)."""
+        broadcasts next and applies it (versions as ``update_weights``). ``record_versions=False``: for an update
+        sent to each server by a call of its own, whose caller records the answers together once all are in
+        (``record_weight_versions``), so that the first server to answer does not hold out the others."""
         request = engine_pb2.ReceiveWeightsRequest(
             group_name=group, tensors=tensor_specs(tensors), bucket_bytes=bucket_bytes, flush_cache=flush_cache
         )
         if weight_version is not None:
             request.weight_version = weight_version
-        return await self._apply_weights(
-            lambda e: e.control.ReceiveWeights(request, timeout=self.config.control_timeout_s), servers)
+
+        def receive(endpoint: Endpoint):
+            return endpoint.control.ReceiveWeights(request, timeout=self.config.control_timeout_s)
+
+        if record_versions:
+            return await self._apply_weights(receive, servers)
+        return await self._fan_out(receive, weights_applied, only=servers)
 
     async def leave_weight_group(self, group: str, servers: Collection[str] | None = None) -> FanOutResult[None]:
         request = engine_pb2.LeaveWeightGroupRequest(group_name=group)
@@ -325,6 +333,10 @@ class Fleet:
         result = await self._fan_out(call, weights_applied, only=servers)
         self._report_versions(result)
         return result
+
+    def record_weight_versions(self, result: FanOutResult[WeightsApplied]) -> None:
+        """Record the versions of an update's answers, gathered from calls made with ``record_versions=False``."""
+        self._report_versions(result)
 
     def _report_versions(self, result: FanOutResult[ServerInfo] | FanOutResult[WeightsApplied]) -> None:
         """Record the weight versions in the answers of a fan-out (GetServerInfo, UpdateWeights, LoadWeights)."""
