@@ -42,8 +42,9 @@ class LaunchEngines(BaseModel):
     )
     restart_lost: bool = Field(
         False, description="Start a replica whose process exits (a crash, the OOM killer) again, on a new port, and "
-        "route to it (the run's Routers follow its discovery.json); a loss is reported either way. Not with "
-        "agentloop train: a restarted replica would serve the initial weights."
+        "route to it (the run's Routers follow its discovery.json); a loss is reported either way. In agentloop "
+        "train the restarted replica is held out of routing until the next weight push brings it the trainer's "
+        "weights."
     )
 
     @property

@@ -59,13 +59,6 @@ class TrainConfig(AgentRunConfig):
     save_model: bool = Field(True, description="Write the final weights (safetensors) to output_dir/final.")
 
     @model_validator(mode="after")
-    def _no_restarts(self) -> TrainConfig:
-        if self.engines.launch is not None and self.engines.launch.restart_lost:
-            raise ValueError("engines.launch.restart_lost applies to agentloop rollout only: a replica restarted "
-                             "during training would serve the initial weights")
-        return self
-
-    @model_validator(mode="after")
     def _agent_reward(self) -> TrainConfig:
         if self.agent is not None and self.agent.reward == "function" and self.dataset.reward is None:
             raise ValueError("agent.reward: function needs a reward function, which agentloop train does not take "

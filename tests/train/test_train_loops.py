@@ -67,8 +67,7 @@ def test_a_training_agent_scores_by_its_session_the_run_has_no_reward_function()
         TrainConfig.model_validate({**BASE, "agent": {**agent, "reward": "function"}})
 
 
-def test_training_refuses_to_restart_lost_replicas_a_rollout_restarts_them():
+def test_both_commands_restart_lost_replicas():
     engines = {"launch": {"replicas": 2, "restart_lost": True}}
     assert RolloutConfig.model_validate({**BASE, "engines": engines}).engines.launch.restart_lost
-    with pytest.raises(ValidationError, match="restart_lost applies to agentloop rollout only"):
-        TrainConfig.model_validate({**BASE, "engines": engines})
+    assert TrainConfig.model_validate({**BASE, "engines": engines}).engines.launch.restart_lost
