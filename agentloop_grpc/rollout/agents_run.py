@@ -164,7 +164,7 @@ async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: R
         await wait_engines(router.fleet, addresses, config.router.no_server_wait_s)
         agents = await stack.enter_async_context(agent_sessions(agent, program, router, model_dir, config.loop,
                                                                 config.reward_function, out / "logs" / "agents"))
-        async with collecting(config, record, router.metrics, tracking, progress, started, len(samples)) as done:
+        async with collecting(config, record, router.fleet, tracking, progress, started, len(samples)) as done:
             record.trajectories = await agents.run(
                 samples, agent_rows(rows, samples, config.samples_per_prompt), on_done=done)  # the samples' order
     return record

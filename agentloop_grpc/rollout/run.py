@@ -41,7 +41,6 @@ from agentloop_grpc.router import NoHealthyServerError, RouterConfig
 from agentloop_grpc.router.call import GenerateCall
 from agentloop_grpc.router.discovery import discovery_addresses, discovery_config
 from agentloop_grpc.router.fleet import Fleet
-from agentloop_grpc.router.metrics import RouterMetrics
 from agentloop_grpc.router.result import GenerateResult
 from agentloop_grpc.serving.metrics import serve_metrics
 from agentloop_grpc.trackers import flatten, open_trackers
@@ -207,7 +206,7 @@ async def start_servers(config: RolloutConfig, stack: AsyncExitStack, record: Ru
     out = record.output_dir
     (addresses, model_dir), tool_address = await asyncio.gather(start_engines(config.engines, stack, out),
                                                                  start_tools(config.tools, stack, out))
-    record.servers = addresses
+    record.servers = list(addresses)
     return addresses, model_dir, tool_address
 
 
@@ -221,13 +220,14 @@ async def wait_engines(fleet: Fleet, addresses: Sequence[str], timeout_s: float)
 
 
 @asynccontextmanager
-async def collecting(config: RolloutConfig, record: RunRecord, metrics: RouterMetrics, tracking: RolloutTracking,
+async def collecting(config: RolloutConfig, record: RunRecord, fleet: Fleet, tracking: RolloutTracking,
                      progress: Progress, started: float, samples: int) -> AsyncIterator[Callable[[Trajectory], None]]:
     """4-5 around the block that plays the samples: yields the ``on_done`` each finished trajectory goes to (the
-    record, the progress display, the trackers) while each server's load is sampled; on the way out, also when
-    interrupted (the record says so), the record is completed and the outputs written."""
+    record, the progress display, the trackers) while the load of each server of ``fleet`` is sampled; on the way
+    out, also when interrupted (the record says so), the record is completed and the outputs written."""
     progress.start(samples)
-    sampler = asyncio.create_task(_sample_load(metrics, record))
+    sampler = asyncio.create_task(_sample_load(fleet, record))
+    metrics = fleet.metrics
 
     def done(trajectory: Trajectory) -> None:
         record.trajectories.append(trajectory)
@@ -250,12 +250,16 @@ async def collecting(config: RolloutConfig, record: RunRecord, metrics: RouterMe
         write_outputs(config, record, tracking)
 
 
-async def _sample_load(metrics: RouterMetrics, record: RunRecord, every_s: float = 0.25) -> None:
-    """Record each server's requests in flight every ``every_s`` (until cancelled)."""
+async def _sample_load(fleet: Fleet, record: RunRecord, every_s: float = 0.25) -> None:
+    """Record the requests in flight of each server of ``fleet`` every ``every_s`` (until cancelled); a server
+    that joins while it runs (a lost replica restarted) is added to the record's servers."""
     while True:
         now = time.time()
-        for server in record.servers:
-            record.load.append(LoadSample(now, server, metrics.value("agentloop_router_in_flight", server=server)))
+        for server in fleet.servers:
+            if server not in record.servers:
+                record.servers.append(server)
+            in_flight = fleet.metrics.value("agentloop_router_in_flight", server=server)
+            record.load.append(LoadSample(now, server, in_flight))
         await asyncio.sleep(every_s)
 
 
@@ -296,7 +300,7 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
             # printed whole (no status dots after it), so it can be copied or clicked
             progress.console.print(f"router metrics at http://127.0.0.1:{http.server_port}/metrics")
         # 4. the rollout
-        async with collecting(config, record, control.metrics, tracking, progress, started, len(samples)) as done:
+        async with collecting(config, record, control, tracking, progress, started, len(samples)) as done:
             batch = await manager.generate(samples, on_done=done)
             record.trajectories = list(batch.trajectories)  # the samples' order
             record.metrics = batch.metrics

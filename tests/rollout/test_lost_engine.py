@@ -30,7 +30,6 @@ def test_a_replica_killed_mid_rollout_is_reported_restarted_and_used(tmp_path):
         "tools": {"launch": "builtin"},
         "dataset": {"arithmetic": {"count": 16}},
         "max_concurrency": 4,
-        "report": False,
         "output_dir": str(out),
     }
     path = tmp_path / "rollout.yaml"
@@ -66,3 +65,5 @@ def test_a_replica_killed_mid_rollout_is_reported_restarted_and_used(tmp_path):
     trajectories = read_parquet(out / "trajectories.parquet")
     served = {server for t in trajectories for server in t.servers}
     assert before[1] in served and after[1] in served, served  # the restarted replica took samples too
+    # the report names and plots the three servers the run had
+    assert f"Engine servers: {before[0]}, {before[1]}, {after[1]}." in (out / "report.html").read_text()
