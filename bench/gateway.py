@@ -61,7 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +70,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx
 import openai
 import psutil
+from closed_loop import drive
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
@@ -205,29 +206,6 @@ def _cores() -> str:
 # -- measuring -----------------------------------------------------------------------------------------------
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def _drive(call: Callable[[int], Awaitable[None]], calls: int, in_flight: int) -> dict[str, float]:
-    """``calls`` invocations of ``call(i)``, ``in_flight`` at a time: calls/s and p50/p99 latency (ms)."""
-    latencies: list[float] = []
-    counter = iter(range(calls))
-
-    async def worker() -> None:
-        for i in counter:
-            started = time.perf_counter()
-            await call(i)
-            latencies.append(time.perf_counter() - started)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(in_flight)))
-    elapsed = time.perf_counter() - started
-    return {"calls_per_s": calls / elapsed, "p50_ms": 1e3 * _percentile(latencies, 0.5),
-            "p99_ms": 1e3 * _percentile(latencies, 0.99)}
-
-
 def _line(label: str, in_flight: int, outcome: dict[str, float]) -> str:
     return (f"{label:28s} in_flight {in_flight:2d}: {outcome['calls_per_s']:8.2f} calls/s  "
             f"p50 {outcome['p50_ms']:8.2f} ms  p99 {outcome['p99_ms']:8.2f} ms")
@@ -341,7 +319,7 @@ async def _overhead_fake(address: str, repeats: int, calls: int) -> dict[str, fl
                  "gateway_sdk": paths.sdk_call}
         for in_flight in (1, 8):  # warm-up: every path, every concurrency
             for call in sides.values():
-                await _drive(call, 50, in_flight)
+                await drive(call, 50, in_flight)
         await paths.forget_sessions()
         print(f"fake engine: prompt {len(paths.prompt)} ids, {paths.completion_tokens} tokens a call; "
               f"{calls} calls a run", flush=True)
@@ -349,7 +327,7 @@ async def _overhead_fake(address: str, repeats: int, calls: int) -> dict[str, fl
             order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
             for in_flight in (1, 8):
                 for name in order:
-                    outcome = await _drive(sides[name], calls, in_flight)
+                    outcome = await drive(sides[name], calls, in_flight)
                     await paths.forget_sessions()
                     runs.setdefault((name, in_flight), []).append(outcome)
                     print(f"repeat {repeat + 1} " + _line(name, in_flight, outcome), flush=True)
@@ -386,13 +364,13 @@ async def _overhead_embedded(address: str) -> float:
     async with _paths(address, OVERHEAD_TOKENS) as paths:
         sides = {"router": paths.router_call, "gateway_sdk": paths.sdk_call}
         for call in sides.values():
-            await _drive(call, 1, 1)
+            await drive(call, 1, 1)
         print(f"embedded engine: prompt {len(paths.prompt)} ids, {paths.completion_tokens} tokens a call; "
               f"{EMBEDDED_CALLS} calls a run", flush=True)
         for repeat in range(EMBEDDED_REPEATS):
             order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
             for name in order:
-                outcome = await _drive(sides[name], EMBEDDED_CALLS, 1)
+                outcome = await drive(sides[name], EMBEDDED_CALLS, 1)
                 runs.setdefault((name, 1), []).append(outcome)
                 print(f"repeat {repeat + 1} " + _line(f"embedded {name}", 1, outcome), flush=True)
         await paths.forget_sessions()

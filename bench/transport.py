@@ -45,12 +45,13 @@ import re
 import statistics
 import subprocess
 import sys
-from array import array
 import threading
 import time
+from array import array
 from pathlib import Path
 
 import grpc
+from closed_loop import drive
 
 PROMPT = list(range(1000, 3000))  # 2000 int32 ids
 BIN = Path(sys.executable).parent
@@ -60,32 +61,6 @@ VLLM_PROMPT = [1, 4093, 198, 10898, 253, 1837, 30, 2, 198, 1, 520, 9531, 198]
 VLLM_NEW_TOKENS = 8
 VLLM_IN_FLIGHT = (1, 8)
 VLLM_START_TIMEOUT_S = 600.0  # ~40 s on 2 idle cores; the machine may be shared
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def _drive(call, calls: int, in_flight: int) -> dict[str, float]:
-    """Run ``calls`` invocations of ``call(i)`` with ``in_flight`` at a time; return calls/s, p50, p99 (ms)."""
-    latencies: list[float] = []
-    counter = iter(range(calls))
-
-    async def worker() -> None:
-        for i in counter:
-            start = time.perf_counter()
-            await call(i)
-            latencies.append(time.perf_counter() - start)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(in_flight)))
-    elapsed = time.perf_counter() - started
-    return {
-        "calls_per_s": calls / elapsed,
-        "p50_ms": 1000 * _percentile(latencies, 0.5),
-        "p99_ms": 1000 * _percentile(latencies, 0.99),
-    }
 
 
 def _forward(stream) -> None:
@@ -159,7 +134,7 @@ async def _bench_echo(address: str, calls: int, in_flight: int) -> dict[str, flo
     async with grpc.aio.insecure_channel(address) as channel:
         echo = channel.unary_unary(_ECHO_METHOD)
         await echo(payload)
-        return await _drive(lambda i: echo(payload, timeout=30), calls, in_flight)
+        return await drive(lambda i: echo(payload, timeout=30), calls, in_flight)
 
 
 async def _bench_stream(address: str, calls: int, in_flight: int) -> dict[str, float]:
@@ -176,7 +151,7 @@ async def _bench_stream(address: str, calls: int, in_flight: int) -> dict[str, f
                 pass
 
         await call(0)
-        return await _drive(call, calls, in_flight)
+        return await drive(call, calls, in_flight)
 
 
 # -- (a) Router + engine server ------------------------------------------------------------------------------
@@ -193,7 +168,7 @@ async def _bench_router(address: str, calls: int, in_flight: int, unary: bool = 
     async with Router([address], RouterConfig(unary_generate=unary)) as router:
         await router.fleet.wait_ready()
         await router.generate(GenerateCall("warm", context, params))
-        return await _drive(lambda i: router.generate(GenerateCall(f"s{i % 64}", context, params)), calls, in_flight)
+        return await drive(lambda i: router.generate(GenerateCall(f"s{i % 64}", context, params)), calls, in_flight)
 
 
 # -- (b) Ray async actor -------------------------------------------------------------------------------------
@@ -237,7 +212,7 @@ def _ray_actor_class():
 async def _bench_ray(actor, calls: int, in_flight: int) -> dict[str, float]:
     sampling = {"max_new_tokens": 1, "ignore_eos": True}
     await actor.generate.remote(PROMPT, sampling, "warm")
-    return await _drive(lambda i: actor.generate.remote(PROMPT, sampling, f"r{i}"), calls, in_flight)
+    return await drive(lambda i: actor.generate.remote(PROMPT, sampling, f"r{i}"), calls, in_flight)
 
 
 # -- (e, f) vLLM: Router + vLLM server vs Ray actor holding vLLM ---------------------------------------------
@@ -307,7 +282,7 @@ async def _measure_vllm(name: str, call, plan: list[tuple[int, int]], repeat: in
     await _warm_up(call)
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
     for in_flight, calls in plan:
-        outcome = await _drive(lambda i: call(f"{name}-{repeat}-{in_flight}-{i}"), calls, in_flight)
+        outcome = await drive(lambda i: call(f"{name}-{repeat}-{in_flight}-{i}"), calls, in_flight)
         results.setdefault((name, in_flight), []).append(outcome)
         _print_run(repeat, name, in_flight, outcome, decimals=2)
     return results

@@ -39,7 +39,8 @@ import sys
 import time
 from uuid import uuid4
 
-from transport import BIN, _drive, _median, _paired_ratio, _start
+from closed_loop import drive
+from transport import BIN, _median, _paired_ratio, _start
 
 TURNS = 6
 PROMPT_IDS = 2000
@@ -86,7 +87,7 @@ async def _measure(client, trajectories: int, in_flight: int) -> dict[str, float
     verl's side the first call through each server's handle (the balancer returns it) stalls for seconds."""
     await asyncio.gather(*(_trajectory(client) for _ in range(max(in_flight, 4 * SERVERS))))
     cpu = time.process_time()
-    outcome = await _drive(lambda i: _trajectory(client), trajectories, in_flight)
+    outcome = await drive(lambda i: _trajectory(client), trajectories, in_flight)
     # process-wide CPU: it counts Ray's and gRPC's own threads in this process, where the client's work goes
     outcome["cpu_ms_per_turn"] = 1000 * (time.process_time() - cpu) / (trajectories * TURNS)
     return outcome

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from agentloop_grpc.agent.config import AgentLoopConfig
 from agentloop_grpc.agent.loops.base import BUILTIN_LOOPS
 from agentloop_grpc.agent.spec import ComponentSpec, CustomLoops
 from agentloop_grpc.client_security import ClientSecurity
+from agentloop_grpc.common.yaml_config import load_yaml_config
 from agentloop_grpc.engine_adapters.config import EngineConfig
 from agentloop_grpc.engine_adapters.config_base import LocalModelConfig
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
@@ -330,8 +330,5 @@ class RolloutConfig(AgentRunConfig):
 
 
 def load_config(path: str | Path) -> RolloutConfig:
-    """Read and validate a rollout YAML (ValidationError / OSError / yaml.YAMLError on bad input)."""
-    document = yaml.safe_load(Path(path).read_text())
-    if not isinstance(document, dict):
-        raise ValueError(f"{path}: a rollout config is a YAML mapping")
-    return RolloutConfig.model_validate(document)
+    """Read and validate a rollout YAML (ValidationError / OSError / yaml.YAMLError / ValueError on bad input)."""
+    return load_yaml_config(path, RolloutConfig, "a rollout config")

@@ -22,8 +22,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agentloop_grpc.common.yaml_config import load_yaml_config
 
 from .errors import ToolBackendError
 from .mcp_config import McpServerEntry
@@ -158,7 +159,7 @@ BUILTIN = "builtin"
 
 def load_config(path: str | Path) -> ToolServerConfig:
     """Read and validate a tools.yaml, or the built-in one for ``builtin`` (ValidationError / OSError /
-    yaml.YAMLError on bad input)."""
+    yaml.YAMLError / ValueError on bad input)."""
     if str(path) == BUILTIN:
         path = Path(str(resources.files("agentloop_grpc.tools") / "builtin.yaml"))
-    return ToolServerConfig.model_validate(yaml.safe_load(Path(path).read_text()))
+    return load_yaml_config(path, ToolServerConfig, "a tool server config")

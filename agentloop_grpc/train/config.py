@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentloop_grpc.common.yaml_config import load_yaml_config
 from agentloop_grpc.rollout.config import AgentRunConfig, ExternalAgent
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
@@ -78,8 +78,5 @@ class TrainConfig(AgentRunConfig):
 
 
 def load_train_config(path: str | Path) -> TrainConfig:
-    """Read and validate a training YAML (ValidationError / OSError / yaml.YAMLError on bad input)."""
-    document = yaml.safe_load(Path(path).read_text())
-    if not isinstance(document, dict):
-        raise ValueError(f"{path}: a training config is a YAML mapping")
-    return TrainConfig.model_validate(document)
+    """Read and validate a training YAML (ValidationError / OSError / yaml.YAMLError / ValueError on bad input)."""
+    return load_yaml_config(path, TrainConfig, "a training config")

@@ -66,6 +66,16 @@ def test_every_command_reports_a_broken_yaml_the_same_way(tmp_path, command):
     assert f"error: {path}:3:1: not valid YAML" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("command", "what"), [(["rollout"], "a rollout config"), (["train"], "a training config"),
+                                               (["tools", "serve"], "a tool server config")])
+def test_a_config_that_is_not_a_mapping_is_named_as_such(tmp_path, command, what):
+    path = tmp_path / "list.yaml"
+    path.write_text("- kind: fake\n")
+    result = runner.invoke(app, [*command, "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert f"{what} is a YAML mapping, not a YAML list" in result.output and "Traceback" not in result.output
+
+
 def test_engine_overrides_list_every_problem():
     result = runner.invoke(app, ["engine", "serve", "--adapter", "fake", "--set", "max_runing=3",
                                  "--set", "max_running=x"])
