@@ -230,13 +230,14 @@ class Paths:
         await self.http.aclose()
         await self.sdk_http.aclose()
 
-    def _sid(self, tag: str) -> str:
+    def sid(self, tag: str) -> str:
+        """A session id not used before in this run: each call opens a session of its own."""
         self._session += 1
         return f"{tag}-{self._session}"
 
     async def probe(self) -> None:
         """The prompt ids the gateway renders for MESSAGES + TOOLS (from its trajectory) and its sampling."""
-        sid = self._sid("probe")
+        sid = self.sid("probe")
         reply = (await self.http.post(f"/sessions/{sid}/v1/chat/completions", json=self.body)).json()
         _, (trajectory,) = await self.gateway.finish(sid)
         codec = self.gateway.codec
@@ -251,11 +252,11 @@ class Paths:
                                f"{self.completion_tokens}: not the same work")
 
     async def router_call(self, i: int) -> None:
-        result = await self.router.generate(GenerateCall(self._sid("router"), self.prompt, self.sampling))
+        result = await self.router.generate(GenerateCall(self.sid("router"), self.prompt, self.sampling))
         self._check(len(result.token_ids))
 
     async def http_call(self, i: int) -> None:
-        response = await self.http.post(f"/sessions/{self._sid('http')}/v1/chat/completions", json=self.body)
+        response = await self.http.post(f"/sessions/{self.sid('http')}/v1/chat/completions", json=self.body)
         response.raise_for_status()
         self._check(response.json()["usage"]["completion_tokens"])
 
@@ -265,7 +266,7 @@ class Paths:
         self._check(response.json()["usage"]["completion_tokens"])
 
     async def sdk_call(self, i: int) -> None:
-        client = openai.AsyncOpenAI(base_url=f"{self.url}/sessions/{self._sid('sdk')}/v1", api_key="none",
+        client = openai.AsyncOpenAI(base_url=f"{self.url}/sessions/{self.sid('sdk')}/v1", api_key="none",
                                     http_client=self.sdk_http, max_retries=0)
         reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,  # type: ignore[arg-type]
                                                      max_tokens=self.max_tokens, temperature=0.0)
@@ -305,7 +306,7 @@ def _floor_app(paths: Paths) -> FastAPI:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         json.loads(await request.body())
-        result = await paths.router.generate(GenerateCall(paths._sid("floor"), paths.prompt, paths.sampling))
+        result = await paths.router.generate(GenerateCall(paths.sid("floor"), paths.prompt, paths.sampling))
         body = {"token_ids": list(result.token_ids), "usage": {"completion_tokens": len(result.token_ids)}}
         return Response(json.dumps(body), media_type="application/json")
 
