@@ -55,35 +55,35 @@ $(VENV)/.vllm-installed: $(VENV)/.installed
 	$(PY) -c 'import vllm, google.protobuf, grpc'
 	touch $@
 
+# $(call held_install,PACKAGE,VERSION): PACKAGE==VERSION, unless installed, for the extra of the same name when
+# PACKAGE pins dependencies below ours: the extra's dependencies come with every installed version held (a
+# constraints file of the venv), then PACKAGE itself without its dependency list.
+define held_install
+	@if [ "$$($(PY) -c 'import importlib.metadata as m; print(m.version("$(1)"))' 2>/dev/null)" != "$(2)" ]; then \
+		echo "installing $(1)==$(2)"; \
+		$(PY) -m pip freeze --exclude-editable | grep -v ' @ ' > $(VENV)/constraints.txt && \
+		$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e '.[$(1)]' && \
+		$(PY) -m pip install --quiet --no-deps '$(1)==$(2)'; \
+	fi
+endef
+
 # verl for its agent loops on our engines (the `verl` extra): verl 0.9.1 caps transformers below 5.11, which our pins
-# exceed, so its needed dependencies come from the extra with every installed version held (a constraints file of
-# the venv) and verl itself without its dependency list.
+# exceed.
 VERL_VERSION := 0.9.1
 $(VENV)/.verl-installed: $(VENV)/.vllm-installed
-	@if [ "$$($(PY) -c 'import importlib.metadata as m; print(m.version("verl"))' 2>/dev/null)" != "$(VERL_VERSION)" ]; then \
-		echo "installing verl==$(VERL_VERSION)"; \
-		$(PY) -m pip freeze --exclude-editable | grep -v ' @ ' > $(VENV)/constraints.txt && \
-		$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e '.[verl]' && \
-		$(PY) -m pip install --quiet --no-deps 'verl==$(VERL_VERSION)'; \
-	fi
+	$(call held_install,verl,$(VERL_VERSION))
 	$(PY) -c 'import verl.workers.rollout.llm_server, verl.experimental.agent_loop'
 	@# our verl.plugins entry point registered rollout name agentloop (verl only logs a plugin that fails to load)
 	$(PY) -c 'from verl.workers.rollout.replica import RolloutReplicaRegistry as R; R.get("agentloop")'
 	touch $@
 
-# verifiers environments (the `verifiers` extra): verifiers 0.4.0 pins mcp==2.0.0 and openai<3, below ours, so as for
-# verl its dependencies come from the extra with every installed version held and verifiers without its list. Its
+# verifiers environments (the `verifiers` extra): verifiers 0.4.0 pins mcp==2.0.0 and openai<3, below ours. Its
 # harness programs are uv scripts that would install their packages (mcp 2.0.0 among them) from PyPI during a rollout:
 # their wheels go to $(VERIFIERS_WHEELS), which the integration points uv at (integrations/verifiers/offline.py).
 VERIFIERS_VERSION := 0.4.0
 VERIFIERS_WHEELS := $(VENV)/verifiers-wheels
 $(VENV)/.verifiers-installed: $(VENV)/.verl-installed
-	@if [ "$$($(PY) -c 'import importlib.metadata as m; print(m.version("verifiers"))' 2>/dev/null)" != "$(VERIFIERS_VERSION)" ]; then \
-		echo "installing verifiers==$(VERIFIERS_VERSION)"; \
-		$(PY) -m pip freeze --exclude-editable | grep -v ' @ ' > $(VENV)/constraints.txt && \
-		$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e '.[verifiers]' && \
-		$(PY) -m pip install --quiet --no-deps 'verifiers==$(VERIFIERS_VERSION)'; \
-	fi
+	$(call held_install,verifiers,$(VERIFIERS_VERSION))
 	@# the chat program's own requirements (mcp==2.0.0 included), the rest held at this venv's versions
 	$(PY) -m pip freeze --exclude-editable | grep -v -e ' @ ' -e '^mcp' > $(VENV)/verifiers-constraints.txt
 	$(PY) -m pip download --quiet --only-binary=:all: -d $(VERIFIERS_WHEELS) -c $(VENV)/verifiers-constraints.txt \
