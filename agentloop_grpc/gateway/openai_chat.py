@@ -6,8 +6,9 @@ rather than silently ignored, since an agent relying on one would be trained on 
 change nothing here (``user``, ``metadata``, ``store``, ``parallel_tool_calls``, ...) are accepted. Images must be
 data URLs. The reply carries the engine's token ids of the turn in ``agentloop.token_ids``.
 
-Streaming: ``delta.content`` as the text decodes; a turn offered tools streams its text once its calls are parsed
-(then the calls, each in one ``tool_calls`` delta), since a half-written call cannot be told from text.
+Streaming: ``delta.content`` as the text decodes. A turn offered tools streams the content its parser says no call
+can change (with Hermes, the text before ``<tool_call>``); the rest of the content and the calls (each in one
+``tool_calls`` delta) come once the turn is parsed, since a half-written call cannot be told from text.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class OpenAIChat:
     async def events(self, request: ChatRequest, stream: AsyncIterator[TextDelta | ChatReply]) -> AsyncIterator[bytes]:
         head: dict[str, Any] = {"object": "chat.completion.chunk", "model": request.model}
         streamed = False
+        sent = ""  # the content the deltas held: the reply's content starts with it
         first = True
         try:
             async for event in stream:
@@ -95,7 +97,7 @@ class OpenAIChat:
                         delta["role"], first = "assistant", False
                     choice = {"index": 0, "delta": delta, "finish_reason": None,
                               "logprobs": {"content": _logprobs(event.logprobs)} if event.logprobs else None}
-                    streamed = True
+                    streamed, sent = True, sent + event.text
                     yield sse(json.dumps({**head, "id": "", "created": 0, "choices": [choice]}))
                     continue
                 reply = event
@@ -103,8 +105,8 @@ class OpenAIChat:
                 opening: dict[str, Any] = {}
                 if first:
                     opening["role"] = "assistant"
-                if not streamed and reply.content:
-                    opening["content"] = reply.content
+                if reply.content[len(sent):]:  # all of it, or what a turn offered tools held back for its calls
+                    opening["content"] = reply.content[len(sent):]
                 if opening or reply.tool_calls:
                     if reply.tool_calls:
                         opening["tool_calls"] = [{"index": i, **c} for i, c in enumerate(reply.tool_calls)]

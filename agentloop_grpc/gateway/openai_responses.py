@@ -146,6 +146,7 @@ class OpenAIResponses:
             )
 
         final: ChatReply | None = None
+        sent = ""  # the text the deltas held: the reply's content starts with it
         try:
             item: TextDelta | ChatReply | None = first
             while item is not None:
@@ -157,6 +158,7 @@ class OpenAIResponses:
                         yield frame
                     opened = True
                 if opened:
+                    sent += item.text
                     yield delta(item.text, item.logprobs)
                 item = await anext(items, None)
         except GatewayError as error:
@@ -166,7 +168,8 @@ class OpenAIResponses:
             yield event("error", code="infrastructure", message="the engine's stream ended without a reply", param=None)
             return
 
-        # 3. The text's closing events, then each tool call whole (a turn offered tools parses its calls at the end).
+        # 3. The text's closing events, then each tool call whole (a turn offered tools parses its calls at the end,
+        # and streamed only the content before them).
         # An opened message is closed even if the reply's content came out empty (the client would wait for it).
         output = output_items(rid, final, message=opened)
         index = 0
@@ -175,6 +178,8 @@ class OpenAIResponses:
                 for frame in open_message():
                     yield frame
                 yield delta(final.content, final.logprobs)
+            elif final.content[len(sent):]:  # what a turn offered tools held back until its calls were parsed
+                yield delta(final.content[len(sent):], ())
             message = output[0]
             text_part = message["content"][0]
             yield event(

@@ -116,7 +116,8 @@ class SessionGateway:
         return reply
 
     async def chat_stream(self, session_id: str, request: ChatRequest) -> AsyncGenerator[TextDelta | ChatReply, None]:
-        """TextDeltas (when the request streams and offers no tools to parse) and then the ChatReply."""
+        """TextDeltas (when the request streams: a turn offered tools streams the content before its calls) and then
+        the ChatReply, whose content starts with what the deltas held."""
         # 1. the session and its bounds
         session = self.sessions.get(session_id, create=True)
         self._count_sessions()
@@ -231,12 +232,12 @@ class SessionGateway:
             top_logprobs=request.top_logprobs if request.logprobs else 0,
         )
         prompt, media = chain.turn_prompt(pending)
-        streams_text = request.stream and not self._parses_calls(request)
         return TurnSpec(
             session_key=session.id, group_id=session.spec.group_id, prompt_ids=prompt, media=media, sampling=sampling,
             structured_output=self._constraint(request), stop_strings=request.stop,
             timeout_s=self.config.generate_timeout_s, max_resumes=self.config.max_resumes,
-            stream_text=streams_text, logprobs=request.logprobs,
+            stream_text=request.stream, logprobs=request.logprobs,
+            settled=self.parser.settled_content if self._parses_calls(request) else None,
         )
 
     @staticmethod

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from agentloop_grpc.agent.chat import ChatCodec
@@ -65,6 +65,9 @@ class TurnSpec:
     logprobs: bool
     #: The session's GRPO group ("": none), for the Router's group affinity.
     group_id: str = ""
+    #: What of the text so far may stream, where not all of it: a turn offered tools streams only the content its
+    #: parser says no call can change (``ToolCallParser.settled_content``); the reply's content holds the rest.
+    settled: Callable[[str], str] | None = None
 
 
 class Turn:
@@ -169,6 +172,8 @@ class Turn:
                 return None
             hold = max((len(s) - 1 for s in self.spec.stop_strings), default=0)
             text = text[: len(text) - hold] if hold else text
+        if self.spec.settled is not None:
+            text = self.spec.settled(text)
         piece = text[self._shown :] if len(text) > self._shown else ""
         logprobs: tuple[TokenLogprob, ...] = ()
         if self.spec.logprobs:

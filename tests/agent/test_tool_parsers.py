@@ -156,6 +156,35 @@ def test_gpt_oss_malformed_and_cut_off_calls_are_errors(text, reason):
     assert turn.calls == () and len(turn.errors) == 1 and reason in turn.errors[0].reason, turn.errors
 
 
+# -- settled content (what a streamed turn offered tools sends before it ends) ------------------------------------
+
+HERMES_TURN = '  Let me add those.\n\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>'
+SETTLED = [
+    (HermesParser(), HERMES_TURN, "Let me add those."),
+    (HermesParser(), HERMES_TURN + "\nDone, and <tool_call>{bad", "Let me add those."),  # text after, a bad call
+    (HermesParser(), "I would write <tool_ca but no call.", "I would write <tool_ca but no call."),
+    (HermesParser(), "<tool_call>\n" + '{"name": "calculator", "arguments": {}}\n</tool_call>', ""),
+    (Qwen3CoderParser([WEATHER]), "Checking.\n" + qwen_call("get_weather", city="Oslo", days="2"), "Checking."),
+    (Llama3JsonParser(), 'Let me look.<|python_tag|>{"name": "a", "parameters": {}}', "Let me look."),
+    (Llama3JsonParser(), ' {"name": "a", "parameters": {}}', ""),
+    (Llama3JsonParser(), "It is 18 degrees.", "It is 18 degrees."),
+    (GptOssParser(), HARMONY_CALL, ""),
+]
+
+
+@pytest.mark.parametrize(("parser", "text", "settled"), SETTLED)
+def test_settled_content_grows_with_the_text_and_the_parsed_content_starts_with_it(parser, text, settled):
+    """At every point of the turn what may stream is a prefix of what streamed after it and of the parsed content,
+    so deltas add up to the reply's content; once whole, as much of the content as the format can tell."""
+    content = parser.parse(text).content
+    before = ""
+    for end in range(len(text) + 1):
+        now = parser.settled_content(text[:end])
+        assert now.startswith(before) and content.startswith(now), (text[:end], before, now, content)
+        before = now
+    assert before == settled
+
+
 # -- choice, stop tokens, grammars -------------------------------------------------------------------------------
 
 def test_the_config_chooses_the_parser_and_refuses_a_grammar_it_lacks(codec):

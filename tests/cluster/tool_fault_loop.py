@@ -47,6 +47,9 @@ class _FirstTurnCalls:
             return ParsedTurn(text, (CALL,))
         return ParsedTurn(text)
 
+    def settled_content(self, text: str) -> str:
+        return ""
+
     def constraint(self, tools: Any, max_calls: int) -> str:
         raise NotImplementedError("no grammar: the fake engine takes none")
 

@@ -45,6 +45,12 @@ class ToolCallParser(Protocol):
         """The complete calls of one finished turn; a malformed or cut-off call is a ParseError, never half a call."""
         ...
 
+    def settled_content(self, text: str) -> str:
+        """What of a turn's text so far is content whatever the model writes next: ``parse`` of the finished turn
+        gives a content that starts with it, so a streaming client may be sent it before the turn ends ("" where
+        the format cannot tell before the end)."""
+        ...
+
     def constraint(self, tools: Sequence[dict[str, Any]], max_calls: int) -> str:
         """An EBNF grammar (xgrammar dialect) of a turn made of 1..max_calls calls of ``tools`` (OpenAI specs)."""
         ...
@@ -71,6 +77,21 @@ def tool_call_blocks(text: str, read: Callable[[str, str], ToolCall | ParseError
         errors.append(ParseError(dangling, "a <tool_call> block is not closed with </tool_call>"))
         rest = rest[: rest.index(_OPEN)]
     return ParsedTurn(content=rest.strip(), calls=tuple(calls), errors=tuple(errors))
+
+
+def text_before(text: str, marker: str) -> str:
+    """The settled content of a format whose calls start with ``marker`` and whose content is the text outside them,
+    stripped: ``text`` up to ``marker`` (or up to an end that may become it), stripped."""
+    at = text.find(marker)
+    if at < 0:
+        at = next((len(text) - k for k in range(min(len(marker) - 1, len(text)), 0, -1)
+                   if text.endswith(marker[:k])), len(text))
+    return text[:at].strip()
+
+
+def blocks_settled_content(text: str) -> str:
+    """``settled_content`` of the formats of ``<tool_call>`` blocks (``tool_call_blocks``)."""
+    return text_before(text, _OPEN)
 
 
 def check_offer(tools: Sequence[dict[str, Any]], max_calls: int) -> None:

@@ -35,6 +35,9 @@ class GptOssParser:
     name = "gpt_oss"
     stop_tokens: tuple[str, ...] = ("<|call|>", "<|return|>")
 
+    def settled_content(self, text: str) -> str:
+        return ""  # which channel a message's text belongs to is known once its header is whole: sent at the end
+
     def parse(self, text: str) -> ParsedTurn:
         if _MESSAGE not in text and "<|channel|>" not in text:
             return ParsedTurn(content=text.strip())  # the model wrote no harmony at all: plain content

@@ -11,6 +11,7 @@ from .base import (
     ParseError,
     ToolCall,
     arguments_object,
+    blocks_settled_content,
     call_schema,
     check_offer,
     decode_json,
@@ -27,6 +28,9 @@ class HermesParser:
 
     def parse(self, text: str) -> ParsedTurn:
         return tool_call_blocks(text, _read)
+
+    def settled_content(self, text: str) -> str:
+        return blocks_settled_content(text)
 
     def constraint(self, tools: Sequence[dict[str, Any]], max_calls: int) -> str:
         check_offer(tools, max_calls)

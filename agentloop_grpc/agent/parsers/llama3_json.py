@@ -21,6 +21,7 @@ from .base import (
     check_offer,
     decode_json,
     json_schema_rules,
+    text_before,
 )
 
 PYTHON_TAG = "<|python_tag|>"
@@ -62,6 +63,12 @@ class Llama3JsonParser:
         if not calls and not errors:
             errors.append(ParseError(text, f"{PYTHON_TAG} is not followed by a call"))
         return ParsedTurn(content=content.strip(), calls=tuple(calls), errors=tuple(errors))
+
+    def settled_content(self, text: str) -> str:
+        head = text.lstrip()
+        if not head or head.startswith("{"):  # maybe a turn of bare JSON calls, whose content is ""
+            return ""
+        return text_before(text, PYTHON_TAG)
 
     def constraint(self, tools: Sequence[dict[str, Any]], max_calls: int) -> str:
         # bare JSON, the documented custom-tool answer: <|python_tag|> is a special token a grammar cannot emit

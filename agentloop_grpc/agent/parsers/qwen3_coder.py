@@ -32,6 +32,7 @@ from .base import (
     ParsedTurn,
     ParseError,
     ToolCall,
+    blocks_settled_content,
     check_offer,
     json_schema_rules,
     literal,
@@ -63,6 +64,9 @@ class Qwen3CoderParser:
 
     def parse(self, text: str) -> ParsedTurn:
         return tool_call_blocks(text, self._call)
+
+    def settled_content(self, text: str) -> str:
+        return blocks_settled_content(text)
 
     def _call(self, raw: str, body: str) -> ToolCall | ParseError:
         function = _FUNCTION.fullmatch(body)
