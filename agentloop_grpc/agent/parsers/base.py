@@ -80,8 +80,8 @@ def tool_call_blocks(text: str, read: Callable[[str, str], ToolCall | ParseError
 
 
 def text_before(text: str, marker: str) -> str:
-    """The settled content of a format whose calls start with ``marker`` and whose content is the text outside them,
-    stripped: ``text`` up to ``marker`` (or up to an end that may become it), stripped."""
+    """The settled content of a format whose calls start with ``marker`` and whose content is the stripped text
+    outside them: ``text`` up to ``marker`` (or up to an end that may grow into it), stripped."""
     at = text.find(marker)
     if at < 0:
         at = next((len(text) - k for k in range(min(len(marker) - 1, len(text)), 0, -1)
