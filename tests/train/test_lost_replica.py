@@ -29,8 +29,8 @@ def test_a_replica_killed_between_steps_comes_back_on_the_trainers_weights(tmp_p
                             + "\n" for i in range(8)))
     config = tmp_path / "train.yaml"
     config.write_text(yaml.safe_dump({
-        # fake replicas, 16 tokens at 0.2 s: a step takes ~4 s. For step 5's rollout to use the replica it must be
-        # back before step 4's push, ~13 s after the kill; it comes back in ~2 s
+        # fake replicas, 16 tokens at 0.2 s: each step's rollout takes 3.2 s at least, so the replica has steps 2 to
+        # 4 to come back before step 4's push, after which step 5's rollout uses it
         "engines": {"launch": {"replicas": 2, "restart_lost": True,
                                "engine": {"kind": "fake", "vocab_size": 49152, "token_latency_s": 0.2}}},
         # short single-turn prompts without tools: each step trains on a few dozen tokens, not the tools' ~450
