@@ -1,8 +1,14 @@
-"""What every suite shares: how `make test` splits the tests between its two pytest-xdist workers."""
+"""What every suite shares: how `make test` splits the tests between its two pytest-xdist workers, and that a test
+closes every asyncio HTTP client it opens."""
 
 from __future__ import annotations
 
+import importlib
+import weakref
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 #: Folders whose tests hold the most memory (vLLM engines, TRL and verl trainers): two of those at once would not fit
 #: CI's machine (24 GiB), so these folders share one worker and run one after the other.
@@ -26,3 +32,30 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
             return work_unit(nodeid)
 
     return FolderScheduling(config, log)
+
+
+@pytest.fixture(autouse=True)
+def async_http_clients_are_closed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fails a test that leaves an asyncio HTTP client open (``httpx.AsyncClient``, and ``httpx2``'s, which the
+    openai and anthropic SDKs' async clients are). The garbage collector closes such a client's sockets under
+    transports still registered with the event loop; the SDK's finalizer then schedules ``aclose()``, whose abort
+    unregisters whatever file now has that number: once gRPC's completion-queue socket, after which the test
+    process's gRPC servers never answered."""
+    opened: weakref.WeakSet[Any] = weakref.WeakSet()
+    for name in ("httpx", "httpx2"):
+        try:
+            client_class = importlib.import_module(name).AsyncClient
+        except ImportError:  # a machine without the gateway's clients runs no test that opens one
+            continue
+        monkeypatch.setattr(client_class, "__init__", _tracked(client_class.__init__, opened))
+    yield
+    left = [client for client in opened if not client.is_closed]
+    assert not left, f"{len(left)} asyncio HTTP client(s) left open: close each (async with, or await .close())"
+
+
+def _tracked(init: Any, opened: weakref.WeakSet[Any]) -> Any:
+    def tracked(client: Any, *args: Any, **kwargs: Any) -> None:
+        init(client, *args, **kwargs)
+        opened.add(client)
+
+    return tracked

@@ -6,6 +6,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import openai
 
 from agentloop_grpc.agent import ChatCodec
 from agentloop_grpc.gateway.app import create_app
@@ -26,6 +30,8 @@ class GatewayHarness:
     script: TextScript
     router: Router
     engine: str
+    #: What the gateway's block closes on exit: the SDK clients opened below, before the server stops.
+    stack: AsyncExitStack
 
     def base_url(self, session_id: str) -> str:
         """What an OpenAI client takes as base_url for this session."""
@@ -34,6 +40,20 @@ class GatewayHarness:
     def anthropic_base_url(self, session_id: str) -> str:
         """What an Anthropic client takes as base_url (it adds /v1/messages itself)."""
         return f"{self.url}/sessions/{session_id}"
+
+    def openai(self, session_id: str, **options: Any) -> openai.AsyncOpenAI:
+        """The openai SDK's async client for this session (``options``: its own, api_key "none" unless given),
+        closed when the gateway's block ends."""
+        client = openai.AsyncOpenAI(base_url=self.base_url(session_id), **{"api_key": "none", **options})
+        self.stack.push_async_callback(client.close)
+        return client
+
+    def anthropic(self, session_id: str, **options: Any) -> anthropic.AsyncAnthropic:
+        """The anthropic SDK's async client for this session, as ``openai``."""
+        client = anthropic.AsyncAnthropic(base_url=self.anthropic_base_url(session_id),
+                                          **{"api_key": "none", **options})
+        self.stack.push_async_callback(client.close)
+        return client
 
 
 @asynccontextmanager
@@ -51,4 +71,4 @@ async def scripted_gateway(
         gateway = SessionGateway(router, codec, config or GatewayConfig())
         url = await stack.enter_async_context(serve_app(create_app(gateway, user_token, admin_token),
                                                         certificate=tls and tls[0], private_key=tls and tls[1]))
-        yield GatewayHarness(url, gateway, script, router, address)
+        yield GatewayHarness(url, gateway, script, router, address, stack)

@@ -45,8 +45,9 @@ async def calculator_server() -> AsyncIterator[GrpcToolClient]:
         await server.stop(grace_s=1)
 
 
-def calculator_agent(tools: GrpcToolClient, base_url: str, executed: list[str]) -> agents.Agent:
-    """An Agents SDK agent whose calculator tool asks our tool server; ``executed`` collects the results."""
+def calculator_agent(tools: GrpcToolClient, client: AsyncOpenAI, executed: list[str]) -> agents.Agent:
+    """An Agents SDK agent on ``client`` whose calculator tool asks our tool server; ``executed`` collects the
+    results."""
 
     @agents.function_tool
     async def calculator(expression: str) -> str:
@@ -64,8 +65,7 @@ def calculator_agent(tools: GrpcToolClient, base_url: str, executed: list[str]) 
         executed.append(result.content)
         return result.content
 
-    model = agents.OpenAIChatCompletionsModel(
-        model="m", openai_client=AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0))
+    model = agents.OpenAIChatCompletionsModel(model="m", openai_client=client)
     return agents.Agent(name="calc", instructions="You are a careful calculator.", tools=[calculator], model=model)
 
 
@@ -83,7 +83,7 @@ async def run_agent(agent: agents.Agent, streamed: bool) -> object:
 async def test_an_agents_sdk_agent_with_a_tool_on_our_tool_server_records_one_token_exact_chain(codec, streamed):
     executed: list[str] = []
     async with calculator_server() as tools, scripted_gateway(codec, REPLIES, GREEDY) as g:
-        agent = calculator_agent(tools, g.base_url("sdk"), executed)
+        agent = calculator_agent(tools, g.openai("sdk", max_retries=0), executed)
         assert await run_agent(agent, streamed) == ANSWER
         requests = list(g.script.requests)
         session, trajectories = await g.gateway.finish("sdk")

@@ -57,7 +57,7 @@ def tool_result_turn(content: list[Any], tool_use_id: str) -> list[dict[str, Any
 async def test_an_agent_through_the_anthropic_sdk_records_what_the_tool_loop_records(codec, replies):
     expected, tools = await tool_loop_trajectory(codec, replies)
     async with scripted_gateway(codec, replies, GREEDY) as g:
-        client = anthropic.AsyncAnthropic(base_url=g.anthropic_base_url("s1"), api_key="none", max_retries=0)
+        client = g.anthropic("s1", max_retries=0)
         first = await client.messages.create(
             model="m", max_tokens=256, messages=[{"role": "user", "content": QUESTION}], tools=tools)
         assert first.stop_reason == "tool_use"
@@ -80,7 +80,7 @@ async def test_an_agent_through_the_anthropic_sdk_records_what_the_tool_loop_rec
 async def test_the_same_conversation_streamed_records_the_same(codec, replies):
     expected, tools = await tool_loop_trajectory(codec, replies)
     async with scripted_gateway(codec, replies, GREEDY) as g:
-        client = anthropic.AsyncAnthropic(base_url=g.anthropic_base_url("s2"), api_key="none", max_retries=0)
+        client = g.anthropic("s2", max_retries=0)
         async with client.messages.stream(
                 model="m", max_tokens=256, messages=[{"role": "user", "content": QUESTION}], tools=tools) as stream:
             first = await stream.get_final_message()
@@ -100,7 +100,7 @@ async def test_the_same_conversation_streamed_records_the_same(codec, replies):
 
 async def test_text_streams_as_it_decodes(codec):
     async with scripted_gateway(codec, ["Hello there, friend."]) as g:
-        client = anthropic.AsyncAnthropic(base_url=g.anthropic_base_url("s3"), api_key="none", max_retries=0)
+        client = g.anthropic("s3", max_retries=0)
         async with client.messages.stream(
                 model="m", max_tokens=64, messages=[{"role": "user", "content": "Hi"}]) as stream:
             pieces = [piece async for piece in stream.text_stream]
@@ -123,7 +123,7 @@ async def test_text_streams_as_it_decodes(codec):
 )
 async def test_a_malformed_request_is_a_bad_request_in_anthropics_shape(codec, fields, param, words):
     async with scripted_gateway(codec, ["unused"]) as g:
-        client = anthropic.AsyncAnthropic(base_url=g.anthropic_base_url("s4"), api_key="none", max_retries=0)
+        client = g.anthropic("s4", max_retries=0)
         request: dict[str, Any] = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}]}
         with pytest.raises(anthropic.BadRequestError) as caught:
             await client.messages.create(**{**request, **fields})

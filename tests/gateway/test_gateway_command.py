@@ -30,10 +30,10 @@ async def test_the_gateway_command_serves_sessions_and_stops_on_sigterm(server_p
     process, url = start_gateway("--engines", server_processes[0].address, "--config", str(tmp_path / "gateway.yaml"),
                                  "--auth-token-file", str(tmp_path / "token"))
     try:
-        client = openai.AsyncOpenAI(base_url=f"{url}/sessions/c1/v1", api_key="secret")
-        reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
-        assert reply.usage.completion_tokens <= 8 and len(reply.model_extra["agentloop"]["token_ids"]) <= 8
-        assert [m.id for m in (await client.models.list()).data] == ["agentloop"]
+        async with openai.AsyncOpenAI(base_url=f"{url}/sessions/c1/v1", api_key="secret") as client:
+            reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+            assert reply.usage.completion_tokens <= 8 and len(reply.model_extra["agentloop"]["token_ids"]) <= 8
+            assert [m.id for m in (await client.models.list()).data] == ["agentloop"]
     finally:
         process.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(process.wait, 30)
@@ -54,9 +54,9 @@ async def test_a_discovery_files_tokens_reach_the_engines(server_processes, tmp_
                                 ClientSecurity(token_file=str(tmp_path / "engine-token")))
     process, url = start_gateway("--discovery-file", str(discovery))
     try:
-        client = openai.AsyncOpenAI(base_url=f"{url}/sessions/c1/v1", api_key="unused")
-        reply = await client.chat.completions.create(model="m", max_tokens=4,
-                                                     messages=[{"role": "user", "content": "Hi"}])
+        async with openai.AsyncOpenAI(base_url=f"{url}/sessions/c1/v1", api_key="unused") as client:
+            reply = await client.chat.completions.create(model="m", max_tokens=4,
+                                                         messages=[{"role": "user", "content": "Hi"}])
         assert 0 < reply.usage.completion_tokens <= 4
         # the launcher restarted the server elsewhere (its new address in the file), the old one is gone: the
         # gateway follows the file, so a new session is served
@@ -64,9 +64,10 @@ async def test_a_discovery_files_tokens_reach_the_engines(server_processes, tmp_
         write_discovery(discovery, [{"address": server_processes[1].address}],
                         ClientSecurity(token_file=str(tmp_path / "engine-token")))
         server_processes[0].stop()
-        client = openai.AsyncOpenAI(base_url=f"{url}/sessions/c2/v1", api_key="unused", timeout=60, max_retries=0)
-        reply = await client.chat.completions.create(model="m", max_tokens=4,
-                                                     messages=[{"role": "user", "content": "Hi again"}])
+        async with openai.AsyncOpenAI(base_url=f"{url}/sessions/c2/v1", api_key="unused", timeout=60,
+                                      max_retries=0) as client:
+            reply = await client.chat.completions.create(model="m", max_tokens=4,
+                                                         messages=[{"role": "user", "content": "Hi again"}])
         assert 0 < reply.usage.completion_tokens <= 4
     finally:
         process.send_signal(signal.SIGTERM)

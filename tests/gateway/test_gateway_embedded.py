@@ -39,7 +39,8 @@ async def test_an_sdk_agent_on_smollm2_records_what_the_tool_loop_records(embedd
                 Sample(sample_id="loop", messages=tuple(QUESTION), tools=("calculator",)))
             gateway = SessionGateway(router, codec, GatewayConfig(sampling=ForcedSampling(temperature=0.0)))
             url = await stack.enter_async_context(serve_app(create_app(gateway)))
-            client = openai.AsyncOpenAI(base_url=f"{url}/sessions/agent/v1", api_key="none")
+            client = await stack.enter_async_context(openai.AsyncOpenAI(base_url=f"{url}/sessions/agent/v1",
+                                                                         api_key="none"))
             history = list(QUESTION)
             for _ in range(2):  # the agent: ask, run the calls it gets, ask again
                 reply = await client.chat.completions.create(model="m", messages=history, tools=offered,

@@ -29,7 +29,7 @@ async def test_sigkill_mid_stream_the_agents_request_completes_elsewhere_token_e
         await router.fleet.wait_ready(2)
         gateway = SessionGateway(router, codec, GatewayConfig(sampling=ForcedSampling(temperature=0.0)))
         url = await stack.enter_async_context(serve_app(create_app(gateway)))
-        client = openai.AsyncOpenAI(base_url=f"{url}/sessions/k1/v1", api_key="none")
+        client = await stack.enter_async_context(openai.AsyncOpenAI(base_url=f"{url}/sessions/k1/v1", api_key="none"))
         stream = await client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "Tell me a long story."}], max_tokens=BUDGET,
             stream=True)

@@ -75,9 +75,9 @@ async def test_tokens_guard_model_turns_and_the_admin_token_guards_session_contr
     async with scripted_gateway(codec, ["Yes."], user_token="user-t", admin_token="admin-t") as g, \
             httpx.AsyncClient(base_url=g.url, timeout=30) as http:
         with pytest.raises(openai.AuthenticationError):
-            await openai.AsyncOpenAI(base_url=g.base_url("t1"), api_key="wrong").chat.completions.create(
+            await g.openai("t1", api_key="wrong").chat.completions.create(
                 model="m", messages=QUESTION)
-        reply = await openai.AsyncOpenAI(base_url=g.base_url("t1"), api_key="user-t").chat.completions.create(
+        reply = await g.openai("t1", api_key="user-t").chat.completions.create(
             model="m", messages=QUESTION)
         assert reply.choices[0].message.content == "Yes."
         user, admin = {"authorization": "Bearer user-t"}, {"authorization": "Bearer admin-t"}
@@ -132,7 +132,7 @@ async def test_forced_sampling_and_the_response_budget_hold_whatever_the_agent_a
     long_reply = "word " * 40
     config = GatewayConfig(sampling=ForcedSampling(temperature=0.0, max_tokens_per_turn=16, response_budget=30))
     async with scripted_gateway(codec, [long_reply], config) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("b1"), api_key="none")
+        client = g.openai("b1")
         first = await client.chat.completions.create(model="m", messages=QUESTION, temperature=1.5, max_tokens=500)
         assert first.choices[0].finish_reason == "length" and first.usage.completion_tokens == 16
         sampling = g.script.requests[-1].sampling

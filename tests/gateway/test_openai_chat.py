@@ -31,7 +31,7 @@ async def tool_loop_trajectory(codec):
 async def test_an_agent_through_the_openai_sdk_records_what_the_tool_loop_records(codec):
     expected, tools = await tool_loop_trajectory(codec)
     async with scripted_gateway(codec, REPLIES, GREEDY) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("s1"), api_key="none")
+        client = g.openai("s1")
         first = await client.chat.completions.create(model="m", messages=QUESTION, tools=tools)
         message = first.choices[0].message
         assert first.choices[0].finish_reason == "tool_calls"
@@ -58,7 +58,7 @@ async def test_an_agent_through_the_openai_sdk_records_what_the_tool_loop_record
 
 async def test_streams_text_with_logprobs_and_a_tool_call_turn_streams_the_call(codec):
     async with scripted_gateway(codec, ["Hello there, friend.", call("calculator", expression="1+1")]) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("s2"), api_key="none")
+        client = g.openai("s2")
         stream = await client.chat.completions.create(
             model="m", messages=QUESTION, stream=True, logprobs=True, top_logprobs=2,
             stream_options={"include_usage": True})
@@ -98,7 +98,7 @@ TOOL = {"type": "function", "function": {"name": "calculator", "description": "E
 async def test_a_client_that_reserialises_the_call_still_appends_and_a_rewritten_history_forks(codec):
     replies = [call("calculator", expression="2+3", precision=2), "Five.", "Ok."]
     async with scripted_gateway(codec, replies) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("s3"), api_key="none")
+        client = g.openai("s3")
         first = (await client.chat.completions.create(model="m", messages=QUESTION, tools=[TOOL])).choices[0]
         (sent,) = first.message.tool_calls
         # the client renames the call id, reorders and respaces the JSON, adds whitespace to the content
@@ -123,7 +123,7 @@ async def test_a_client_that_reserialises_the_call_still_appends_and_a_rewritten
 
 async def test_two_requests_of_one_session_at_once_fork_and_both_are_recorded(codec):
     async with scripted_gateway(codec, ["One.", "Two."], engine={"token_latency_s": 0.01}) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("s4"), api_key="none")
+        client = g.openai("s4")
         a, b = await asyncio.gather(
             client.chat.completions.create(model="m", messages=QUESTION),
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Another."}]))
@@ -135,9 +135,9 @@ async def test_two_requests_of_one_session_at_once_fork_and_both_are_recorded(co
 async def test_the_sync_client_works_too(codec):
     async with scripted_gateway(codec, ["Sync."]) as g:
         def ask():
-            client = openai.OpenAI(base_url=g.base_url("s5"), api_key="none")
-            return client.chat.completions.create(model="m", messages=QUESTION, max_tokens=64, seed=7,
-                                                  temperature=0.5, top_p=0.9, stop=["never"])
+            with openai.OpenAI(base_url=g.base_url("s5"), api_key="none") as client:
+                return client.chat.completions.create(model="m", messages=QUESTION, max_tokens=64, seed=7,
+                                                      temperature=0.5, top_p=0.9, stop=["never"])
         reply = await asyncio.to_thread(ask)  # the sync client blocks: off the loop that serves it
         assert reply.choices[0].message.content == "Sync."
         sampling = g.script.requests[-1].sampling

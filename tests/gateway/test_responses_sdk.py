@@ -63,7 +63,7 @@ def function_call_output_turn(output: list[Any], call_id: str) -> list[Any]:
 async def test_an_agent_through_the_responses_api_records_what_the_tool_loop_records(codec, replies):
     expected, tools = await tool_loop_trajectory(codec, replies)
     async with scripted_gateway(codec, replies, GREEDY) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("s1"), api_key="none", max_retries=0)
+        client = g.openai("s1", max_retries=0)
         first = await client.responses.create(model="m", input=QUESTION, tools=tools)
         assert first.status == "completed"
         item = the_call(first.output, replies)
@@ -94,7 +94,7 @@ async def streamed(client: openai.AsyncOpenAI, **request: Any) -> tuple[str, Any
 async def test_the_same_conversation_streamed_records_the_same(codec, replies):
     expected, tools = await tool_loop_trajectory(codec, replies)
     async with scripted_gateway(codec, replies, GREEDY) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("s2"), api_key="none", max_retries=0)
+        client = g.openai("s2", max_retries=0)
         _, first = await streamed(client, model="m", input=QUESTION, tools=tools)
         item = the_call(first.output, replies)
         text, second = await streamed(
@@ -106,7 +106,7 @@ async def test_the_same_conversation_streamed_records_the_same(codec, replies):
 
 async def test_text_streams_as_it_decodes_with_logprobs(codec):
     async with scripted_gateway(codec, ["Hello there, friend."]) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("s3"), api_key="none", max_retries=0)
+        client = g.openai("s3", max_retries=0)
         pieces, final = [], None
         async for event in await client.responses.create(model="m", input="Hi", stream=True, top_logprobs=2):
             if event.type == "response.output_text.delta":
@@ -134,7 +134,7 @@ async def test_text_streams_as_it_decodes_with_logprobs(codec):
 )
 async def test_a_malformed_request_is_a_bad_request_in_openais_shape(codec, fields, param, words):
     async with scripted_gateway(codec, ["unused"]) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("s4"), api_key="none", max_retries=0)
+        client = g.openai("s4", max_retries=0)
         with pytest.raises(openai.BadRequestError) as caught:
             await client.responses.create(**{"model": "m", "input": "Hi", **fields})
     error = caught.value

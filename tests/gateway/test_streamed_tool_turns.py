@@ -30,7 +30,7 @@ def assert_text_streamed_first(events: list[tuple[str, str]]) -> None:
 
 async def test_chat_completions_stream_the_text_before_the_call_and_the_rebuilt_history_appends(codec):
     async with scripted_gateway(codec, REPLIES) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("chat"), api_key="none", max_retries=0)
+        client = g.openai("chat", max_retries=0)
         events, calls = [], []
         async for chunk in await client.chat.completions.create(model="m", messages=QUESTION, stream=True,
                                                                 tools=[TOOL]):
@@ -54,7 +54,7 @@ async def test_chat_completions_stream_the_text_before_the_call_and_the_rebuilt_
 
 async def test_responses_stream_the_text_before_the_call(codec):
     async with scripted_gateway(codec, REPLIES) as g:
-        client = openai.AsyncOpenAI(base_url=g.base_url("responses"), api_key="none", max_retries=0)
+        client = g.openai("responses", max_retries=0)
         events, final = [], None
         tool = {"type": "function", "strict": False, **TOOL["function"]}
         async for event in await client.responses.create(model="m", input=QUESTION, stream=True, tools=[tool]):
@@ -71,7 +71,7 @@ async def test_responses_stream_the_text_before_the_call(codec):
 
 async def test_anthropic_messages_stream_the_text_before_the_call(codec):
     async with scripted_gateway(codec, REPLIES) as g:
-        client = anthropic.AsyncAnthropic(base_url=g.anthropic_base_url("messages"), api_key="none", max_retries=0)
+        client = g.anthropic("messages", max_retries=0)
         tool = {"name": "calculator", "description": "Evaluate arithmetic.", "input_schema": PARAMETERS}
         events = []
         async with client.messages.stream(model="m", max_tokens=256, messages=QUESTION, tools=[tool]) as stream:

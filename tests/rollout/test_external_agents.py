@@ -244,8 +244,9 @@ async def test_a_session_key_opens_its_own_model_and_reward_routes_alone(engine,
                 answer = await http.request(method, path, json=turn, headers=auth)
                 assert answer.status_code == 401, (method, path)
             # the Anthropic SDK, as a command agent's ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY set it up (x-api-key)
-            anthropic_client = anthropic.AsyncAnthropic(base_url=f"{url}/sessions/s1", api_key=key, max_retries=0)
-            reply = await anthropic_client.messages.create(model="m", max_tokens=16, messages=[QUESTION])
+            async with anthropic.AsyncAnthropic(base_url=f"{url}/sessions/s1", api_key=key,
+                                                max_retries=0) as anthropic_client:
+                reply = await anthropic_client.messages.create(model="m", max_tokens=16, messages=[QUESTION])
             assert reply.content[0].text == ANSWER
             keys.revoke("s1")
             assert (await http.post("/sessions/s1/v1/chat/completions", json=turn, headers=auth)).status_code == 401
