@@ -78,17 +78,21 @@ class McpConnection:
     def usable(self) -> bool:
         return self._session is not None and self.ended is None
 
-    def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
+    async def _enter_transport(self, stack: contextlib.AsyncExitStack) -> Any:
+        """The transport's (read, write) streams, entered on ``stack``. A URL's HTTP client is ours to close (the
+        SDK closes only a client it made), after the transport's last request: one left to the garbage collector
+        closes its sockets under connections the event loop still watches."""
         if self._command is not None:
-            return stdio_client(StdioServerParameters(command=program(self._command[0]), args=self._command[1:],
-                                                      env=self._env or None, cwd=self._cwd))
+            return await stack.enter_async_context(stdio_client(StdioServerParameters(
+                command=program(self._command[0]), args=self._command[1:], env=self._env or None, cwd=self._cwd)))
         assert self._url is not None
-        return streamable_http_client(self._url, http_client=create_mcp_http_client(headers=self._headers or None))
+        http = await stack.enter_async_context(create_mcp_http_client(headers=self._headers or None))
+        return await stack.enter_async_context(streamable_http_client(self._url, http_client=http))
 
     async def _hold(self, ready: asyncio.Future[None]) -> None:
         try:
             async with contextlib.AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport())
+                read, write = await self._enter_transport(stack)
                 session = await stack.enter_async_context(ClientSession(read, write))
                 await session.initialize()
                 self._session = session
