@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
-import openai
-
 from ..agent.conftest import call
 from .conftest import scripted_gateway
 
