@@ -122,6 +122,16 @@ def test_a_group_whose_tokens_are_too_old_is_dropped_counted_and_replaced():
     assert stream.counters.dropped_stale == 1
 
 
+@pytest.mark.parametrize(("claimed", "kept"), [(11, True), (10, False)])
+def test_a_group_exactly_max_staleness_behind_is_kept_one_more_is_dropped(claimed, kept):
+    """Group 2 is taken with the trainer at 12 and max_staleness 1: tokens of version 11 are trainable, 10's not."""
+    sim = Simulated()
+    sim.stale_version = {2: claimed}
+    stream, trained = asyncio.run(_train(sim, steps=4, groups_per_step=1, max_staleness=1, base=10))
+    assert [g.index for _, g in trained] == ([0, 1, 2, 3] if kept else [0, 1, 3, 4])
+    assert stream.counters.dropped_stale == (0 if kept else 1)
+
+
 def test_a_failed_rollout_is_raised_to_the_trainer():
     async def broken(samples):
         raise ConnectionError("no engine answers")
