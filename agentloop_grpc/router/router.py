@@ -394,9 +394,13 @@ class Router:
         active.pop(attempt_id, None)
         if not active:
             self._active.pop(session_id, None)
-        if not finished and not call.done():
-            call.cancel()
-            self._spawn(self._abort_on(endpoint, [attempt_id]))
+        if not finished:
+            if not call.done():
+                call.cancel()
+            # the caller's cancellation cancels the call too (it is done by now): an Abort follows either way, in
+            # case the cancellation does not reach the engine; a call the server ended needs none
+            if call.cancelled():
+                self._spawn(self._abort_on(endpoint, [attempt_id]))
 
     def _attempt_failed(
         self, error: grpc.aio.AioRpcError, endpoint: Endpoint, progress: Progress, attempt: int

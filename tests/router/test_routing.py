@@ -14,9 +14,13 @@ import pytest
 from prometheus_client import generate_latest
 
 from agentloop_grpc.common.types import ALL_RESOURCES, FinishReason, NamedTensor, PauseMode, SamplingParams
+from agentloop_grpc.engine_adapters.fake import FakeEngine
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
+from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.router import (
     GenerateCall, InfrastructureError, NoHealthyServerError, RequestError, Router, RouterConfig,
 )
+from agentloop_grpc.serving.metrics import ServerMetrics
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 
 from .conftest import address, fake_servers, sampling_proto
@@ -126,6 +130,37 @@ async def test_closing_a_stream_early_aborts_in_the_engine() -> None:
         await stream.aclose()
         load = await _wait_idle(address(servers[0]))
         assert (load.running_requests, load.waiting_requests) == (0, 0)
+
+
+@pytest.mark.parametrize("gives_up", ["cancel", "cancel-unary", "close"])
+async def test_a_caller_that_gives_up_is_followed_by_an_explicit_abort(gives_up) -> None:
+    """Besides cancelling the call, the Router sends Abort for the attempt, in case the cancellation does not
+    reach the engine (a proxy that holds it back, a handler not yet scheduled): a streamed and a unary generate
+    whose caller is cancelled, a stream closed early."""
+    metrics = ServerMetrics()
+    server = await create_server(FakeEngine(FakeEngineConfig(token_latency_s=0.05)), "127.0.0.1:0", metrics=metrics)
+    try:
+        await start_adapter(server)
+        async with Router([address(server)], FAST) as router:
+            await router.fleet.wait_ready()
+            call = GenerateCall("gives-up", [1, 2, 3], params(30 if gives_up == "cancel-unary" else 3000))
+            if gives_up.startswith("cancel"):
+                task = asyncio.create_task(router.generate(call))
+                await _until(lambda: server.lifecycle.load().running_requests > 0)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            else:
+                stream = router.stream(call)
+                await anext(stream)
+                await stream.aclose()
+            await _until(lambda: metrics.value("agentloop_server_requests_total", method="Abort", code="OK") == 1)
+            load = await _wait_idle(address(server))
+            assert (load.running_requests, load.waiting_requests) == (0, 0)
+            rpc = "unary" if gives_up == "cancel-unary" else "stream"
+            assert router.metrics.value("agentloop_router_generate_attempts_total", rpc=rpc) == 1
+    finally:
+        await server.stop(grace_s=0.5)
 
 
 async def test_deadline_fires_and_the_engine_is_freed() -> None:
