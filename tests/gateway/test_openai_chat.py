@@ -121,6 +121,25 @@ async def test_a_client_that_reserialises_the_call_still_appends_and_a_rewritten
     assert list(trajectories[1].prompt_ids) == codec.prompt_ids(compacted, [TOOL])
 
 
+async def test_an_assistant_turn_the_gateway_did_not_produce_forks_a_chain(codec):
+    """An agent that appends an assistant message of its own (a few-shot example, a prefill) after the reply it
+    got: those tokens were never the model's, so they start a new chain rather than enter this one."""
+    async with scripted_gateway(codec, ["Five.", "Six."]) as g:
+        client = g.openai("s6")
+        first = (await client.chat.completions.create(model="m", messages=QUESTION)).choices[0]
+        history = [*QUESTION, {"role": "assistant", "content": first.message.content},
+                   {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "Let me think."},
+                   {"role": "user", "content": "Go on."}]
+        second = await client.chat.completions.create(model="m", messages=history)
+        assert second.model_extra["agentloop"]["forked"] is True
+        session, trajectories = await g.gateway.finish("s6")
+    assert [t.sample_id for t in trajectories] == ["s6", "s6/fork-1"]
+    assert [t.assistant_turns for t in trajectories] == [1, 1]
+    assert len(session.forks) == 1
+    assert "message 3 is an assistant turn the gateway did not produce" in session.forks[0].reason
+    assert list(trajectories[1].prompt_ids) == codec.prompt_ids(history, [])
+
+
 async def test_two_requests_of_one_session_at_once_fork_and_both_are_recorded(codec):
     async with scripted_gateway(codec, ["One.", "Two."], engine={"token_latency_s": 0.01}) as g:
         client = g.openai("s4")
