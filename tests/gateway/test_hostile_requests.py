@@ -130,13 +130,15 @@ async def test_paused_engines_answer_503_with_retry_after_when_configured(codec)
 
 async def test_forced_sampling_and_the_response_budget_hold_whatever_the_agent_asks(codec):
     long_reply = "word " * 40
-    config = GatewayConfig(sampling=ForcedSampling(temperature=0.0, max_tokens_per_turn=16, response_budget=30))
+    config = GatewayConfig(sampling=ForcedSampling(temperature=0.0, top_p=0.5, max_tokens_per_turn=16,
+                                                   response_budget=30))
     async with scripted_gateway(codec, [long_reply], config) as g:
         client = g.openai("b1")
-        first = await client.chat.completions.create(model="m", messages=QUESTION, temperature=1.5, max_tokens=500)
+        first = await client.chat.completions.create(model="m", messages=QUESTION, temperature=1.5, top_p=0.2,
+                                                      max_tokens=500)
         assert first.choices[0].finish_reason == "length" and first.usage.completion_tokens == 16
         sampling = g.script.requests[-1].sampling
-        assert (sampling.temperature, sampling.max_new_tokens) == (0.0, 16)
+        assert (sampling.temperature, sampling.top_p, sampling.max_new_tokens) == (0.0, 0.5, 16)
         history = [*QUESTION, first.choices[0].message.model_dump(exclude_none=True),
                    {"role": "user", "content": "More."}]
         second = await client.chat.completions.create(model="m", messages=history)
