@@ -107,6 +107,23 @@ async def test_sessions_are_created_with_metadata_and_expire_after_their_ttl(cod
         assert (await post(http, "/sessions", {"session_id": "m3"})).status_code == 200
 
 
+async def test_a_session_with_a_request_in_flight_outlives_its_ttl(codec):
+    """The TTL counts from a session's last request; one whose turn is still generating (held here by paused
+    engines) is not dropped under it, and the turn lands in the session when it ends."""
+    async with scripted_gateway(codec, ["Ok."], GatewayConfig(limits=GatewayLimits(session_ttl_s=0.5))) as g, \
+            httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+        (await g.router.fleet.pause(PauseMode.KEEP)).raise_for_errors()
+        held = asyncio.create_task(post(http, "/sessions/t1/v1/chat/completions", {"model": "m", "messages": QUESTION}))
+        async with asyncio.timeout(30):
+            while not (len(g.gateway.sessions) and g.gateway.sessions.get("t1").in_flight):
+                await asyncio.sleep(0.01)
+        assert g.gateway.sessions.sweep(now=float("inf")) == 0  # as if the TTL had passed
+        (await g.router.fleet.resume()).raise_for_errors()
+        assert (await held).status_code == 200
+        _, (trajectory,) = await g.gateway.finish("t1")
+    assert trajectory.assistant_turns == 1 and not trajectory.failed
+
+
 async def test_paused_engines_answer_503_with_retry_after_when_configured(codec):
     """The trainer pauses the engines through the Router the gateway generates with (a weight update, as
     ``update_weights_mid_rollout`` does): ``retry`` answers 503 until the resume; ``wait`` holds the request."""
