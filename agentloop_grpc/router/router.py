@@ -439,6 +439,8 @@ class Router:
             await endpoint.generate.Abort(generation_pb2.AbortRequest(request_ids=request_ids), timeout=5)
         except grpc.aio.AioRpcError as error:  # the server is gone: nothing left to abort there
             log.debug("abort on %s failed: %s", endpoint.address, error.code().name)
+        except grpc.aio.UsageError:  # the Router closed the channel, which cancelled the call already
+            log.debug("abort on %s skipped: its channel is closed", endpoint.address)
 
 
 class _Attempt:

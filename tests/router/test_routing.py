@@ -163,6 +163,31 @@ async def test_a_caller_that_gives_up_is_followed_by_an_explicit_abort(gives_up)
         await server.stop(grace_s=0.5)
 
 
+async def test_closing_the_router_mid_generate_frees_the_engine_and_leaves_no_failed_task() -> None:
+    """Closing the channels cancels the calls in flight; the Abort that follows each has no channel left, which
+    must end quietly rather than as a task whose exception nobody retrieves."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        async with fake_servers(1, token_latency_s=0.005) as servers:
+            async with Router([address(servers[0])], FAST) as router:
+                await router.fleet.wait_ready()
+                task = asyncio.create_task(router.generate(GenerateCall("closing", [1, 2, 3], params(3000))))
+                await _until(lambda: servers[0].lifecycle.load().running_requests > 0)
+            with pytest.raises(asyncio.CancelledError):  # the Router closed under it
+                await task
+            load = await _wait_idle(address(servers[0]))
+            assert (load.running_requests, load.waiting_requests) == (0, 0)
+            del task, router
+            await asyncio.sleep(0.1)
+            gc.collect()  # a finished task with an exception nobody retrieved is reported when it is collected
+            await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert not reported, [c.get("exception") or c.get("message") for c in reported]
+
+
 async def test_deadline_fires_and_the_engine_is_freed() -> None:
     async with fake_servers(1, token_latency_s=0.005) as servers, Router([address(servers[0])], FAST) as router:
         await router.fleet.wait_ready()
