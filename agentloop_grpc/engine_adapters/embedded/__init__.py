@@ -1,4 +1,4 @@
-"""The embedded default engine: transformers on CPU with our own continuous-batching scheduler.
+"""The embedded default engine: transformers on CPU (or one GPU) with our own continuous-batching scheduler.
 
 See NOTES.md beside this file for the design, what is measured and what is left. ``EmbeddedEngine`` (torch) is
 imported on first use, so reading an ``EmbeddedEngineConfig`` does not load torch.

@@ -15,7 +15,11 @@ class EmbeddedEngineConfig(LocalModelConfig):
     """What the embedded engine serves and how much memory and work it may take. ``max_model_len`` is also the KV
     length of one slot and ``max_running`` the number of KV slots (the KV budget is their product)."""
 
-    kind: Literal["embedded"] = Field("embedded", description="The embedded CPU engine.")
+    kind: Literal["embedded"] = Field("embedded", description="The embedded engine (transformers, our scheduler).")
+    device: str = Field(
+        "cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="Where the weights and the KV cache live: cpu, cuda "
+        "or cuda:N (one GPU; sampling reads each step's logits on the host). Checked when the engine starts."
+    )
     prefill_chunk: int = Field(
         256, ge=1, description="Prompt tokens prefilled per scheduler step (long prompts are split so running "
         "decodes keep going)."

@@ -1,4 +1,4 @@
-"""EmbeddedEngine: the default engine (transformers on CPU) behind the EngineAdapter protocol.
+"""EmbeddedEngine: the default engine (transformers on CPU, or one GPU) behind the EngineAdapter protocol.
 
 The async front (this module) owns requests' streams and what Pause(KEEP), Sleep and weight updates do to the engine
 (the state itself is the lifecycle's, ``lifecycle.py``); the scheduler core (``scheduler.py``) owns the model, the KV
@@ -55,6 +55,7 @@ from ..checkpoint import read_checkpoint
 from ..weight_groups import LocalWeightGroups
 from . import memory, weight_update
 from .config import EmbeddedEngineConfig
+from .device import placement
 from .images import ImageReader, PromptImages
 from .prefix_cache import PrefixCache
 from .runner import ModelRunner
@@ -112,12 +113,14 @@ class EmbeddedEngine:
 
     def _load(self) -> _Loaded:
         cfg = self.config
+        device = placement(cfg.device)  # before the model loads: a missing GPU is said at once
         torch.set_num_threads(cfg.threads)
         folder = model_store.resolve(cfg.model, cfg.cache_dir)
         model, tokenizer = model_store.load(folder)
+        model.to(device)
         text_config = model.config.get_text_config()
         max_len = min(cfg.max_model_len, getattr(text_config, "max_position_embeddings", cfg.max_model_len))
-        runner = ModelRunner(model, cfg.max_running, max_len)
+        runner = ModelRunner(model, cfg.max_running, max_len, device)
         runner.kv.allocate()
         eos = eos_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)
         vocab = text_config.vocab_size
@@ -127,9 +130,10 @@ class EmbeddedEngine:
         images = ImageReader(expander) if expander is not None else None
         scheduler = Scheduler(runner, self._prefix_cache, eos, cfg.max_running, max_len, cfg.prefill_chunk, vocab)
         grammars = GrammarCompiler(tokenizer, vocab, cfg)
-        offload = weight_update.WeightOffload(model, (cfg.cache_dir or model_store.cache_root()) / "offload")
+        offload = weight_update.WeightOffload(model, (cfg.cache_dir or model_store.cache_root()) / "offload", device)
         model_id = model_store.DEFAULT_MODEL_ID if cfg.model is None else folder.name
-        log.info("embedded engine: %s from %s, %d slots x %d tokens", model_id, folder, cfg.max_running, max_len)
+        log.info("embedded engine: %s from %s on %s, %d slots x %d tokens", model_id, folder, device,
+                 cfg.max_running, max_len)
         facts = ServerFacts(
             engine_kind="embedded",
             engine_version=__version__,

@@ -97,10 +97,11 @@ def features(model: torch.nn.Module, images: PromptImages, computed: int) -> Ima
     """The features of the images whose span ends after ``computed`` (the prefix already in the slot). Worker
     thread only: it runs the vision encoder and connector."""
     positions, rows = [], []
+    device = next(model.parameters()).device
     for inputs, end, where in zip(images.inputs, images.ends, images.positions):
         if end <= computed:
             continue
-        tensors = {key: torch.from_numpy(value) for key, value in inputs.items()}
+        tensors = {key: torch.from_numpy(value).to(device) for key, value in inputs.items()}
         with torch.inference_mode():
             out = model.get_image_features(**tensors).pooler_output
         out = out.reshape(-1, out.shape[-1])

@@ -5,8 +5,9 @@ decoding requests in slots ``[0, m)`` and requests still in prefill right after 
 reads a plain view ``keys[:m, :, :length]`` with no gather. When a request leaves, the scheduler moves another
 request's rows into the hole (``move``): one copy per departure instead of a gather per step.
 
-Buffers are allocated lazily by ``allocate`` and dropped by ``release`` (Sleep): large tensors are mmap-backed
-allocations, so freeing them returns the memory to the OS.
+Buffers are allocated by ``allocate`` and dropped by ``release`` (Sleep). On the CPU they are mmap-backed
+allocations, so freeing them returns the memory to the OS; on a GPU they are plain zeroed tensors, which the caching
+allocator gives back once ``memory.trim`` empties its cache.
 """
 
 from __future__ import annotations
@@ -38,13 +39,25 @@ def _untouched_zeros(dims: tuple[int, ...]) -> torch.Tensor:
     return torch.frombuffer(mmap.mmap(-1, count * 4), dtype=torch.float32, count=count).view(dims)
 
 
-class SlotKVCache:
-    """Per-layer key and value buffers indexed by slot."""
+def _zeros(dims: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    # zeros, not empty: a masked position's value is multiplied by a zero weight, and garbage could be NaN
+    return _untouched_zeros(dims) if device.type == "cpu" else torch.zeros(dims, device=device)
 
-    def __init__(self, shape: KVShape) -> None:
+
+class SlotKVCache:
+    """Per-layer key and value buffers indexed by slot, on ``device``."""
+
+    def __init__(self, shape: KVShape, device: torch.device | None = None) -> None:
         self.shape = shape
+        self.device = device or torch.device("cpu")
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the buffers take once allocated (the whole budget: on the CPU only touched pages are resident)."""
+        s = self.shape
+        return s.slots * s.max_len * s.bytes_per_token
 
     @property
     def allocated(self) -> bool:
@@ -55,8 +68,8 @@ class SlotKVCache:
             return
         s = self.shape
         dims = (s.slots, s.kv_heads, s.max_len, s.head_dim)
-        self.keys = [_untouched_zeros(dims) for _ in range(s.layers)]
-        self.values = [_untouched_zeros(dims) for _ in range(s.layers)]
+        self.keys = [_zeros(dims, self.device) for _ in range(s.layers)]
+        self.values = [_zeros(dims, self.device) for _ in range(s.layers)]
 
     def release(self) -> None:
         self.keys, self.values = [], []

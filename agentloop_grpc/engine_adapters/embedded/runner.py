@@ -11,6 +11,9 @@ reads and writes our slot cache with per-row positions. One method serves both p
 * decode: rows ``[0, m)``, one token each at its own position.
 
 Masks are boolean ``key_position <= query_position`` per row, so stale KV past a row's length is never read.
+
+Device: the layers and the KV cache live on ``device``; the scheduler's host tensors (ids, positions, image
+features) are moved there, and the logits come back to the host, one copy per step, for sampling.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class ModelRunner:
     """Runs the model's layers on token chunks, reading and writing a SlotKVCache."""
 
-    def __init__(self, model: PreTrainedModel, slots: int, max_len: int) -> None:
+    def __init__(self, model: PreTrainedModel, slots: int, max_len: int, device: torch.device | None = None) -> None:
         config = model.config.get_text_config()
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -50,7 +53,10 @@ class ModelRunner:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.scaling = self.head_dim**-0.5
-        self.kv = SlotKVCache(KVShape(config.num_hidden_layers, slots, self.kv_heads, max_len, self.head_dim))
+        self.device = device or torch.device("cpu")
+        self.kv = SlotKVCache(
+            KVShape(config.num_hidden_layers, slots, self.kv_heads, max_len, self.head_dim), self.device
+        )
 
     @torch.inference_mode()
     def forward(
@@ -61,21 +67,24 @@ class ModelRunner:
         kv_len: int,
         images: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Logits at the last position of each row.
+        """Logits at the last position of each row, on the host.
 
         ``input_ids`` and ``positions`` are ``[B, T]``; row ``b`` lives in slot ``first_row + b``; every row attends
         to its slot's positions ``[0, kv_len)`` up to its own position (the new tokens are written first).
         ``images`` (a prefill chunk, ``B == 1``): indexes within the chunk and the image features that replace
         those tokens' embeddings.
         """
+        device = self.device
+        input_ids, positions = input_ids.to(device), positions.to(device)
         batch, steps = input_ids.shape
-        rows = torch.arange(first_row, first_row + batch)
+        rows = torch.arange(first_row, first_row + batch, device=device)
         hidden = self.decoder.embed_tokens(input_ids)
         if images is not None:
-            hidden[0, images[0]] = images[1].to(hidden.dtype)
+            hidden[0, images[0].to(device)] = images[1].to(device, hidden.dtype)
         cos, sin = self.decoder.rotary_emb(hidden, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        mask = (torch.arange(kv_len)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, T, kv_len]
+        # [B, 1, T, kv_len]
+        mask = (torch.arange(kv_len, device=device)[None, None, :] <= positions[:, :, None]).unsqueeze(1)
         write_rows, write_pos = rows[:, None], positions
         for layer, keys, values in zip(self.decoder.layers, self.kv.keys, self.kv.values):
             attn = layer.self_attn
@@ -100,4 +109,4 @@ class ModelRunner:
             hidden = residual + out
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         last = self.decoder.norm(hidden[:, -1])
-        return self.model.lm_head(last)
+        return self.model.lm_head(last).cpu()

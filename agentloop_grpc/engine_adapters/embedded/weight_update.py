@@ -1,12 +1,14 @@
 """Atomic weight updates and the weights' release during Sleep level 2.
 
 ``stage`` validates every received tensor against the live parameters (name, dtype, shape) and builds the new
-tensors before anything is touched; ``apply`` then swaps them in (pointers, not bytes) and cannot fail half-way.
+tensors, on the parameters' device, before anything is touched; ``apply`` then swaps them in (pointers, not bytes)
+and cannot fail half-way.
 Tied parameters are addressable under each of their names (e.g. ``lm_head.weight`` and ``model.embed_tokens.weight``).
 
 ``WeightOffload`` frees the parameters' memory for Sleep level 2: the current values (including any update
-received since loading) are written to a safetensors file in the cache folder and every parameter is replaced
-by an empty tensor; WakeUp reads them back.
+received since loading) are kept elsewhere and every parameter is replaced by an empty tensor; WakeUp puts them back.
+Where depends on where they live: a CPU model's go to a safetensors file in the cache folder (the process's memory
+must fall), a GPU model's to host memory (the GPU's must fall; the host of a GPU has plenty).
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def stage(model: torch.nn.Module, tensors: Sequence[NamedTensor]) -> list[tuple[
         if len(tensor.data) != expected:
             raise InvalidRequestError(f"tensor {tensor.name!r}: {len(tensor.data)} bytes, expected {expected}")
         value = torch.frombuffer(bytearray(tensor.data), dtype=param.dtype).reshape(tensor.shape) if expected else None
-        staged.append((param, value if value is not None else torch.empty(tensor.shape, dtype=param.dtype)))
+        value = value if value is not None else torch.empty(tensor.shape, dtype=param.dtype)
+        staged.append((param, value.to(param.device)))
     return staged
 
 
@@ -86,7 +89,7 @@ def stage_views(
 ) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
     """Received tensors (checked by ``refusal``) paired with their parameters."""
     params = parameters(model)
-    return [(params[spec.name], value) for spec, value in views]
+    return [(params[spec.name], value.to(params[spec.name].device)) for spec, value in views]
 
 
 def apply(staged: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
@@ -96,35 +99,44 @@ def apply(staged: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
 
 
 class WeightOffload:
-    """Moves a model's parameters to a file and back (Sleep level 2 / WakeUp)."""
+    """Moves a model's parameters off their device and back (Sleep level 2 / WakeUp): a CPU model's to a file, a GPU
+    model's to host memory."""
 
-    def __init__(self, model: torch.nn.Module, folder: Path) -> None:
+    def __init__(self, model: torch.nn.Module, folder: Path, device: torch.device | None = None) -> None:
         self._model = model
         self._folder = folder
+        self._device = device or torch.device("cpu")
         self._file: Path | None = None
+        self._host: dict[str, torch.Tensor] | None = None
 
     @property
     def offloaded(self) -> bool:
-        return self._file is not None
+        return self._file is not None or self._host is not None
 
     def offload(self) -> None:
-        if self._file is not None:
+        if self.offloaded:
             return
+        unique = dict(self._model.named_parameters())
+        if self._device.type == "cpu":
+            self._file = self._to_file(unique)
+        else:
+            self._host = {name: param.detach().to("cpu", copy=True) for name, param in unique.items()}
+        for param in unique.values():
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+
+    def _to_file(self, unique: dict[str, torch.nn.Parameter]) -> Path:
         self._folder.mkdir(parents=True, exist_ok=True)
         handle, name = tempfile.mkstemp(prefix="weights-", suffix=".safetensors", dir=self._folder)
         os.close(handle)
-        path = Path(name)
-        unique = dict(self._model.named_parameters())
-        save_file({k: v.detach().contiguous() for k, v in unique.items()}, str(path))
-        for param in unique.values():
-            param.data = torch.empty(0, dtype=param.dtype)
-        self._file = path
+        save_file({k: v.detach().contiguous() for k, v in unique.items()}, name)
+        return Path(name)
 
     def restore(self) -> None:
-        if self._file is None:
+        if not self.offloaded:
             return
-        loaded = load_file(str(self._file))
+        kept = self._host if self._host is not None else load_file(str(self._file))
         for name, param in self._model.named_parameters():
-            param.data = loaded[name]
-        self._file.unlink()
-        self._file = None
+            param.data = kept[name].to(self._device)
+        if self._file is not None:
+            self._file.unlink()
+        self._file, self._host = None, None
