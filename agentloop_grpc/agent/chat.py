@@ -46,6 +46,8 @@ from .images import Picture
 from .trajectory import Drift, DriftKind
 
 _SENTINEL = "\u2063agentloop-sentinel\u2063"
+#: The template variable that turns a model's thinking mode on or off (Qwen3's, and the templates following it).
+THINKING_SWITCH = "enable_thinking"
 #: Characters of each text shown either side of a drift.
 _DRIFT_CONTEXT_CHARS = 60
 
@@ -87,6 +89,19 @@ class ChatCodec:
             tokenize=False,
             **self._template_kwargs,
         )
+
+    @property
+    def thinking_switch(self) -> bool:
+        """Whether the template has a thinking mode to switch (it reads ``enable_thinking``) that this codec's
+        kwargs leave free."""
+        source = self._template if self._template is not None else self.tokenizer.chat_template
+        return (isinstance(source, str) and THINKING_SWITCH in source
+                and THINKING_SWITCH not in self._template_kwargs)
+
+    def with_thinking(self, enabled: bool) -> ChatCodec:
+        """The same tokenizer and template with the thinking mode switched on or off."""
+        return ChatCodec(self.tokenizer, self._template, {**self._template_kwargs, THINKING_SWITCH: enabled},
+                         self.images)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -8,12 +8,13 @@ from typing import Any
 
 from .config import GatewayLimits
 from .exchange import ToolChoice
-from .wire_checks import Fields, check_count, check_tools, image_part, json_type, refuse, shown
+from .wire_checks import Fields, check_count, check_tools, hosted_tool, ignore, image_part, json_type, refuse, shown
 
 #: Anthropic's image types.
 _IMAGE_TYPES = ("image/gif", "image/jpeg", "image/png", "image/webp")
-#: The keys a custom tool may have (``cache_control`` and ``strict`` are accepted and ignored).
-_TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema", "cache_control", "strict"})
+#: The keys of a custom tool the gateway reads (``cache_control`` and ``strict`` are accepted and ignored).
+_TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema", "cache_control", "strict",
+                          "defer_loading"})
 
 
 def _block(value: Any, where: str) -> tuple[Fields, str]:
@@ -33,17 +34,17 @@ def _blocks(value: Any, where: str) -> str | list[Any]:
     return value
 
 
-def system_text(value: Any) -> str:
-    """``system`` (a string or text blocks) as one string, its blocks joined by a blank line."""
+def system_text(value: Any, where: str = "system") -> str:
+    """A system prompt (a string or text blocks) as one string, its blocks joined by a blank line."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise refuse(f"system must be a string or an array of text blocks, not {json_type(value)}", "system")
+        raise refuse(f"{where} must be a string or an array of text blocks, not {json_type(value)}", where)
     texts = []
     for i, item in enumerate(value):
-        block, kind = _block(item, f"system[{i}]")
+        block, kind = _block(item, f"{where}[{i}]")
         if kind != "text":
-            raise refuse(f"system[{i}].type must be text, not {shown(kind)}", f"system[{i}].type")
+            raise refuse(f"{where}[{i}].type must be text, not {shown(kind)}", f"{where}[{i}].type")
         texts.append(block.required_text("text"))
     return "\n\n".join(texts)
 
@@ -52,10 +53,12 @@ def read_messages(items: list[Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         message = Fields(item, ("role", "content"), f"messages[{i}]")
-        role = message.one_of("role", ("user", "assistant"), required=True)
+        role = message.one_of("role", ("user", "assistant", "system"), required=True)
         content = _blocks(message.get("content"), message.path("content"))
         if role == "user":
             out.extend(_user(content, message.path("content")))
+        elif role == "system":  # mid-conversation instructions (Claude Code's environment), where they stand
+            out.append({"role": "system", "content": system_text(content, message.path("content"))})
         else:
             out.append(_assistant(content, message.path("content")))
     return out
@@ -97,8 +100,7 @@ def _assistant(content: str | list[Any], where: str) -> dict[str, Any]:
         elif kind == "tool_result":
             raise refuse(f"{block.where}: a tool_result block belongs in a user message", block.path("type"))
         elif kind in ("thinking", "redacted_thinking"):
-            raise refuse(f"{block.where}: {kind} blocks are not supported (the gateway serves no extended thinking)",
-                         block.path("type"))
+            ignore(f"{where}[{i}].type={kind}")  # the gateway wrote none: no part of the session's token record
         else:
             raise refuse(f"{block.path('type')} {kind!r:.80} is not supported in an assistant message (text, "
                          "tool_use)", block.path("type"))
@@ -158,18 +160,19 @@ def _tool_result(block: Fields) -> dict[str, Any]:
 
 
 def read_tools(value: list[Any], limits: GatewayLimits) -> tuple[dict[str, Any], ...]:
-    """Custom tools as OpenAI function specs; server tools are refused by name."""
+    """Custom tools as OpenAI function specs; server tools and deferred tools are left out and recorded."""
     check_count(len(value), limits.max_tools, "tools", "tools", "max_tools")
     return check_tools(value, "tools", _function_of, name_at="name", schema_at="input_schema", max_name=128)
 
 
-def _function_of(raw: Any, where: str) -> dict[str, Any]:
+def _function_of(raw: Any, where: str) -> dict[str, Any] | None:
     if isinstance(raw, dict) and raw.get("type", "custom") not in ("custom", None):
-        name = raw.get("name")
-        raise refuse(f"{where}: tool type {shown(raw['type'])}{f' ({name})' if isinstance(name, str) else ''} is "
-                     "not supported (server and built-in tools run at Anthropic; the gateway offers custom tools "
-                     "only)", f"{where}.type")
+        hosted_tool(raw["type"], where)  # server and built-in tools run at Anthropic
+        return None
     tool = Fields(raw, _TOOL_FIELDS, where)
+    if tool.flag("defer_loading"):  # Anthropic shows it to the model only once a tool search loads it
+        ignore(f"{where}.defer_loading")
+        return None
     name = tool.required_text("name")
     description = tool.text("description") or ""
     schema = tool.mapping("input_schema", required=True)

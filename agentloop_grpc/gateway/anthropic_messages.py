@@ -1,28 +1,34 @@
 """Anthropic's Messages API (``POST /v1/messages``) as a WireFormat: its request read into the gateway's ChatRequest,
 a ChatReply written as its ``Message``, a stream as its server-sent events, an error in its error shape.
 
-Reading a request. Anthropic's API refuses what it does not know, so this does too: an unknown top-level field, an
-unknown content block type or a message key beyond ``role``/``content`` is a 400 naming the field. A hostile client
-may send any JSON value, so every field is type-checked before it is used, and every error is a GatewayError with
-``param`` set to the field's path (``messages[3].content[0].source``); the rules every format shares (numbers, tool
-names and schemas, images) are wire_checks.py's, the blocks are read in anthropic_input.py. Anthropic blocks map
-onto the internal (OpenAI-chat-shaped) messages of ``exchange.py``:
+Reading a request. Read tolerantly (wire_checks.py): Anthropic's API grows fields every month and Claude Code sends
+new ones each release, so a top-level field, message key or tool key the gateway does not know is accepted and
+recorded as ignored. A hostile client may send any JSON value, so every field is type-checked before it is used,
+and every error is a GatewayError with ``param`` set to the field's path (``messages[3].content[0].source``); the
+rules every format shares (numbers, tool names and schemas, images) are wire_checks.py's, the blocks are read in
+anthropic_input.py. Anthropic blocks map onto the internal (OpenAI-chat-shaped) messages of ``exchange.py``:
 
 - ``system`` (a string or text blocks) becomes one leading system message, its blocks joined by a blank line (chat
-  templates want a system message's content as a string);
+  templates want a system message's content as a string); a ``system`` message among ``messages`` (Claude Code
+  sends one after the first user message) is a system message where it stands;
 - a user message's ``tool_result`` blocks become ``tool`` messages, in order and before the rest of that user
   message (text and images), which follows them as a user message; ``is_error`` prefixes the result with "Error: ",
   as the model must read it as a failure without a field of its own;
 - an assistant message's text blocks become its content (joined) and its ``tool_use`` blocks its ``tool_calls``;
+  its ``thinking`` and ``redacted_thinking`` blocks are left out (recorded): the gateway never wrote one, so they
+  are no part of the session's token record;
 - an image must be base64 (the gateway has no network, so ``url`` and ``file`` sources are refused) and becomes a
   data URL;
-- tools become OpenAI function specs; server tools (a ``type`` other than ``custom``) are refused by name;
+- tools become OpenAI function specs; server tools (a ``type`` other than ``custom``) and tools marked
+  ``defer_loading`` (which Anthropic keeps out of the model's context until a tool search loads them) are left out
+  of what the model sees and recorded;
 - ``top_k`` is checked and ignored (ChatRequest has no top_k: the gateway's sampling is the run's, not the
   agent's); so are ``disable_parallel_tool_use``, ``cache_control`` markers, ``output_config.effort`` and the
   fields of ``_IGNORED`` (metadata, service tier, region...), none of which changes what the model writes;
-  ``thinking`` is refused unless disabled (a thinking block would need a signature the gateway cannot make), and so
-  is ``output_config.format`` (the gateway does not constrain a reply to a schema) and ``container`` (no server
-  tools).
+  ``thinking`` (enabled or adaptive) asks for the model's thinking mode, which the gateway turns on where the chat
+  template has one and otherwise records as ignored; ``output_config.format`` is refused (the gateway does not
+  constrain a reply to a schema: ignoring it would hand the client text it cannot trust), and so is
+  ``container`` (no server tools).
 
 Writing a reply. ``usage.input_tokens`` counts the prompt tokens not read from the prefix cache, as Anthropic's
 does (its total is input + cache read + cache creation). The engine's token ids ride in a top-level ``agentloop``
@@ -47,12 +53,12 @@ from .anthropic_input import read_messages, read_tool_choice, read_tools, system
 from .config import GatewayLimits
 from .exchange import ChatReply, ChatRequest, FinishReason, GatewayError, TextDelta, ToolChoice, agentloop_extension
 from .wire import sse
-from .wire_checks import TOP, Fields, refuse
+from .wire_checks import TOP, Fields, reading, refuse
 
 #: The top-level fields of a Messages request this format reads.
 _FIELDS = frozenset(
     "model max_tokens system messages tools tool_choice temperature top_p top_k stop_sequences stream thinking "
-    "output_config".split()
+    "output_config container".split()
 )
 #: Fields accepted and ignored, objects and strings (their type is checked): where and how Anthropic would serve the
 #: request (tier, region, speed, workspace), its prompt-cache hints and request labels; none changes what the model
@@ -76,11 +82,12 @@ _ERROR_TYPES = {
 }
 
 
-def _thinking(value: Any) -> None:
+def _thinking(value: Any) -> bool | None:
+    """Whether the request asks for the model's thinking mode (``enabled``, ``adaptive``) or not (``disabled``)."""
+    if value is None:
+        return None
     thinking = Fields(value, None, "thinking")
-    if thinking.get("type") != "disabled":
-        raise refuse(f"thinking {thinking.get('type')!r:.80} is not supported (the gateway serves no extended "
-                     "thinking); leave thinking out or set its type to disabled", "thinking.type")
+    return thinking.required_text("type") != "disabled"
 
 
 def _output_config(value: Any) -> None:
@@ -115,6 +122,10 @@ class AnthropicMessages:
     name = "messages"
 
     def parse(self, body: Any, limits: GatewayLimits) -> ChatRequest:
+        with reading() as ignored:
+            return self._parse(body, limits, ignored)
+
+    def _parse(self, body: Any, limits: GatewayLimits, ignored: list[str]) -> ChatRequest:
         f = Fields(body, _FIELDS | {*_IGNORED_OBJECTS, *_IGNORED_STRINGS}, TOP)
         messages = read_messages(f.required_items("messages", limits.max_messages, "max_messages"))
         system = system_text(f.get("system", ""))
@@ -131,8 +142,9 @@ class AnthropicMessages:
             f.text(key)
         if f.get("output_config") is not None:
             _output_config(f.get("output_config"))
-        if f.get("thinking") is not None:
-            _thinking(f.get("thinking"))
+        if f.get("container") is not None:
+            raise refuse("container is not supported (it runs server tools at Anthropic; the gateway offers custom "
+                         "tools only)", "container")
         return ChatRequest(
             messages=tuple(messages),
             tools=tools,
@@ -143,6 +155,8 @@ class AnthropicMessages:
             stop=f.strings("stop_sequences", limits.max_stop, "max_stop"),
             stream=f.flag("stream"),
             model=f.required_text("model", nonempty=True),
+            thinking=_thinking(f.get("thinking")),
+            ignored=tuple(ignored),
         )
 
     def reply(self, reply: ChatReply) -> dict[str, Any]:

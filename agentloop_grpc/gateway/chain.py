@@ -65,6 +65,8 @@ class Chain:
     last_finish: str = "stop"
     #: Turns whose calls a grammar forced (tool_choice required or a named function).
     forced_turns: int = 0
+    #: The thinking mode its renders use (None: the template's default), fixed by its first request.
+    thinking: bool | None = None
 
     @classmethod
     def start(cls, index: int, codec: ChatCodec, sample_id: str, group_id: str,

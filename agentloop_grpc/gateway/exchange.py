@@ -41,6 +41,12 @@ class ChatRequest:
     stream: bool = False
     #: The model name the client asked for (echoed back; the gateway serves one model).
     model: str = ""
+    #: Whether the client asks for the model's thinking mode (Anthropic's ``thinking``, OpenAI's reasoning effort;
+    #: None: it does not say).
+    thinking: bool | None = None
+    #: What the request held that the gateway accepted and ignored (wire_checks.ignore): fields it does not know,
+    #: hosted tools left out of what the model sees.
+    ignored: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,5 +19,7 @@ class GatewayMetrics:
         self.turns = Counter("agentloop_gateway_turns", "Model turns recorded", registry=r)
         self.sessions = Gauge("agentloop_gateway_sessions", "Live sessions", registry=r)
         self.expired = Gauge("agentloop_gateway_sessions_expired", "Sessions dropped by the TTL so far", registry=r)
+        self.ignored = Counter("agentloop_gateway_ignored_fields", "Requests holding a field the gateway accepted "
+                               "and ignored (or a hosted tool it left out), by field name", ["field"], registry=r)
         self.infrastructure_failures = Counter(
             "agentloop_gateway_infrastructure_failures", "Turns the engines failed (never trained on)", registry=r)

@@ -1,10 +1,12 @@
 """OpenAI Chat Completions (``POST .../chat/completions``) as a WireFormat.
 
-Read as the OpenAI API reads it: an unknown parameter is refused (the API rejects them too), and so is a value we
-cannot honour (``n`` other than 1, ``logit_bias``, a ``response_format`` other than text, audio): refused by name
-rather than silently ignored, since an agent relying on one would be trained on something else. Parameters that
-change nothing here (``user``, ``metadata``, ``store``, ``parallel_tool_calls``, ...) are accepted. Images must be
-data URLs. The reply carries the engine's token ids of the turn in ``agentloop.token_ids``.
+Read tolerantly (wire_checks.py): a parameter the gateway does not know is accepted and recorded as ignored, and so
+are tools of a type other than ``function`` (left out of what the model sees). A value we cannot honour (``n``
+other than 1, ``logit_bias``, a ``response_format`` other than text, audio, penalties) is refused by name rather
+than silently ignored, since an agent relying on one would be trained on something else. Parameters that change
+nothing here (``user``, ``metadata``, ``store``, ``parallel_tool_calls``, ...) are accepted; ``reasoning_effort``
+asks for the model's thinking mode (``none``: off). Images must be data URLs. The reply carries the engine's token
+ids of the turn in ``agentloop.token_ids``.
 
 Streaming: ``delta.content`` as the text decodes. A turn offered tools streams the content its parser says no call
 can change (with Hermes, the text before ``<tool_call>``); the rest of the content and the calls (each in one
@@ -21,7 +23,7 @@ from .config import GatewayLimits
 from .exchange import ChatReply, ChatRequest, GatewayError, TextDelta, TokenLogprob, agentloop_extension
 from .openai_errors import openai_error
 from .wire import sse
-from .wire_checks import TOP, Fields, check_tools, image_part
+from .wire_checks import TOP, Fields, check_tools, hosted_tool, image_part, reading
 
 _ACCEPTED_AND_IGNORED = frozenset({
     "user", "metadata", "store", "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
@@ -39,6 +41,10 @@ class OpenAIChat:
     name = "chat_completions"
 
     def parse(self, body: Any, limits: GatewayLimits) -> ChatRequest:
+        with reading() as ignored:
+            return self._parse(body, limits, ignored)
+
+    def _parse(self, body: Any, limits: GatewayLimits, ignored: list[str]) -> ChatRequest:
         f = Fields(body, _FIELDS, TOP)
         _refuse_unsupported(f)
         messages = f.required_items("messages", max_items=limits.max_messages)
@@ -50,6 +56,7 @@ class OpenAIChat:
         max_tokens = f.integer("max_completion_tokens", 1, 2**31 - 1)
         if max_tokens is None:
             max_tokens = f.integer("max_tokens", 1, 2**31 - 1)
+        effort = f.text("reasoning_effort")
         return ChatRequest(
             messages=tuple(_message(m, f"messages[{i}]") for i, m in enumerate(messages)),
             tools=tools,
@@ -63,6 +70,8 @@ class OpenAIChat:
             top_logprobs=top,
             stream=f.flag("stream"),
             model=f.text("model") or "",
+            thinking=None if effort is None else effort != "none",
+            ignored=tuple(ignored),
         )
 
     def reply(self, reply: ChatReply) -> dict[str, Any]:
@@ -143,10 +152,12 @@ def _refuse_unsupported(f: Fields) -> None:
             raise GatewayError(f"{name} is not supported (0 only)", param=name)
 
 
-def _function_of(tool: Any, where: str) -> dict[str, Any]:
-    t = Fields(tool, {"type", "function"}, where)
+def _function_of(tool: Any, where: str) -> dict[str, Any] | None:
+    t = Fields(tool, None, where)
     if t.get("type") != "function":
-        raise GatewayError(f"{where}.type must be \"function\"", param=f"{where}.type")
+        hosted_tool(t.get("type"), where)
+        return None
+    t = Fields(tool, {"type", "function"}, where)
     fn = Fields(t.get("function"), {"name", "description", "parameters", "strict"}, f"{where}.function")
     return {"name": fn.required_text("name"), "description": fn.text("description") or "",
             "parameters": fn.get("parameters", {"type": "object", "properties": {}})}

@@ -16,10 +16,12 @@ response that mean nothing as input (an item's ``id`` and ``status``, a text par
 Accepted and ignored: ``store``, ``metadata``, ``user``, ``parallel_tool_calls`` (the model's calls are what it
 wrote: cutting them would break the token-exact record), ``include`` (but ``message.output_text.logprobs`` asks for
 logprobs), ``strict`` of a function tool (no constrained decoding), ``prompt_cache_key``, ``safety_identifier``,
-``service_tier``, ``stream_options`` and ``text.verbosity``. Refused by name: ``reasoning.effort`` other than none
-(the gateway cannot set how much the model thinks), ``truncation: auto`` (a trajectory keeps every token),
-structured-output text formats, built-in tools, ``background`` and every field the API does not have (as the
-OpenAI API does).
+``service_tier``, ``stream_options``, ``text.verbosity`` and ``reasoning.summary``. ``reasoning.effort`` asks for
+the model's thinking mode (``none``: off; how much it thinks the gateway cannot set). Read tolerantly
+(wire_checks.py): a field the gateway does not know (Codex's ``client_metadata``...) is accepted and recorded as
+ignored, and so is a hosted tool (``web_search``, a ``namespace`` of another client's tools, computer use, file
+search...), left out of what the model sees. Refused by name: ``truncation: auto`` (a trajectory keeps every
+token), structured-output text formats and ``background``.
 
 Reading: the top-level fields here, the input items and tools in responses_input.py, the rules every format
 shares (numbers, tool names and schemas, images) in wire_checks.py; writing: the Response object and its items in
@@ -45,7 +47,7 @@ from .openai_errors import openai_error
 from .responses_input import STATELESS, read_input, read_tool_choice, read_tools
 from .responses_output import output_items, output_logprob, response_object
 from .wire import sse
-from .wire_checks import TOP, Fields, refuse
+from .wire_checks import TOP, Fields, reading, refuse
 
 # Fields the gateway serves; anything else is refused by name.
 _FIELDS = frozenset(
@@ -67,6 +69,10 @@ class OpenAIResponses:
     # --- the request ---
 
     def parse(self, body: Any, limits: GatewayLimits) -> ChatRequest:
+        with reading() as ignored:
+            return self._parse(body, limits, ignored)
+
+    def _parse(self, body: Any, limits: GatewayLimits, ignored: list[str]) -> ChatRequest:
         f = Fields(body, _FIELDS, TOP)
         for key in ("previous_response_id", "conversation"):
             if f.get(key) is not None:
@@ -83,7 +89,7 @@ class OpenAIResponses:
             raise refuse("truncation must be 'disabled': the gateway never drops context (a trajectory keeps every "
                          "token)", "truncation")
         _check_text(f.mapping("text"))
-        _check_reasoning(f.mapping("reasoning"))
+        thinking = _reasoning(f.mapping("reasoning"))
         tools = read_tools(f.items("tools"), limits)
         top_logprobs = f.integer("top_logprobs", 0, limits.max_top_logprobs, bound="max_top_logprobs")
         include = f.strings("include", max_items=_MAX_INCLUDE)
@@ -98,6 +104,8 @@ class OpenAIResponses:
             top_logprobs=top_logprobs or 0,
             stream=f.flag("stream"),
             model=f.text("model") or "",
+            thinking=thinking,
+            ignored=tuple(ignored),
         )
 
     # --- the reply ---
@@ -253,10 +261,13 @@ def _check_text(value: dict[str, Any] | None) -> None:
     text.one_of("verbosity", ("low", "medium", "high"))
 
 
-def _check_reasoning(value: dict[str, Any] | None) -> None:
-    if value is not None and value.get("effort") not in (None, "none"):
-        raise refuse(f"reasoning.effort {value.get('effort')!r:.80} is not supported: the gateway cannot set how much "
-                     "the model reasons (none or null)", "reasoning.effort")
+def _reasoning(value: dict[str, Any] | None) -> bool | None:
+    """Whether the request asks for the model's thinking mode (None: it does not say)."""
+    if value is None:
+        return None
+    reasoning = Fields(value, ("effort", "summary", "generate_summary"), "reasoning")
+    effort = reasoning.text("effort")
+    return None if effort is None else effort != "none"
 
 
 OPENAI_RESPONSES = OpenAIResponses()

@@ -7,7 +7,7 @@ from typing import Any
 
 from .config import GatewayLimits
 from .exchange import ToolChoice
-from .wire_checks import Fields, check_count, check_tools, image_part, json_type, refuse, shown
+from .wire_checks import Fields, check_count, check_tools, hosted_tool, image_part, json_type, refuse, shown
 
 #: Why ids of earlier responses and items cannot be used: the gateway keeps no Responses state.
 STATELESS = "send the whole input; store is not supported"
@@ -119,18 +119,19 @@ def _parts(value: Any, role: str, where: str) -> list[dict[str, Any]]:
 
 
 def read_tools(value: list[Any] | None, limits: GatewayLimits) -> tuple[dict[str, Any], ...]:
-    """Function tools (OpenAI's Responses shape: the function's fields on the tool itself)."""
+    """Function tools (OpenAI's Responses shape: the function's fields on the tool itself); hosted tools are left
+    out and recorded."""
     if value is None:
         return ()
     check_count(len(value), limits.max_tools, "tools", "tools", "max_tools")
     return check_tools(value, "tools", _function_of, name_at="name", schema_at="parameters")
 
 
-def _function_of(raw: Any, where: str) -> dict[str, Any]:
+def _function_of(raw: Any, where: str) -> dict[str, Any] | None:
     tool = Fields(raw, None, where)
     if tool.get("type") != "function":
-        raise refuse(f"{where}.type {shown(tool.get('type'))} is not supported: the gateway serves function tools "
-                     "only", f"{where}.type")
+        hosted_tool(tool.get("type"), where)
+        return None
     tool.flag("strict")  # checked, then ignored: no constrained decoding
     function: dict[str, Any] = {"name": tool.required_text("name")}
     if tool.get("description") is not None:

@@ -4,14 +4,17 @@ A request for a model turn goes: (1) its session (created on first use) and its 
 to, or a new chain (a fork, with its reason recorded); (3) its sampling: what the run forces over what the agent
 asks, logprobs always recorded, the budget the chain has left; (4) the turn through the Router (failover with
 resume and partial rollout across weight updates are the Router's and the turn's); (5) the reply parsed by the
-run's tool-call format and the turn committed to the chain. A failure of the engines fails the chain as an
-infrastructure failure (never trained on) and answers 502; a request the engine refuses answers 400 and leaves
-the chain as it was; a client that goes away mid-turn records nothing.
+run's tool-call format and the turn committed to the chain. A turn has at most the room its context has left (the
+engines' max_model_len less its prompt): one with none ends at once with finish_reason length. A failure of the
+engines fails the chain as an infrastructure failure (never trained on) and answers 502; a request the engine
+refuses answers 400 and leaves the chain as it was; a client that goes away mid-turn records nothing. What a
+request held that the gateway ignored is recorded on its session, counted by name and logged once (wire_checks.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -33,6 +36,13 @@ from .metrics import GatewayMetrics
 from .sessions import Fork, Session, SessionSpec, SessionTable
 from .turn import Turn, TurnOutput, TurnSpec, token_logprobs
 
+log = logging.getLogger(__name__)
+
+#: Distinct ignored field names one gateway labels its metric with; later ones count as ``OTHER_FIELD`` (a client
+#: can make up names without end, and each label is a time series).
+MAX_IGNORED_FIELDS = 256
+OTHER_FIELD = "(other)"
+
 
 class SessionGateway:
     def __init__(self, router: Router, codec: ChatCodec, config: GatewayConfig | None = None,
@@ -45,6 +55,11 @@ class SessionGateway:
         self.sessions = SessionTable(self.config.limits)
         self.parser = make_parser(self.config.tool_parser)
         self._stop_ids = tuple(dict.fromkeys((*codec.eos_token_ids, *stop_token_ids(self.parser, codec.encode))))
+        # a template with a thinking mode renders each chain with the mode its first request asked for
+        self._codecs: dict[bool | None, ChatCodec] = {None: codec}
+        if codec.thinking_switch:
+            self._codecs |= {True: codec.with_thinking(True), False: codec.with_thinking(False)}
+        self._fields_seen: set[str] = set()
 
     @property
     def paused(self) -> bool:
@@ -84,7 +99,7 @@ class SessionGateway:
                 chain.fail(f"the reward function raised {type(error).__name__}: {error}", infrastructure=True,
                            cause="reward_function")
                 reward, metrics = 0.0, {}
-            trajectories.append(chain.trajectory(self.codec, reward, metrics, drift_check=True))
+            trajectories.append(chain.trajectory(self._codecs[chain.thinking], reward, metrics, drift_check=True))
         return session, trajectories
 
     async def _reward(self, session: Session, chain: Chain) -> tuple[float, dict[str, float]]:
@@ -118,9 +133,12 @@ class SessionGateway:
     async def chat_stream(self, session_id: str, request: ChatRequest) -> AsyncGenerator[TextDelta | ChatReply, None]:
         """TextDeltas (when the request streams: a turn offered tools streams the content before its calls) and then
         the ChatReply, whose content starts with what the deltas held."""
-        # 1. the session and its bounds
+        # 1. the session and its bounds; what the request held that the gateway ignores, recorded
         session = self.sessions.get(session_id, create=True)
         self._count_sessions()
+        thinking = request.thinking if request.thinking in self._codecs else None
+        self._note_ignored(session, (*request.ignored, *(("thinking",) if request.thinking and thinking is None
+                                                          else ())))
         limits = self.config.limits
         if session.in_flight >= limits.max_concurrent_per_session:
             raise GatewayError(f"session {session_id} has max_concurrent_per_session="
@@ -149,13 +167,13 @@ class SessionGateway:
 
         try:
             # 2. the chain this request appends to, or a new one (listed at once: a request beside it forks)
-            chain, pending, new_chain = self._place(session, request)
+            chain, pending, new_chain = self._place(session, request, thinking)
             chain.busy = True
             if new_chain:
                 session.chains.append(chain)
-            # 3. sampling, within the chain's budget
+            # 3. sampling, within the chain's budget and the room its context has left
             forced = session.spec.sampling or self.config.sampling
-            left = chain.budget_left(forced.response_budget) - pending.tokens()
+            left = min(chain.budget_left(forced.response_budget) - pending.tokens(), self._room(chain, pending))
             if left <= 0:
                 if not new_chain:
                     chain.ended = Termination.LENGTH
@@ -191,7 +209,27 @@ class SessionGateway:
         finally:
             release()
 
-    def _place(self, session: Session, request: ChatRequest) -> tuple[Chain, PendingTurn, bool]:
+    def _note_ignored(self, session: Session, names: tuple[str, ...]) -> None:
+        """Recorded in the session (its JSON), counted by name, and logged the first time this gateway sees one."""
+        session.note_ignored(names)
+        for name in names:
+            label = name if name in self._fields_seen or len(self._fields_seen) < MAX_IGNORED_FIELDS else OTHER_FIELD
+            if label not in self._fields_seen:
+                self._fields_seen.add(label)
+                log.info("gateway: accepted and ignored %s (first seen in session %s)", label, session.id)
+            self.metrics.ignored.labels(label).inc()
+
+    def _room(self, chain: Chain, pending: PendingTurn) -> int:
+        """New tokens the context has room for after the turn's prompt. A prompt past the context is given one,
+        so the engine refuses it with its own error naming both lengths."""
+        context = self.router.fleet.max_model_len
+        if context is None:  # no server has told its length yet: the engine bounds the turn
+            return 2**31 - 1
+        prompt = len(chain.builder.context_ids) + pending.tokens()
+        return 1 if prompt > context else context - prompt
+
+    def _place(self, session: Session, request: ChatRequest,
+               thinking: bool | None) -> tuple[Chain, PendingTurn, bool]:
         key = tools_key(request.tools)
         reason = None
         for chain in reversed(session.chains):
@@ -201,16 +239,19 @@ class SessionGateway:
                 why = f"chain {chain.index} has a request in flight (requests at once)"
             elif chain.tools_key != key:
                 why = f"the tools offered differ from chain {chain.index}'s"
+            elif chain.thinking != thinking:
+                why = f"the thinking mode asked for differs from chain {chain.index}'s"
             else:
                 found = match(chain.seen, request.messages)
                 if found.appends:
-                    return chain, chain.pending(self.codec, request.messages, found.new), False
+                    return chain, chain.pending(self._codecs[thinking], request.messages, found.new), False
                 why = f"chain {chain.index}: {found.reason}"
             reason = reason or why  # the latest chain's reason is the one recorded
         index = session.next_chain
         session.next_chain += 1
-        chain, pending = Chain.start(index, self.codec, session.chain_sample_id(index), session.spec.group_id,
-                                     request.messages, request.tools)
+        chain, pending = Chain.start(index, self._codecs[thinking], session.chain_sample_id(index),
+                                     session.spec.group_id, request.messages, request.tools)
+        chain.thinking = thinking
         if reason is not None:
             session.forks.append(Fork(index, reason))
             self.metrics.forks.inc()

@@ -19,6 +19,8 @@ from .chain import Chain
 from .config import ForcedSampling, GatewayLimits
 from .exchange import GatewayError
 
+#: Names of ignored fields one session keeps (a hostile client could send endless new ones).
+MAX_IGNORED_PER_SESSION = 256
 #: A session id: letters, digits and ``._:-``, as it appears in a URL path.
 SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 
@@ -59,6 +61,13 @@ class Session:
     next_chain: int = 0
     created: float = field(default_factory=time.time)
     touched: float = field(default_factory=time.monotonic)
+    #: What its requests held that the gateway accepted and ignored, by name: how many requests held it.
+    ignored: dict[str, int] = field(default_factory=dict)
+
+    def note_ignored(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            if name in self.ignored or len(self.ignored) < MAX_IGNORED_PER_SESSION:
+                self.ignored[name] = self.ignored.get(name, 0) + 1
 
     @property
     def sample_id(self) -> str:
@@ -76,6 +85,7 @@ class Session:
             "turns": sum(c.builder.assistant_turns for c in self.chains),
             "forks": [{"chain": f.chain, "reason": f.reason} for f in self.forks],
             "reward": self.reward,
+            "ignored": dict(self.ignored),
             "in_flight": self.in_flight,
             "created": self.created,
             "metadata": dict(self.spec.metadata),

@@ -1,8 +1,13 @@
-"""Reading a hostile JSON body field by field, for every wire format: every wrong type, unknown field or value out
-of bounds becomes a GatewayError (400, ``invalid_request``) whose message and ``param`` name the field by its path
-and say the bound. The rules every format shares live here once: numbers (no bool for an int, no nan, inf or
-integer too large for a float), tool specs (names, uniqueness, JSON Schemas nested within a bound and compiling),
-images (base64 data URLs only: the gateway fetches nothing)."""
+"""Reading a hostile JSON body field by field, for every wire format: every wrong type or value out of bounds
+becomes a GatewayError (400, ``invalid_request``) whose message and ``param`` name the field by its path and say the
+bound. The rules every format shares live here once: numbers (no bool for an int, no nan, inf or integer too large
+for a float), tool specs (names, uniqueness, JSON Schemas nested within a bound and compiling), images (base64 data
+URLs only: the gateway fetches nothing).
+
+A tolerant reader: the APIs grow fields every month and each client release sends some, so a field the gateway does
+not know is accepted and recorded, not refused (``reading()`` collects what one request held that was ignored: the
+session, a metric and the log say it). What the gateway knows and cannot honour, where ignoring it would silently
+change the trajectory, is refused by name by each format."""
 
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ import base64
 import binascii
 import math
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import jsonschema
@@ -26,6 +33,35 @@ MAX_SCHEMA_DEPTH = 64
 #: Tool names: a chat template writes them into the prompt verbatim. APIs differ only in the length.
 _TOOL_NAME = "[a-zA-Z0-9_.-]"
 _DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,", re.ASCII)
+#: What the request being read held that the gateway ignored (None: no request is being read).
+_IGNORED: ContextVar[list[str] | None] = ContextVar("agentloop_gateway_ignored", default=None)
+#: An ignored field's name as recorded: a client's key may be anything, and names become metric labels.
+MAX_IGNORED_NAME = 80
+_INDEX = re.compile(r"\[\d+\]")
+_UNPRINTABLE = re.compile(r"[^A-Za-z0-9_.\-\[\]=:/]")
+
+
+@contextmanager
+def reading() -> Iterator[list[str]]:
+    """The names of what the request read in this block held and the gateway ignored (``ignore``), in order,
+    each once."""
+    names: list[str] = []
+    token = _IGNORED.set(names)
+    try:
+        yield names
+    finally:
+        _IGNORED.reset(token)
+
+
+def ignore(path: str) -> None:
+    """Record that the request's field at ``path`` was accepted and ignored; list indices are dropped from the
+    name (``tools[4].type=web_search`` is ``tools[].type=web_search``), so a name says what, not where."""
+    names = _IGNORED.get()
+    if names is None:
+        return
+    name = _UNPRINTABLE.sub("?", _INDEX.sub("[]", path))[:MAX_IGNORED_NAME]
+    if name not in names:
+        names.append(name)
 
 
 def json_type(value: Any) -> str:
@@ -72,9 +108,9 @@ def _bounds(low: float, high: float, low_open: bool = False) -> str:
 class Fields:
     """A JSON object read field by field; ``where`` is its path in the body (``TOP`` for the body itself).
 
-    ``allowed``: the fields it may have (any other is refused by name), or None where the object may carry fields
-    the gateway ignores (an item a client echoes back from a response, with ids and statuses meaning nothing as
-    input)."""
+    ``allowed``: the fields the gateway reads (any other is accepted and recorded as ignored), or None where the
+    object may carry fields that are no news (an item a client echoes back from a response, with ids and statuses
+    meaning nothing as input: not recorded)."""
 
     def __init__(self, value: Any, allowed: Collection[str] | None, where: str) -> None:
         if not isinstance(value, dict):
@@ -83,10 +119,10 @@ class Fields:
             raise refuse(f"{where} must be an object, not {json_type(value)}", where)
         self.value = value
         self.where = where
-        for name in value:
-            if allowed is not None and name not in allowed:
-                path = self.path(str(name)[:80])  # a hostile name may be huge
-                raise refuse(f"{path}: unknown field (known: {', '.join(sorted(allowed))})", path)
+        if allowed is not None:
+            for name in value:
+                if name not in allowed:
+                    ignore(self.path(str(name)))
 
     def path(self, name: str) -> str:
         return name if self.where == TOP else f"{self.where}.{name}"
@@ -236,17 +272,27 @@ def check_schema(schema: Any, where: str) -> dict[str, Any]:
     return schema
 
 
-def check_tools(items: list[Any], where: str, function_of: Callable[[Any, str], dict[str, Any]], *,
+def hosted_tool(kind: Any, where: str) -> None:
+    """A tool of a type the model cannot call through the gateway (web search, a namespace of another client's
+    tools, computer use, a server tool): left out of what the model sees and recorded, never an error, since a
+    client offers such tools by default and its model may do without them."""
+    ignore(f"{where}.type={kind if isinstance(kind, str) else json_type(kind)}")
+
+
+def check_tools(items: list[Any], where: str, function_of: Callable[[Any, str], dict[str, Any] | None], *,
                 name_at: str = "function.name", schema_at: str = "function.parameters",
                 max_name: int = 64) -> tuple[dict[str, Any], ...]:
     """Tools as OpenAI function specs; ``function_of`` reads one item of the format into ``{name, description?,
-    parameters?}``; ``name_at`` and ``schema_at`` say where the format keeps those in an item (for the error's
-    path). Names must be unique, 1 to ``max_name`` letters, digits, '_', '.' or '-'; parameters a JSON Schema."""
+    parameters?}``, or None for a hosted tool it left out (``hosted_tool``); ``name_at`` and ``schema_at`` say
+    where the format keeps those in an item (for the error's path). Names must be unique, 1 to ``max_name``
+    letters, digits, '_', '.' or '-'; parameters a JSON Schema."""
     tools, names = [], set()
     pattern = re.compile(f"{_TOOL_NAME}{{1,{max_name}}}")
     for i, item in enumerate(items):
         path = f"{where}[{i}]"
         function = function_of(item, path)
+        if function is None:
+            continue
         name = function["name"]
         if not pattern.fullmatch(name):
             raise refuse(f"{path}.{name_at} {shown(name)} must be 1-{max_name} letters, digits, '_', '.' or '-' "

@@ -141,6 +141,13 @@ class Fleet:
             return None
         return endpoint.load, self._lowest.value  # type: ignore[return-value]  # endpoint is healthy: counted
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The context length the servers reported (the smallest, should they differ); None before any did."""
+        lengths = [e.info.max_model_len for e in self._endpoints.values()
+                   if e.info is not None and e.info.max_model_len]
+        return min(lengths, default=None)
+
     # -- weight versions -------------------------------------------------------------------------------------
 
     @property

@@ -197,7 +197,6 @@ def _image_body(part: dict[str, Any]) -> dict[str, Any]:
     [
         # the body and its top-level fields
         ([1], None, "JSON object"),
-        ({"input": "x", "frequency_penalty": 1}, "frequency_penalty", "unknown field"),
         ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "send the whole input"),
         ({"input": "x", "conversation": "conv_1"}, "conversation", "store is not supported"),
         ({"input": "x", "background": True}, "background", "false"),
@@ -227,8 +226,6 @@ def _image_body(part: dict[str, Any]) -> dict[str, Any]:
             "json_schema",
         ),
         ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text.format.type", "json_object"),
-        ({"input": "x", "text": {"other": 1}}, "text.other", "unknown field"),
-        ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning.effort", "'high'"),
         ({"input": "x", "reasoning": "high"}, "reasoning", "object"),
         # input
         ({}, "input", "a string or a list"),
@@ -304,8 +301,6 @@ def _image_body(part: dict[str, Any]) -> dict[str, Any]:
         # tools and tool_choice
         ({"input": "x", "tools": {"a": 1}}, "tools", "a list"),
         ({"input": "x", "tools": ["f"]}, "tools[0]", "an object"),
-        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type", "web_search"),
-        ({"input": "x", "tools": [{"type": "file_search", "vector_store_ids": []}]}, "tools[0].type", "file_search"),
         ({"input": "x", "tools": [{"type": "function", "name": "a b"}]}, "tools[0].name", "letters"),
         ({"input": "x", "tools": [{"type": "function"}]}, "tools[0].name", "a string"),
         ({"input": "x", "tools": [WEATHER, WEATHER]}, "tools[1].name", "twice"),
@@ -336,6 +331,34 @@ def test_refusals_name_the_field(body: Any, param: str | None, words: str) -> No
     error = refused(body)
     assert error.param == param
     assert words in error.message
+
+
+@pytest.mark.parametrize(
+    ("body", "ignored"),
+    [
+        ({"input": "x", "frequency_penalty": 1}, ("frequency_penalty",)),
+        ({"input": "x", "client_metadata": {"thread_id": "t"}}, ("client_metadata",)),
+        ({"input": "x", "text": {"other": 1}}, ("text.other",)),
+        ({"input": "x", "reasoning": {"summary": "auto", "mode": "x"}}, ("reasoning.mode",)),
+        ({"input": "x", "tools": [{"type": "web_search", "external_web_access": False}]}, ("tools[].type=web_search",)),
+        ({"input": "x", "tools": [{"type": "file_search", "vector_store_ids": []}, WEATHER]},
+         ("tools[].type=file_search",)),
+        ({"input": "x", "tools": [{"type": "namespace", "name": "agents", "tools": [WEATHER]}]},
+         ("tools[].type=namespace",)),
+    ],
+)
+def test_what_clients_add_is_accepted_and_recorded(body: Any, ignored: tuple[str, ...]) -> None:
+    request = parse(body)
+    assert request.ignored == ignored
+    assert all(t["function"]["name"] == WEATHER["name"] for t in request.tools)
+
+
+@pytest.mark.parametrize(("reasoning", "thinking"), [
+    (None, None), ({"summary": "auto"}, None), ({"effort": "none"}, False), ({"effort": "high"}, True),
+])
+def test_reasoning_effort_asks_for_the_thinking_mode(reasoning: Any, thinking: bool | None) -> None:
+    body = {"input": "x", **({"reasoning": reasoning} if reasoning is not None else {})}
+    assert parse(body).thinking is thinking
 
 
 def test_limits_are_enforced_with_the_bound_named() -> None:
