@@ -7,10 +7,16 @@ only vLLM's server select it with ``@pytest.mark.parametrize("engine_target", ["
 reuses the same server. Where a contract test cannot hold for an adapter for a real reason, that test skips the
 adapter and says why: only the image tests do, on servers whose model takes no images (there one test checks
 that a request with images is UNIMPLEMENTED).
+
+Two environment variables point the suite elsewhere (bench/gpu_check.py runs it on a GPU this way):
+``AGENTLOOP_CONTRACT_ENGINES`` (comma-separated adapters, default all) limits the adapters every test runs against,
+and ``AGENTLOOP_CONTRACT_EMBEDDED`` (a JSON object) overrides embedded config fields, e.g. ``model`` and ``device``,
+plus ``long_tokens`` (a budget that keeps a request in flight for about a second there).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -52,13 +58,14 @@ async def _fake_target() -> AsyncIterator[ContractTarget]:
     await server.stop(grace_s=1)
 
 
-def _default_model_norm() -> engine_pb2.TensorChunk:
-    """The default model's final norm weight at its current value: an update that changes no output."""
+def _model_norm(model: str | None) -> engine_pb2.TensorChunk:
+    """The served model's final norm weight at its current value (None: the default model's): an update that changes
+    no output."""
     from safetensors import safe_open
 
     from agentloop_grpc.common import model_store
 
-    with safe_open(str(model_store.prepare() / "model.safetensors"), framework="pt") as weights:
+    with safe_open(str(model_store.resolve(model) / "model.safetensors"), framework="pt") as weights:
         norm = weights.get_tensor("model.norm.weight")
     return engine_pb2.TensorChunk(
         name="model.norm.weight",
@@ -69,8 +76,11 @@ def _default_model_norm() -> engine_pb2.TensorChunk:
 
 
 @asynccontextmanager
-async def _real_engine_target(name: str, engine) -> AsyncIterator[ContractTarget]:
-    """A server for a real engine serving the default model (SmolLM2-135M-Instruct)."""
+async def _real_engine_target(
+    name: str, engine, model: str | None = None, long_tokens: int = 200
+) -> AsyncIterator[ContractTarget]:
+    """A server for a real engine serving ``model`` (None: the default model, SmolLM2-135M-Instruct; any other must
+    share its tokenizer)."""
     server = await create_server(engine, "127.0.0.1:0")
     await start_adapter(server)
     address = f"127.0.0.1:{server.port}"
@@ -80,8 +90,8 @@ async def _real_engine_target(name: str, engine) -> AsyncIterator[ContractTarget
             address=address,
             channel=channel,
             prompt=DEFAULT_MODEL_PROMPT,
-            long_tokens=200,
-            sample_tensor=_default_model_norm(),
+            long_tokens=long_tokens,
+            sample_tensor=_model_norm(model),
         )
     await server.stop(grace_s=1)
 
@@ -91,8 +101,10 @@ _REAL_DEFAULT_LENGTH = 16
 
 
 def _embedded_target():
-    config = {"max_running": 8, "max_model_len": 2048, "default_max_new_tokens": _REAL_DEFAULT_LENGTH}
-    return _real_engine_target("embedded", make_adapter("embedded", config))
+    overrides = json.loads(os.environ.get("AGENTLOOP_CONTRACT_EMBEDDED", "{}"))
+    long_tokens = overrides.pop("long_tokens", 200)
+    config = {"max_running": 8, "max_model_len": 2048, "default_max_new_tokens": _REAL_DEFAULT_LENGTH, **overrides}
+    return _real_engine_target("embedded", make_adapter("embedded", config), config.get("model"), long_tokens)
 
 
 def _vllm_target():
@@ -106,7 +118,17 @@ def _vllm_target():
 _BUILDERS: dict[str, Callable[[], object]] = {"embedded": _embedded_target, "fake": _fake_target, "vllm": _vllm_target}
 
 
-@pytest.fixture(scope="session", params=sorted(_BUILDERS))
+def _adapters() -> list[str]:
+    """The adapters every test runs against: AGENTLOOP_CONTRACT_ENGINES's, else all (a test may still ask for one
+    by name)."""
+    chosen = [name for name in os.environ.get("AGENTLOOP_CONTRACT_ENGINES", "").split(",") if name]
+    unknown = set(chosen) - set(_BUILDERS)
+    if unknown:
+        raise ValueError(f"AGENTLOOP_CONTRACT_ENGINES names {sorted(unknown)}; the adapters are {sorted(_BUILDERS)}")
+    return sorted(chosen or _BUILDERS)
+
+
+@pytest.fixture(scope="session", params=_adapters())
 async def engine_target(request) -> AsyncIterator[ContractTarget]:
     async with _BUILDERS[request.param]() as target:
         yield target
