@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 NODE_DIR := clients/node
 # MCP servers from npm that tests/tools run behind ToolExecute (PyPI's come with the dev extra)
 MCP_NPM_DIR := tests/tools/mcp_servers
+# The coding-agent CLIs run as harnesses (Codex, Claude Code), pinned in their package.json (docs/coding-agents.md)
+HARNESS_NPM_DIR := harnesses
 BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
@@ -15,7 +17,7 @@ BREAKING_AGAINST ?= HEAD~1
 
 setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(VENV)/.verifiers-installed \
 	$(NODE_DIR)/node_modules/.installed \
-	$(MCP_NPM_DIR)/node_modules/.installed sandbox browser
+	$(MCP_NPM_DIR)/node_modules/.installed $(HARNESS_NPM_DIR)/node_modules/.installed sandbox browser
 
 ## sandbox: bubblewrap isolates the python tool (installed from Debian's packages when we may)
 sandbox:
@@ -96,6 +98,10 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/packag
 
 $(MCP_NPM_DIR)/node_modules/.installed: $(MCP_NPM_DIR)/package.json $(MCP_NPM_DIR)/package-lock.json
 	cd $(MCP_NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(HARNESS_NPM_DIR)/node_modules/.installed: $(HARNESS_NPM_DIR)/package.json $(HARNESS_NPM_DIR)/package-lock.json
+	cd $(HARNESS_NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 ## protos: generate the Python stubs (agentloop_grpc/v1) and the Node types (clients/node/generated)

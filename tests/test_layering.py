@@ -85,3 +85,9 @@ def test_the_gateway_never_imports_an_engine_adapter_or_a_job() -> None:
     # a codec and a session table over the Router (ARCHITECTURE.md): it reaches engines only through the Router
     assert edges(("agentloop_grpc.gateway",), ("agentloop_grpc.engine_adapters", "agentloop_grpc.rollout",
                                                "agentloop_grpc.train", "agentloop_grpc.tools.server")) == []
+
+
+def test_the_coding_harness_imports_no_engine_and_no_job() -> None:
+    # harnesses run beside any trainer: a job or an engine imported here would come with every rollout of them
+    assert edges(("agentloop_grpc.harness",), ("agentloop_grpc.engine_adapters", "agentloop_grpc.rollout",
+                                               "agentloop_grpc.train", "agentloop_grpc.cli")) == []

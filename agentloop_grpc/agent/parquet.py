@@ -15,7 +15,7 @@ from agentloop_grpc.common.media import MediaInput
 
 from .trajectory import Drift, Phase, Termination, Timings, ToolCallMetrics, Trajectory
 
-_JSON_FIELDS = ("messages", "metrics", "tool_call_metrics", "phases")
+_JSON_FIELDS = ("messages", "metrics", "tool_call_metrics", "phases", "metadata")
 
 
 def trajectory_fields(t: Trajectory) -> dict[str, Any]:
@@ -58,6 +58,7 @@ def read_parquet(path: str | Path) -> list[Trajectory]:
         row.setdefault("tool_call_metrics", "[]")  # files written before the column existed
         row.setdefault("infrastructure_cause", None)  # likewise
         row.setdefault("phases", "[]")  # likewise
+        row.setdefault("metadata", "{}")  # likewise
         row["termination"] = Termination(row["termination"])
         row["timings"] = Timings(**row["timings"])
         row["drift"] = Drift(**row["drift"]) if row["drift"] is not None else None

@@ -162,6 +162,9 @@ class Trajectory:
     #: The generations and what came between them, in order (what the routing trace replays); empty for
     #: trajectories built outside the loops' episodes (the gateway's).
     phases: tuple[Phase, ...] = ()
+    #: What the program that played it tells of it, as text (a coding harness: the CLI's exit code, its output's
+    #: tail, the final diff, the tests' counts); empty for our loops.
+    metadata: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

@@ -8,8 +8,10 @@ row=..., session_id=...)`` (async, or sync in a thread of its own), or a command
 session's URLs and key in its environment (``agent_environment``), its output in a log file per session, its
 process group killed on timeout; (3) a timed-out or crashed agent fails its session's chains as an infrastructure
 failure (never trained on; the cause names the timeout, the exit code or the exception); (4) the session is
-finished: one trajectory per chain (forks after their main chain), rewarded with what the agent posted to its
-reward route (``posted_reward``), else the gateway's reward function.
+finished: one trajectory per chain (forks after their main chain; ``select`` keeps all, the longest or the last),
+rewarded with what the agent posted to its reward route (``posted_reward``), else the gateway's reward function. A
+function's result (a mapping of strings), or the metadata of the AgentProgramError it raised, becomes the
+``metadata`` of its session's trajectories.
 
 A session with no chain at all gives one failed trajectory, an infrastructure failure too: whether its agent
 crashed before asking anything or ended without calling the model, no token of it is the model's, so there is
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import inspect
 import json
@@ -38,7 +41,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentloop_grpc.agent.sample import Sample
 from agentloop_grpc.agent.trajectory import Trajectory
@@ -68,11 +71,17 @@ class AgentFailure:
 
 class AgentProgramError(Exception):
     """What an agent function raises to say itself why its session failed: ``cause`` is counted as the failure's
-    cause, the message is its error (an environment that plays sessions names what of it failed)."""
+    cause, the message is its error (an environment that plays sessions names what of it failed); ``metadata``
+    goes to its trajectories."""
 
-    def __init__(self, cause: str, message: str) -> None:
+    def __init__(self, cause: str, message: str, metadata: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.cause = cause
+        self.metadata = dict(metadata or {})
+
+
+#: Which chains of a session are kept: every one, the one with the most tokens, or the last one started.
+ChainSelection = Literal["all", "longest", "last"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +178,7 @@ class ExternalAgents:
 
     def __init__(self, gateway: SessionGateway, url: str, keys: SessionKeys, program: AgentProgram, *,
                  max_concurrency: int = 32, timeout_s: float = 600.0, log_dir: Path | None = None,
-                 posted_reward: bool = True) -> None:
+                 posted_reward: bool = True, select: ChainSelection = "all") -> None:
         if max_concurrency < 1 or timeout_s <= 0:
             raise ValueError("max_concurrency must be >= 1 and timeout_s > 0")
         self.gateway = gateway
@@ -180,6 +189,7 @@ class ExternalAgents:
         self.timeout_s = timeout_s
         self.log_dir = log_dir
         self.posted_reward = posted_reward
+        self.select = select
 
     async def run(self, samples: Sequence[Sample], rows: Sequence[Mapping[str, Any]] | None = None,
                   on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
@@ -213,25 +223,31 @@ class ExternalAgents:
             return [self._failed(sample, f"the session could not be created: {error}", "gateway_session")]
         key = self.keys.grant(session_id)
         # 2. the agent
+        metadata: dict[str, str] = {}
         try:
-            failure = await self._agent(session_id, key, row)
+            failure = await self._agent(session_id, key, row, metadata)
         finally:
             self.keys.revoke(session_id)
         # 3-4. a crash fails the chains; the trajectories
-        return await self._finish(session_id, sample, failure)
+        played = await self._finish(session_id, sample, failure)
+        return [dataclasses.replace(t, metadata=metadata) for t in played] if metadata else played
 
-    async def _agent(self, session_id: str, key: str, row: dict[str, Any]) -> AgentFailure | None:
-        """Run the agent; None when it ended by itself, else why it failed."""
+    async def _agent(self, session_id: str, key: str, row: dict[str, Any],
+                     metadata: dict[str, str]) -> AgentFailure | None:
+        """Run the agent; None when it ended by itself, else why it failed (what it tells goes to ``metadata``)."""
         timer = asyncio.timeout(self.timeout_s)
         try:
             async with timer:
                 if self.program.function is not None:
-                    await self._call(self.program.function, {
+                    told = await self._call(self.program.function, {
                         "base_url": f"{self.url}/sessions/{session_id}/v1", "api_key": key, "row": row,
                         "session_id": session_id})
+                    if isinstance(told, Mapping):
+                        metadata.update({str(k): str(v) for k, v in told.items()})
                     return None
                 return await self._spawn(session_id, agent_environment(self.url, session_id, key, row))
         except AgentProgramError as error:  # the program named what failed: counted under its cause
+            metadata.update(error.metadata)
             return AgentFailure(error.cause, str(error))
         except TimeoutError as error:
             if timer.expired():
@@ -241,13 +257,13 @@ class ExternalAgents:
             return AgentFailure("agent_raised", f"the agent raised {type(error).__name__}: {error}")
 
     @staticmethod
-    async def _call(function: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    async def _call(function: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         if inspect.iscoroutinefunction(function):
-            await function(**kwargs)
-            return
+            return await function(**kwargs)
         result = await _in_thread(function, kwargs)
         if inspect.isawaitable(result):
-            await result
+            return await result
+        return result
 
     async def _spawn(self, session_id: str, env: dict[str, str]) -> AgentFailure | None:
         log = self.log_dir / f"{session_id}.log" if self.log_dir is not None else None
@@ -288,7 +304,7 @@ class ExternalAgents:
             return [self._failed(sample, f"the session could not be finished: {error}" +
                                  (f"; {failure.message}" if failure else ""), "gateway_session")]
         if trajectories:
-            return trajectories
+            return _selected(trajectories, self.select)
         if failure is not None:
             return [self._failed(sample, f"{failure.message} before asking the model anything", failure.cause)]
         return [self._failed(sample, "the agent ended without asking the model anything", "agent_no_turn")]
@@ -296,6 +312,15 @@ class ExternalAgents:
     @staticmethod
     def _failed(sample: Sample, error: str, cause: str) -> Trajectory:
         return failed_trajectory(sample.model_copy(update={"loop": LOOP}), error, infrastructure=True, cause=cause)
+
+
+def _selected(trajectories: list[Trajectory], select: ChainSelection) -> list[Trajectory]:
+    """The chains kept of a session's (in chain order: the last started is the last)."""
+    if select == "all" or len(trajectories) == 1:
+        return trajectories
+    if select == "last":
+        return trajectories[-1:]
+    return [max(trajectories, key=lambda t: len(t.prompt_ids) + len(t.response_ids))]
 
 
 async def _in_thread(function: Callable[..., Any], kwargs: dict[str, Any]) -> Any:

@@ -18,7 +18,7 @@ from agentloop_grpc.agent.chat import ChatCodec
 from agentloop_grpc.agent.reward import RewardFunction
 from agentloop_grpc.router import Router
 
-from .agents import AgentProgram, ExternalAgents, SessionKeys
+from .agents import AgentProgram, ChainSelection, ExternalAgents, SessionKeys
 from .app import create_app
 from .config import GatewayConfig
 from .server import serve_app
@@ -28,7 +28,8 @@ from .service import SessionGateway
 @contextlib.asynccontextmanager
 async def serve_agents(router: Router, codec: ChatCodec, config: GatewayConfig, program: AgentProgram, *,
                        reward: RewardFunction | None = None, max_concurrency: int = 32, timeout_s: float = 600.0,
-                       log_dir: Path | None = None, posted_reward: bool = True) -> AsyncIterator[ExternalAgents]:
+                       log_dir: Path | None = None, posted_reward: bool = True,
+                       select: ChainSelection = "all") -> AsyncIterator[ExternalAgents]:
     """Serve the gateway until the block ends; yields the agents to ``run`` samples with (see ``ExternalAgents``
     for the arguments; ``reward``: the gateway's reward function, for sessions whose agent posted none)."""
     gateway = SessionGateway(router, codec, config, reward=reward)
@@ -38,4 +39,4 @@ async def serve_agents(router: Router, codec: ChatCodec, config: GatewayConfig, 
     keys.install(app)
     async with serve_app(app) as url:
         yield ExternalAgents(gateway, url, keys, program, max_concurrency=max_concurrency, timeout_s=timeout_s,
-                             log_dir=log_dir, posted_reward=posted_reward)
+                             log_dir=log_dir, posted_reward=posted_reward, select=select)

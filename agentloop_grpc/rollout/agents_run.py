@@ -60,6 +60,8 @@ def check_agent(agent: ExternalAgent, reward: ComponentSpec | None) -> AgentProg
             return AgentProgram(function=EnvironmentPlayer(load_environment(agent.verifiers), agent.gateway.model).play)
         except VerifiersError as error:
             raise LoopConfigError(f"dataset.verifiers: {error}") from None
+    if agent.harness is not None:
+        return AgentProgram(function=_harness_player(agent).play)
     if agent.callable is not None:
         function = _resolve("agent.callable", agent.callable)
         if not callable(function):
@@ -70,6 +72,25 @@ def check_agent(agent: ExternalAgent, reward: ComponentSpec | None) -> AgentProg
         raise LoopConfigError(f"agent.command: {agent.command[0]} is not an executable program (not found"
                               f"{' on PATH' if '/' not in agent.command[0] else ''})")
     return AgentProgram(command=agent.command)
+
+
+def _harness_player(agent: ExternalAgent) -> Any:
+    from agentloop_grpc.harness.clis import HarnessError
+    from agentloop_grpc.harness.player import HarnessPlayer, HarnessSettings
+    from agentloop_grpc.harness.workspace import WorkspaceLimits, probe_cached
+
+    assert agent.harness is not None
+    if (why := probe_cached()) is not None:
+        raise LoopConfigError(f"agent.harness: no sandbox for the workspaces: {why}")
+    ws = agent.workspace
+    limits = WorkspaceLimits(wall_timeout_s=ws.wall_timeout_s, cpu_seconds=ws.cpu_seconds,
+                             memory_bytes=ws.memory_mib * 2**20, max_processes=ws.max_processes,
+                             disk_bytes=ws.disk_mib * 2**20, output_bytes=ws.output_kib * 2**10)
+    try:
+        return HarnessPlayer(HarnessSettings(agent.harness, agent.gateway.model, agent.command or (), limits,
+                                             agent.tests_reward, Path(ws.root)))
+    except HarnessError as error:
+        raise LoopConfigError(str(error)) from None
 
 
 def _resolve(field: str, path: str) -> Any:
@@ -94,7 +115,7 @@ async def agent_sessions(agent: ExternalAgent, program: AgentProgram, router: Ro
     scorer = reward.load() if agent.reward == "function" and reward is not None else None
     async with serve_agents(router, codec, agent.gateway, program, reward=scorer,
                             max_concurrency=agent.max_concurrency, timeout_s=agent.timeout_s, log_dir=log_dir,
-                            posted_reward=agent.reward == "session") as agents:
+                            posted_reward=agent.reward == "session", select=agent.trajectory_selection) as agents:
         yield agents
 
 

@@ -17,6 +17,7 @@ from agentloop_grpc.engine_adapters.config import EngineConfig
 from agentloop_grpc.engine_adapters.config_base import LocalModelConfig
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.gateway.config import GatewayConfig
+from agentloop_grpc.harness.clis import HarnessName
 from agentloop_grpc.integrations.verifiers.config import VerifiersEnvironment
 from agentloop_grpc.router import RouterConfig
 from agentloop_grpc.trackers.config import REPORT_TO_HELP, TrackerName, TrackerSettings, check_report_to
@@ -103,6 +104,40 @@ class ArithmeticDataset(BaseModel):
     max_operand: int = Field(20, ge=1, le=1_000_000, description="one_step: operands are drawn from 1..max_operand.")
 
 
+class CodingTasksDataset(BaseModel):
+    """Coding tasks in Harbor's layout (a repository, instruction.md, hidden tests; docs/coding-agents.md), played
+    by a coding harness (``agent.harness``): a folder of them, or the bundled generated set (little Python
+    repositories, each with one seeded bug)."""
+
+    model_config = _STRICT
+
+    path: str | None = Field(None, description="A task folder, or a folder of task folders.")
+    generated: int | None = Field(None, ge=1, le=40, description="This many of the bundled generated tasks instead.")
+    seed: int = Field(0, description="generated: which tasks, in which order.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CodingTasksDataset:
+        if (self.path is None) == (self.generated is None):
+            raise ValueError("dataset.coding_tasks: give exactly one of path or generated")
+        return self
+
+
+class WorkspaceSettings(BaseModel):
+    """Each coding trajectory's sandbox (harness/workspace.py): its bounds, and where it is made."""
+
+    model_config = _STRICT
+
+    wall_timeout_s: float = Field(600.0, gt=0, description="How long the CLI may run (a task's [agent] timeout_sec "
+                                  "bounds it further); past it, it is stopped: a failure, never trained on.")
+    cpu_seconds: int = Field(600, ge=1, description="CPU seconds of each of its processes.")
+    memory_mib: int = Field(4096, ge=64, description="Memory of the whole process tree (cgroup).")
+    max_processes: int = Field(512, ge=4, description="Processes and threads of the tree at once (cgroup).")
+    disk_mib: int = Field(1024, ge=1, description="What the workspace and the CLI's home may hold.")
+    output_kib: int = Field(1024, ge=1, description="What is kept of the CLI's output.")
+    root: str = Field("/tmp/agentloop-workspaces", description="Where workspaces are made (each removed with its "
+                      "trajectory).")
+
+
 class ReasoningGymDataset(BaseModel):
     """One of reasoning-gym's procedural tasks (the ``reasoning-gym`` extra; docs/environments.md), generated from a
     seed and scored by the task's own scorer: the reward is its ``score_answer`` of the reply's last
@@ -161,6 +196,8 @@ class Dataset(BaseModel):
         None, description="A verifiers environment's tasks instead of a file (the `verifiers` extra; "
         "docs/environments.md): the environment plays its rows through the gateway (the agent section, optional, "
         "says how sessions run) and its rewards score them.")
+    coding_tasks: CodingTasksDataset | None = Field(
+        None, description="Coding tasks played by agent.harness (docs/coding-agents.md): each row's task folder.")
     limit: int | None = Field(None, ge=1, description="Use only the first rows.")
     default_loop: str = Field("tool", description="Loop of rows that name none (a built-in one or one under loops).")
     ground_truth_kwargs: tuple[str, ...] = Field(
@@ -169,8 +206,9 @@ class Dataset(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> Dataset:
-        if sum(source is not None for source in (self.path, self.arithmetic, self.reasoning_gym, self.verifiers)) != 1:
-            raise ValueError("dataset: give exactly one of path, arithmetic, reasoning_gym or verifiers")
+        sources = (self.path, self.arithmetic, self.reasoning_gym, self.verifiers, self.coding_tasks)
+        if sum(source is not None for source in sources) != 1:
+            raise ValueError("dataset: give exactly one of path, arithmetic, reasoning_gym, verifiers or coding_tasks")
         return self
 
     @property
@@ -203,6 +241,18 @@ class ExternalAgent(BaseModel):
         "is a crash.")
     verifiers: VerifiersEnvironment | None = Field(
         None, description="A verifiers environment plays each row: set from dataset.verifiers, whose rows it plays.")
+    harness: HarnessName | None = Field(
+        None, description="An unmodified coding CLI plays each row's task (docs/coding-agents.md): codex, "
+        "claude-code, mini-swe-agent, or command (agent.command, run in the workspace); the reward is the task's "
+        "hidden tests.")
+    workspace: WorkspaceSettings = Field(default_factory=WorkspaceSettings, description="harness: each "
+                                         "trajectory's sandbox.")
+    tests_reward: Literal["pass_rate", "all_pass"] = Field(
+        "pass_rate", description="harness: the reward from the hidden tests, their pass rate or 1.0 only when all "
+        "pass (a test run past its time: 0.0).")
+    trajectory_selection: Literal["all", "longest", "last"] = Field(
+        "all", description="Which chains of a session are kept (an agent that compacts or runs sub-agents forks "
+        "chains): all, the longest, or the last.")
     max_concurrency: int = Field(32, ge=1, le=100_000, description="Sessions (agents) running at once.")
     timeout_s: float = Field(
         600.0, gt=0, description="How long one agent may run; past it, it is stopped (a command's process group "
@@ -215,7 +265,12 @@ class ExternalAgent(BaseModel):
 
     @model_validator(mode="after")
     def _one_program(self) -> ExternalAgent:
-        if sum(program is not None for program in (self.callable, self.command, self.verifiers)) != 1:
+        if self.harness is not None:
+            if self.callable is not None or self.verifiers is not None:
+                raise ValueError("agent.harness: give no callable (the harness plays the rows)")
+            if (self.harness == "command") != (self.command is not None):
+                raise ValueError("agent.command: the command harness runs agent.command, and only it has one")
+        elif sum(program is not None for program in (self.callable, self.command, self.verifiers)) != 1:
             raise ValueError("agent: give exactly one of callable or command (or a dataset: {verifiers: ...}, which "
                              "its environment plays)")
         if self.verifiers is not None and self.reward == "function":
@@ -326,6 +381,8 @@ class RolloutConfig(AgentRunConfig):
     def _agent_reward(self) -> RolloutConfig:
         if self.agent is not None and self.agent.reward == "function" and self.reward_function is None:
             raise ValueError("agent.reward: function scores with the rollout's reward function; set reward")
+        if self.dataset.coding_tasks is not None and (self.agent is None or self.agent.harness is None):
+            raise ValueError("dataset.coding_tasks: a coding harness plays them; set agent.harness")
         return self
 
 

@@ -37,6 +37,8 @@ def read_rows(dataset: Dataset) -> list[dict]:
                 reasoning_gym_tasks.TaskRef(gym.task, gym.size, gym.seed, gym.config), gym.system_prompt, gym.shots)
         except ValueError as error:
             raise DatasetError(str(error)) from None
+    elif dataset.coding_tasks is not None:
+        rows = _coding_task_rows(dataset)
     elif dataset.verifiers is not None:
         from agentloop_grpc.integrations.verifiers.environment import VerifiersError, environment_rows
 
@@ -63,6 +65,29 @@ def read_rows(dataset: Dataset) -> list[dict]:
         else:
             raise DatasetError(f"dataset file {path} must be .jsonl or .parquet")
     return rows[: dataset.limit] if dataset.limit else rows
+
+
+def _coding_task_rows(dataset: Dataset) -> list[dict]:
+    """One row per task: its instruction as the prompt, its folder under ``task`` (what the harness plays)."""
+    import tempfile
+
+    from agentloop_grpc.harness.generated_tasks import generate_tasks
+    from agentloop_grpc.harness.task import TaskError, find_tasks
+
+    source = dataset.coding_tasks
+    assert source is not None
+    if source.generated is not None:
+        # the same count and seed write the same files: runs may share the folder
+        folder = Path(tempfile.gettempdir()) / f"agentloop-coding-tasks-{source.generated}-{source.seed}"
+        generate_tasks(folder, source.generated, source.seed)
+    else:
+        folder = Path(source.path or "")
+    try:
+        tasks = find_tasks(folder)
+    except (TaskError, OSError) as error:
+        raise DatasetError(f"dataset.coding_tasks: {error}") from None
+    return [{"id": t.name, "messages": [{"role": "user", "content": t.instruction}], "task": str(t.folder)}
+            for t in tasks]
 
 
 def _with_image_paths(messages: Sequence[dict[str, Any]], base_dir: Path) -> tuple[dict[str, Any], ...]:
