@@ -9,15 +9,18 @@ NODE_DIR := clients/node
 MCP_NPM_DIR := tests/tools/mcp_servers
 # The coding-agent CLIs run as harnesses (Codex, Claude Code), pinned in their package.json (docs/coding-agents.md)
 HARNESS_NPM_DIR := harnesses
+MINI_SWE_AGENT_VERSION := 2.4.6
+MINI_SWE_AGENT_VENV := $(VENV)/harnesses/mini-swe-agent
 BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
-.PHONY: setup sandbox browser protos protos-python protos-lint protos-breaking demo train lint test test-python test-node test-faults test-cluster bench clean
+.PHONY: setup sandbox browser protos protos-python protos-lint protos-breaking demo train lint test test-python test-node test-faults test-cluster bench gpu-kit clean
 
 setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(VENV)/.verifiers-installed \
 	$(NODE_DIR)/node_modules/.installed \
-	$(MCP_NPM_DIR)/node_modules/.installed $(HARNESS_NPM_DIR)/node_modules/.installed sandbox browser
+	$(MCP_NPM_DIR)/node_modules/.installed $(HARNESS_NPM_DIR)/node_modules/.installed \
+	$(MINI_SWE_AGENT_VENV)/.installed sandbox browser
 
 ## sandbox: bubblewrap isolates the python tool (installed from Debian's packages when we may)
 sandbox:
@@ -104,6 +107,12 @@ $(HARNESS_NPM_DIR)/node_modules/.installed: $(HARNESS_NPM_DIR)/package.json $(HA
 	cd $(HARNESS_NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# mini-swe-agent in a venv of its own: its litellm stack pins below ours (harness/clis.py finds it there)
+$(MINI_SWE_AGENT_VENV)/.installed: $(VENV)/.installed
+	$(PYTHON) -m venv $(MINI_SWE_AGENT_VENV)
+	$(MINI_SWE_AGENT_VENV)/bin/pip install --quiet 'mini-swe-agent==$(MINI_SWE_AGENT_VERSION)'
+	touch $@
+
 ## protos: generate the Python stubs (agentloop_grpc/v1) and the Node types (clients/node/generated)
 protos: setup
 	$(PY) protos/generate_python.py > /dev/null 2> >(grep -v '^Writing mypy to' >&2)
@@ -147,8 +156,9 @@ lint: protos
 test: lint protos protos-lint protos-breaking test-python test-node
 
 # Two workers: one runs the folders that hold the most memory (vLLM, trainers), one after another, the other the rest
-# (tests/conftest.py); much of the suite waits on servers and timeouts, so a second worker fits on two cores
-test-python: protos
+# (tests/conftest.py); much of the suite waits on servers and timeouts, so a second worker fits on two cores.
+# tests/packaging/test_gpu_kit.py installs the GPU kit offline and runs its check on the CPU.
+test-python: protos gpu-kit
 	$(PY) -m pytest -n 2 --dist loadscope
 
 ## test-faults: only the fault-injection suite (tests/FAULTS.md; `make test` runs it too)
@@ -168,6 +178,17 @@ bench: protos
 	@# the gateway's peer in bench/gateway.py (the bench-gateway extra)
 	@$(PY) -c 'import rllm_model_gateway' 2>/dev/null || $(PY) -m pip install --quiet 'rllm-model-gateway==0.1.0'
 	$(PY) bench/run_all.py
+
+## gpu-kit: build/gpu-kit, what bench/gpu_check.py needs on a GPU machine without network (this project's wheel,
+## the wheels its Python 3.12 lacks, the model's config and tokenizer, install.sh; docs/serve-engines.md), and this
+## machine's wheels of the kit's compiled packages for the test that installs it here
+GPU_KIT := build/gpu-kit
+gpu-kit: $(GPU_KIT)/.built
+
+$(GPU_KIT)/.built: $(VENV)/.installed pyproject.toml setup.py MANIFEST.in bench/gpu_check.py $(wildcard bench/gpu_kit/*) \
+		$(shell git ls-files agentloop_grpc protos tests/contract 2>/dev/null)
+	HF_HUB_OFFLINE=1 $(PY) bench/gpu_kit/build.py --out $(GPU_KIT) --host-wheels build/gpu-kit-host-wheels
+	touch $@
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules $(MCP_NPM_DIR)/node_modules $(NODE_DIR)/generated build dist *.egg-info
