@@ -42,6 +42,8 @@ class HarnessSettings:
     reward: RewardMode = "pass_rate"
     #: Where workspaces are made (removed with their trajectory).
     root: Path = Path("/tmp/agentloop-workspaces")
+    #: More host folders the sandbox may read (a command harness's own program).
+    read_only: tuple[Path, ...] = ()
 
 
 class HarnessPlayer:
@@ -72,7 +74,8 @@ class HarnessPlayer:
                     path = workspace.home / name
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(text)
-                result = await workspace.run(spec.argv, spec.env, gateway=gateway, binds=spec.binds)
+                result = await workspace.run(spec.argv, spec.env, gateway=gateway,
+                                             binds=(*spec.binds, *settings.read_only))
                 metadata |= {"exit_code": str(result.exit_code), "output": result.output[-METADATA_CHARS:],
                              "seconds": f"{result.seconds:g}",
                              "diff": (await asyncio.to_thread(diff, task.repo, workspace.app))[-METADATA_CHARS:]}

@@ -88,7 +88,8 @@ def _harness_player(agent: ExternalAgent) -> Any:
                              disk_bytes=ws.disk_mib * 2**20, output_bytes=ws.output_kib * 2**10)
     try:
         return HarnessPlayer(HarnessSettings(agent.harness, agent.gateway.model, agent.command or (), limits,
-                                             agent.tests_reward, Path(ws.root)))
+                                             agent.tests_reward, Path(ws.root),
+                                             tuple(Path(p) for p in ws.read_only)))
     except HarnessError as error:
         raise LoopConfigError(str(error)) from None
 

@@ -134,6 +134,8 @@ class WorkspaceSettings(BaseModel):
     max_processes: int = Field(512, ge=4, description="Processes and threads of the tree at once (cgroup).")
     disk_mib: int = Field(1024, ge=1, description="What the workspace and the CLI's home may hold.")
     output_kib: int = Field(1024, ge=1, description="What is kept of the CLI's output.")
+    read_only: tuple[str, ...] = Field((), description="More host folders the sandbox may read (where a command "
+                                       "harness's own program lives), at the same paths.")
     root: str = Field("/tmp/agentloop-workspaces", description="Where workspaces are made (each removed with its "
                       "trajectory).")
 

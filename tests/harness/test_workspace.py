@@ -92,7 +92,7 @@ async def test_no_network_but_the_gateway(tmp_path):
 
 
 async def test_a_fork_bomb_is_bounded_and_ends_with_its_workspace(tmp_path):
-    limits = WorkspaceLimits(wall_timeout_s=3, max_processes=32, memory_bytes=512 * 2**20)
+    limits = WorkspaceLimits(wall_timeout_s=2, max_processes=32, memory_bytes=512 * 2**20)
     async with await Workspace.create(tmp_path / "ws", None, limits) as ws:
         result = await ws.run(python("""
             import os, time
@@ -129,7 +129,7 @@ async def test_runaway_output_is_cut_at_its_bound(tmp_path):
      "workspace_disk"),
 ])
 async def test_time_memory_and_disk_stop_the_workspace_by_cause(tmp_path, code, cause):
-    limits = WorkspaceLimits(wall_timeout_s=4, memory_bytes=128 * 2**20, disk_bytes=8 * 2**20)
+    limits = WorkspaceLimits(wall_timeout_s=2, memory_bytes=128 * 2**20, disk_bytes=8 * 2**20)
     async with await Workspace.create(tmp_path / "ws", None, limits) as ws:
         result = await ws.run(["python3", "-c", code])
     assert (result.cause, result.exit_code) == (cause, None), result
