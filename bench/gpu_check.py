@@ -102,7 +102,7 @@ class Sizes:
     contract_overlaps: bool
 
 
-GPU_SIZES = Sizes({}, (1, 8, 32, 128), 128, 1024, 3, 512, 64, CONTRACT_FAST, 1000, False)
+GPU_SIZES = Sizes({}, (1, 8, 32, 128), 128, 1024, 3, 512, 64, CONTRACT_FAST, 400, False)
 CPU_SIZES = Sizes(
     {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
      "num_key_value_heads": 2, "head_dim": 32},
@@ -378,20 +378,31 @@ async def failover(servers: list[ServerProcess], prompt: list[int], sizes: Sizes
     tokens = list(result.token_ids)
     reference = await _direct(survivor, prompt, sizes.failover_tokens)
     split = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), len(tokens))
-    resumed = tokens[split:] == (await _direct(survivor, prompt + tokens[:split], len(tokens) - split)
-                                 if split < len(tokens) else [])
+    resumed_at = await _resume_point(survivor, prompt, tokens, killed_at, split)
     checks = {"one failover, to the survivor": result.failovers == 1 and result.servers == (victim, survivor),
               "every token once": len(tokens) == sizes.failover_tokens,
-              "the survivor continued the tokens it was given": resumed and split >= killed_at}
+              "the survivor continued the tokens it was given": resumed_at is not None}
     print(f"failover: killed after {killed_at} tokens; {result.failovers} failover; equal to an uninterrupted run: "
           f"{split == len(tokens)}", flush=True)
-    return {"tokens": len(tokens), "killed_after": killed_at, "failovers": result.failovers,
+    return {"tokens": len(tokens), "killed_after": killed_at, "resumed_at": resumed_at, "failovers": result.failovers,
             "equal_to_uninterrupted": split == len(tokens), "first_difference": split, "checks": checks,
             "ok": all(checks.values())}
 
 
+async def _resume_point(survivor: str, prompt: list[int], tokens: list[int], killed_at: int, split: int) -> int | None:
+    """Where the survivor took over: the first ``r`` from ``killed_at`` on (the victim may have sent a few tokens
+    more before it died) whose continuation of the prompt and ``tokens[:r]`` is ``tokens[r:]``; None if none is.
+    Equal to an uninterrupted run (``split`` at the end), every such ``r`` is."""
+    if split == len(tokens):
+        return killed_at
+    for start in range(killed_at, min(split, killed_at + 16) + 1):
+        if await _direct(survivor, prompt + tokens[:start], len(tokens) - start) == tokens[start:]:
+            return start
+    return None
+
+
 async def in_process_parts(report: Report, folder: Path, device: str, sizes: Sizes, prompts: list[list[int]],
-                           scratch: Path) -> None:
+                           scratch: Path, starting: asyncio.Future[list[ServerProcess]]) -> None:
     max_running = max(sizes.in_flight)
     engine = EngineLifecycle(make_adapter("embedded", {
         "model": str(folder), "device": device, "max_running": max_running, "max_model_len": sizes.max_model_len,
@@ -400,6 +411,7 @@ async def in_process_parts(report: Report, folder: Path, device: str, sizes: Siz
     try:
         await run_part(report, "throughput", lambda: _throughput(engine, prompts, sizes))
         kv_bytes = max_running * sizes.max_model_len * report.model["kv_bytes_per_token"]
+        await asyncio.wait([starting])  # memory in use is the whole device's: the servers must be done loading
         await run_part(report, "sleep", lambda: sleep_cycle(engine, device, prompts[0], report.model, kv_bytes))
     finally:
         await engine.shutdown()
@@ -445,7 +457,7 @@ async def check(device: str, files: Path) -> Report:
             report, "contract", lambda: asyncio.to_thread(contract, folder, device, sizes, scratch))
         overlapping = asyncio.ensure_future(contract_run()) if sizes.contract_overlaps else None
         try:
-            await in_process_parts(report, folder, device, sizes, prompts, scratch)
+            await in_process_parts(report, folder, device, sizes, prompts, scratch, starting)
 
             async def naive() -> dict[str, Any]:
                 rates = naive_generate(folder, device, prompts, sizes)  # nothing else computes meanwhile

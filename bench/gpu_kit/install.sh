@@ -29,8 +29,11 @@ PIP_WHEEL=$(ls "$KIT"/wheels/pip-*.whl)
 # has at a version the requirements accept are kept, the rest comes from the kit's wheels
 PIP_CONFIG_FILE=/dev/null "$VENV/bin/python" "$PIP_WHEEL/pip" install --quiet --no-index --no-compile \
     --no-cache-dir --root-user-action=ignore --disable-pip-version-check "${FIND[@]}" -r "$KIT/requirements.txt"
-"$VENV/bin/python" -c '
-import agentloop_grpc, pydantic, xgrammar, grpc_health, grpc_reflection, pytest_asyncio, torch, transformers
-from agentloop_grpc.engine_adapters.embedded.engine import EmbeddedEngine
-print(f"gpu kit installed: agentloop-grpc {agentloop_grpc.__version__}, torch {torch.__version__}, "
-      f"transformers {transformers.__version__}, CUDA available: {torch.cuda.is_available()}")'
+# every module the check needs is found (-I: not the current folder's, e.g. a checkout without stubs)
+"$VENV/bin/python" -I -c '
+import importlib.metadata as m, importlib.util as u
+missing = [n for n in ("agentloop_grpc", "pydantic", "xgrammar", "grpc_health", "grpc_reflection", "pytest_asyncio",
+                       "torch", "transformers") if u.find_spec(n) is None]
+if missing:
+    raise SystemExit(f"gpu kit: the venv lacks {missing}")
+print("gpu kit installed:", ", ".join(f"{n} {m.version(n)}" for n in ("agentloop-grpc", "torch", "transformers")))'

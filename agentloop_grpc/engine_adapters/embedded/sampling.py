@@ -91,8 +91,10 @@ class RequestSampler:
         if allowed is not None:
             logits = logits.masked_fill(~allowed, NEG_INF)
         if self.params.greedy:
-            logprobs = torch.log_softmax(logits, dim=-1)
             token = int(torch.argmax(logits))
+            if not (self.params.logprobs or self.params.top_logprobs):  # a full-vocabulary softmax nobody reads
+                return SampledToken(token, 0.0, ())
+            logprobs = torch.log_softmax(logits, dim=-1)
         else:
             logprobs = torch.log_softmax(self._truncate(logits), dim=-1)
             token = int(torch.multinomial(logprobs.exp(), 1, generator=self.generator))
