@@ -49,6 +49,16 @@ def test_train_config_is_valid():
     assert config.loop.constrain_tool_calls and config.loop.sampling.temperature > 0
 
 
+def test_the_coding_agent_config_is_valid():
+    from agentloop_grpc.rollout.config import load_config
+
+    config = load_config(ROOT / "examples" / "coding-agent.yaml")
+    assert config.agent is not None and config.agent.harness == "codex" and config.tools.launch is None
+    assert config.dataset.coding_tasks is not None and config.dataset.coding_tasks.generated
+    # Codex's ~6.5k-token prompt and its turns fit the context (beyond SmolLM2's trained 8,192: a warning says so)
+    assert config.engines.launch.engine.max_model_len > 8192
+
+
 def test_the_reasoning_gym_configs_are_valid_and_the_page_shows_their_task():
     from agentloop_grpc.rollout.config import load_config
     from agentloop_grpc.rollout.dataset import read_rows

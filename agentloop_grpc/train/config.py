@@ -64,6 +64,8 @@ class TrainConfig(AgentRunConfig):
             raise ValueError("agent.reward: function needs a reward function, which agentloop train does not take "
                              "(tool rewards score the loops, or the dataset's own: reasoning_gym); use reward: "
                              "session")
+        if self.dataset.coding_tasks is not None and (self.agent is None or self.agent.harness is None):
+            raise ValueError("dataset.coding_tasks: a coding harness plays them; set agent.harness")
         return self
 
     @model_validator(mode="after")

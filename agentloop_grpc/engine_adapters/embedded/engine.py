@@ -119,7 +119,11 @@ class EmbeddedEngine:
         model, tokenizer = model_store.load(folder)
         model.to(device)
         text_config = model.config.get_text_config()
-        max_len = min(cfg.max_model_len, getattr(text_config, "max_position_embeddings", cfg.max_model_len))
+        max_len = cfg.max_model_len
+        trained = getattr(text_config, "max_position_embeddings", None)
+        if trained is not None and max_len > trained:  # served as asked: a coding CLI's 20k-token prompt runs
+            log.warning("embedded engine: max_model_len %d is beyond the %d positions %s was trained on: past them "
+                        "its outputs degrade", max_len, trained, cfg.model or model_store.DEFAULT_MODEL_ID)
         runner = ModelRunner(model, cfg.max_running, max_len, device)
         runner.kv.allocate()
         eos = eos_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)
