@@ -276,11 +276,13 @@ def contract(folder: Path, device: str, sizes: Sizes, scratch: Path) -> dict[str
     xml = scratch / "contract.xml"
     overrides = {"model": str(folder), "device": device, "cache_dir": str(scratch / "contract-cache"),
                  "grammar_workers": 1, "long_tokens": sizes.contract_long_tokens}
-    env = {**os.environ, "AGENTLOOP_CONTRACT_ENGINES": "embedded", "AGENTLOOP_CONTRACT_EMBEDDED": json.dumps(overrides)}
+    # only the plugins the suite needs: a machine's own (benchmark, cov, ...) may not load with the kit's pytest
+    env = {**os.environ, "AGENTLOOP_CONTRACT_ENGINES": "embedded", "AGENTLOOP_CONTRACT_EMBEDDED": json.dumps(overrides),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "embedded", "-m", "not fault",
-         "--junitxml", str(xml), *sizes.contract],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_asyncio.plugin", "-p",
+         "pytest_timeout", "-k", "embedded", "-m", "not fault", "--junitxml", str(xml), *sizes.contract],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=420,
     )
     seconds = time.perf_counter() - start

@@ -7,7 +7,8 @@ more, but not pydantic, grpcio-health-checking, grpcio-reflection, xgrammar or j
 * ``wheels/``: this project's wheel (built from its sdist, so it carries the generated stubs) and, for Python 3.12
   on manylinux x86-64, every package of ``KIT_PACKAGES`` at the version this venv runs: those the machine lacks,
   and fallbacks for those it has at an unknown version (grpcio and protobuf, which the stubs need new; pytest for
-  pytest-asyncio; typer, prometheus-client, typing-extensions). pip keeps the machine's own where it is new enough;
+  pytest-asyncio; typer, prometheus-client, pyyaml, typing-extensions). pip keeps the machine's own where it is new
+  enough;
 * ``install.sh``, ``requirements.txt``, ``README.txt`` (the device-tool command), ``gpu_check.py``;
 * ``model/``: SmolLM2-135M-Instruct's config.json and tokenizer files (the check makes random weights from them);
 * ``tests/contract/`` and a ``pytest.ini`` with this project's pytest options (the check's contract subset).
@@ -47,7 +48,7 @@ KIT_PACKAGES = (
     "grpcio", "protobuf", "grpcio-health-checking", "grpcio-reflection",
     "xgrammar", "apache-tvm-ffi",
     "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "attrs",
-    "typer", "prometheus-client",
+    "typer", "prometheus-client", "pyyaml",
     "pytest", "pluggy", "iniconfig", "pytest-asyncio", "pytest-timeout",
 )
 #: What install.sh asks for; pip takes the rest of each one's requirements from the machine or the kit.
