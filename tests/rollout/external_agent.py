@@ -63,6 +63,16 @@ async def tool_agent(base_url: str, api_key: str, row: dict[str, Any], session_i
         posted.raise_for_status()
 
 
+async def forking_agent(base_url: str, api_key: str, row: dict[str, Any], session_id: str) -> dict[str, str]:
+    """Three chains, as an agent that restarts and runs a sub-agent: the row's question with its tool turn (the
+    longest), then two unrelated one-turn questions; tells what it did as metadata."""
+    await tool_agent(base_url, api_key, row, session_id)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        for question in ("Sub-agent: 1 + 1?", "Sub-agent: 2 + 2?"):
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": question}])
+    return {"chains_started": "3"}
+
+
 def sync_agent(base_url: str, api_key: str, row: dict[str, Any], session_id: str) -> None:
     """One turn with the synchronous client (run in a thread); hangs or raises as its row says."""
     behaviour = row.get("behaviour", "answer")

@@ -125,6 +125,16 @@ async def test_a_callable_agent_through_the_openai_sdk_gives_token_exact_traject
     assert [t.sample_id for t in read_parquet(out / "trajectories.parquet")] == ["a/0", "a/1", "b/0", "b/1"]
 
 
+@pytest.mark.parametrize(("selection", "kept"), [("all", [0, 1, 2]), ("longest", [0]), ("last", [2])])
+async def test_trajectory_selection_keeps_the_chains_it_names_with_the_agents_metadata(tmp_path, engine, selection,
+                                                                                        kept):
+    config = _config(tmp_path, {"callable": f"{PATH}:forking_agent", "trajectory_selection": selection},
+                     engines={"addresses": [engine]}, rows=ROWS[:1])
+    ts = (await _run(config)).trajectories
+    assert [t.sample_id for t in ts] == [["a/0", "a/0/fork-1", "a/0/fork-2"][i] for i in kept]
+    assert all(t.metadata == {"chains_started": "3"} and not t.failed for t in ts)
+
+
 async def test_reward_function_scores_with_the_ground_truth_and_drops_posted_rewards(tmp_path, engine):
     config = _config(tmp_path, {"callable": f"{PATH}:tool_agent", "reward": "function"},
                      engines={"addresses": [engine]}, reward={"path": f"{PATH}:exact_answer"})
