@@ -118,6 +118,8 @@ class Report:
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: Where the files go, rewritten after every part: a run cut short still leaves what it measured.
+    out: Path | None = None
 
 
 def _machine(device: str) -> dict[str, Any]:
@@ -283,7 +285,7 @@ def contract(folder: Path, device: str, sizes: Sizes, scratch: Path) -> dict[str
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_asyncio.plugin", "-p",
          "pytest_timeout", "-k", "embedded", "-m", "not fault", "--junitxml", str(xml), *sizes.contract],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=420,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     seconds = time.perf_counter() - start
     if not xml.is_file():
@@ -442,11 +444,13 @@ async def run_part(report: Report, name: str, part: Callable[[], Awaitable[dict[
     report.parts[name]["seconds"] = time.perf_counter() - start
     if not report.parts[name]["ok"]:
         report.failed.append(name)
+    if report.out is not None:
+        write(report, report.out)
 
 
-async def check(device: str, files: Path) -> Report:
+async def check(device: str, files: Path, out: Path | None = None) -> Report:
     sizes = GPU_SIZES if device.startswith("cuda") else CPU_SIZES
-    report = Report(device, _machine(device))
+    report = Report(device, _machine(device), out=out)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as name:
         scratch = Path(name)
@@ -484,7 +488,9 @@ async def check(device: str, files: Path) -> Report:
 
 def write(report: Report, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(asdict(report), indent=1, default=str) + "\n")
+    data = asdict(report)
+    del data["out"]
+    (out / "gpu_check.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     (out / "gpu_check.md").write_text(markdown(report))
 
 
@@ -550,7 +556,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu-check-results"),
                         help="Where gpu_check.json and gpu_check.md go (default: $OUT, else beside this script).")
     args = parser.parse_args()
-    report = asyncio.run(check(args.device, args.model_files))
+    report = asyncio.run(check(args.device, args.model_files, args.out))
     write(report, args.out)
     print(markdown(report))
     print(f"wrote {args.out / 'gpu_check.json'} and {args.out / 'gpu_check.md'}")

@@ -23,6 +23,7 @@ def work_unit(nodeid: str) -> str:
     return "engines and trainers" if folder in _ONE_AT_A_TIME else folder
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (bench/gpu_check.py's, plugins named) has no such hook
 def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     """xdist's scope scheduling, with our units (its `xdist_group` marks are lost on pytest 9.2's node ids)."""
     from xdist.scheduler import LoadScopeScheduling
