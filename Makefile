@@ -186,7 +186,7 @@ GPU_KIT := build/gpu-kit
 gpu-kit: $(GPU_KIT)/.built
 
 $(GPU_KIT)/.built: $(VENV)/.installed pyproject.toml setup.py MANIFEST.in bench/gpu_check.py $(wildcard bench/gpu_kit/*) \
-		$(shell git ls-files agentloop_grpc protos tests/contract 2>/dev/null)
+		$(wildcard $(shell git ls-files agentloop_grpc protos tests/contract 2>/dev/null))
 	HF_HUB_OFFLINE=1 $(PY) bench/gpu_kit/build.py --out $(GPU_KIT) --host-wheels build/gpu-kit-host-wheels
 	touch $@
 
