@@ -310,7 +310,8 @@ def engine_servers(folder: Path, device: str, sizes: Sizes, scratch: Path, count
             "--set", f"device={device}", "--set", "max_running=8", "--set", f"max_model_len={sizes.max_model_len * 2}",
             "--set", "threads=1", "--set", "grammar_workers=1", "--set", f"cache_dir={scratch / 'server-cache'}",
             "--log-level", "WARNING"]
-    return [ServerProcess(args, scratch / f"server-{i}.log") for i in range(count)]
+    # terminate_with_parent: they run in sessions of their own, which must not outlive a check that is killed
+    return [ServerProcess(args, scratch / f"server-{i}.log", terminate_with_parent=True) for i in range(count)]
 
 
 async def serving(servers: list[ServerProcess]) -> list[ServerProcess]:
