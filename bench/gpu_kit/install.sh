@@ -23,7 +23,9 @@ print("import site; list(map(site.addsitedir, %r))" % folders)' > "$SITE/zz_gpu_
 
 FIND=(--find-links "$KIT/wheels")
 for folder in "$@"; do FIND+=(--find-links "$folder"); done
-for name in $(compgen -e); do [[ $name == PIP_* ]] && unset "$name"; done
+for name in $(compgen -e); do
+    if [[ $name == PIP_* ]]; then unset "$name"; fi
+done
 PIP_WHEEL=$(ls "$KIT"/wheels/pip-*.whl)
 # pip runs from its own wheel (the kit's version, whatever the machine has); packages the base interpreter already
 # has at a version the requirements accept are kept, the rest comes from the kit's wheels
