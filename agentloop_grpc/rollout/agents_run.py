@@ -135,8 +135,9 @@ def agent_rows(rows: list[dict[str, Any]], samples: list[Sample], samples_per_pr
 class AgentPlayers:
     """An agent of your own playing samples for a trainer that takes one completion per prompt (TRL, verl): its
     program checked when made (LoopConfigError), its sessions served over the manager's Router from ``start`` to
-    ``close``; ``play`` gives each sample's main chain (every session has one: a failed trajectory stands for a
-    session without chains) and counts the chains the agent forked in ``forked_chains``, not trained on."""
+    ``close``; ``play`` gives each sample's main chain, or the one ``trajectory_selection`` kept (every session has
+    one: a failed trajectory stands for a session without chains), and counts the others in ``forked_chains``,
+    not trained on."""
 
     def __init__(self, agent: ExternalAgent, reward: ComponentSpec | None) -> None:
         self.agent, self.reward = agent, reward
@@ -154,10 +155,11 @@ class AgentPlayers:
         if self._agents is None:
             raise RuntimeError("the agent's sessions are not started")
         played = await self._agents.run(samples, rows, on_done)
-        ids = {sample.sample_id for sample in samples}
-        main = {t.sample_id: t for t in played if t.sample_id in ids}
-        self.forked_chains += sum(t.sample_id not in ids for t in played)
-        return [main[sample.sample_id] for sample in samples]
+        kept: dict[str, Trajectory] = {}
+        for t in played:  # a session's chains in order: its main chain first, unless the selection kept a fork
+            kept.setdefault(t.sample_id.split("/fork-")[0], t)
+        self.forked_chains += len(played) - len(kept)
+        return [kept[sample.sample_id] for sample in samples]
 
     async def close(self) -> None:
         await self._stack.aclose()

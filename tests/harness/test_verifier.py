@@ -5,7 +5,6 @@ exit code)."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,7 @@ def test_the_generated_set_is_what_its_seed_says_and_loads_as_tasks(tmp_path):
     assert len(tasks) == 20 and all(t.repo is not None and t.solution is not None for t in tasks)
     assert {t.name.split("-")[1] for t in tasks} <= set(PACKAGES)
     assert tasks[0].agent_timeout_s == 300.0 and tasks[0].verifier_timeout_s == 60.0
-    with pytest.raises(TaskError, match="no instruction.md"):
+    with pytest.raises(TaskError, match=r"no instruction\.md"):
         CodingTask.load(tmp_path)
 
 

@@ -94,6 +94,14 @@ async def test_the_chains_an_agent_forks_are_counted_and_one_completion_per_prom
     assert all("2 + 3" in codec.decode(t.prompt_ids) for t in record.trajectories[:2])  # the main chains
 
 
+async def test_trajectory_selection_chooses_the_chain_a_trainer_gets(engine):
+    agent = ExternalAgent(callable=f"{__name__}:forking_agent", trajectory_selection="last")
+    fields, record = await _step(engine, agent)
+    assert len(fields["completion_ids"]) == 4 and record.metrics["forked_chains"] == 0.0  # the session kept one
+    codec = load_codec(None)
+    assert all("1 + 1" in codec.decode(t.prompt_ids) for t in record.trajectories)  # the last chain, each time
+
+
 def test_the_gateway_samples_as_the_trainer_assumes_unless_told_otherwise():
     spec = WorkerSpec(engines=("127.0.0.1:1",), loop={"sampling": {"temperature": 0.7}})
     agent = ExternalAgent(callable=f"{PATH}:tool_agent")
