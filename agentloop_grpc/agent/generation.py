@@ -1,12 +1,11 @@
-"""One assistant turn: generate through the router, append the engine's tokens verbatim, resume after aborts.
+"""One assistant turn: generate through the router, append the engine's tokens verbatim.
 
 Partial rollout: when the trainer pauses the engines with ABORT to update weights, the in-flight generation ends
-with FINISH_REASON_ABORT and the tokens decoded so far. They are kept (already appended), and the turn goes on
-with a new request whose prompt is everything so far and whose budget is what is left; the engine holds it until
-``resume``. Each token keeps the weight version that produced it, so a trajectory spanning an update says so.
-
-Limitation: a grammar constraint cannot be resumed mid-way (the contract carries no matcher state), so a
-constrained turn that is resumed continues unconstrained; a broken call then becomes a counted tool error.
+with FINISH_REASON_ABORT and the tokens decoded so far; the Router resumes it (``GenerateCall.max_resumes``: the
+loop's ``max_resumes`` when ``resume_on_abort``, else none) with the tokens so far as prompt and what is left of the
+budget, the engine holding the new request until ``resume``. Each token keeps the weight version that produced it,
+so a trajectory spanning an update says so. What a resumed attempt's seed and grammar are is the Router's one rule
+(router/attempts.py): a constrained turn resumed mid-way continues unconstrained.
 """
 
 from __future__ import annotations
@@ -33,9 +32,10 @@ class Turn:
     server: str
 
 
-def seed_offset(sample_id: str, turn: int, attempt: int) -> int:
-    """A stable per-(sample, turn, resume) offset, so seeded runs repeat and no two generations share a stream."""
-    return zlib.crc32(f"{sample_id}/{turn}/{attempt}".encode())
+def seed_offset(sample_id: str, turn: int) -> int:
+    """A stable per-(sample, turn) offset, so seeded runs repeat and no two turns share a stream (a resumed one's
+    the Router derives: router/attempts.py)."""
+    return zlib.crc32(f"{sample_id}/{turn}/0".encode())
 
 
 async def generate_turn(
@@ -49,32 +49,25 @@ async def generate_turn(
     """``sampling``: the sample's own (Sample.sampling), which replaces the config's for this turn."""
     config = context.config
     sampling = config.sampling_for(turn) if sampling is None else sampling
-    produced: list[int] = []
-    seconds = 0.0
-    server = ""
-    for attempt in range(config.max_resumes + 1):
-        result = await context.generator.generate(
-            GenerateCall(
-                session_id=builder.sample_id,
-                prompt_ids=builder.context_ids,
-                sampling=sampling.params(max_new_tokens - len(produced), seed_offset(builder.sample_id, turn, attempt)),
-                structured_output=structured_output if not produced else None,
-                timeout_s=config.generate_timeout_s,
-                media=tuple(builder.media),  # every picture so far: all their spans lie in this prompt
-                group_id=builder.group_id,
-            )
+    result = await context.generator.generate(
+        GenerateCall(
+            session_id=builder.sample_id,
+            prompt_ids=builder.context_ids,
+            sampling=sampling.params(max_new_tokens, seed_offset(builder.sample_id, turn)),
+            structured_output=structured_output,
+            timeout_s=config.generate_timeout_s,
+            media=tuple(builder.media),  # every picture so far: all their spans lie in this prompt
+            group_id=builder.group_id,
+            max_resumes=config.max_resumes if config.resume_on_abort else 0,
         )
-        builder.model(result.token_ids, result.logprobs, result.weight_versions)
-        builder.served_by(result.servers)
-        produced += result.token_ids
-        seconds += result.seconds
-        server = result.servers[-1] if result.servers else server
-        if result.finish_reason is not FinishReason.ABORT:
-            stopped_on = result.matched_stop_token_id if result.finish_reason is FinishReason.STOP else None
-            return Turn(tuple(produced), result.finish_reason, stopped_on, seconds, server)
+    )
+    builder.model(result.token_ids, result.logprobs, result.weight_versions)
+    builder.served_by(result.servers)
+    builder.resumed_generations += result.resumes
+    server = result.servers[-1] if result.servers else ""
+    if result.finish_reason is FinishReason.ABORT:
         if not config.resume_on_abort:
             raise LoopError("the engine aborted the generation (resume_on_abort is off)")
-        if len(produced) >= max_new_tokens:
-            return Turn(tuple(produced), FinishReason.LENGTH, None, seconds, server)
-        builder.resumed_generations += 1
-    raise LoopError(f"the engine aborted one generation more than max_resumes={config.max_resumes} times")
+        raise LoopError(f"the engine aborted one generation more than max_resumes={config.max_resumes} times")
+    stopped_on = result.matched_stop_token_id if result.finish_reason is FinishReason.STOP else None
+    return Turn(tuple(result.token_ids), result.finish_reason, stopped_on, result.seconds, server)

@@ -2,8 +2,8 @@
 
 The turn's tokens are kept here and handed to the chain only when the turn is whole, so a client that goes away
 mid-stream (or a turn that fails) leaves its chain as it was, still appendable. A turn aborted by a weight update
-(Pause with ABORT) resumes with its tokens so far as prompt and what is left of its budget, as our loops' turns do
-(``agent/generation.py``): each token keeps the weight version that produced it.
+(Pause with ABORT) is resumed by the Router (``GenerateCall.max_resumes``, the rule our loops' turns follow too):
+its tokens so far as prompt and what is left of its budget; each token keeps the weight version that produced it.
 
 Text streams as it decodes, held back where it could still change: an unfinished UTF-8 character, a trailing stop
 token (the turn's text never shows it), and the tail that could begin a stop string. A stop string ends the turn:
@@ -14,7 +14,6 @@ received stay in the trajectory as the model produced them.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -84,43 +83,32 @@ class Turn:
 
     async def run(self) -> AsyncIterator[TextDelta | TurnOutput]:
         spec, out = self.spec, self.out
-        budget = spec.sampling.max_new_tokens
-        for attempt in range(spec.max_resumes + 1):
-            prompt = spec.prompt_ids if not out.token_ids else [*spec.prompt_ids, *out.token_ids]
-            sampling = _replace_budget(spec.sampling, budget - len(out.token_ids))
-            call = GenerateCall(
-                session_id=spec.session_key, prompt_ids=prompt, sampling=sampling,
-                structured_output=spec.structured_output if not out.token_ids else None,
-                timeout_s=spec.timeout_s, media=spec.media, group_id=spec.group_id,
-            )
-            result = None
-            # final_only when nothing streams: the engine sends every token in one message
-            events = self.router.stream(call, final_only=not spec.stream_text and not spec.stop_strings)
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    if isinstance(event, GenerateResult):
-                        result = event
-                        break
-                    self._add(event)
-                    if self._cut_at_stop_string():
-                        break
-                    if spec.stream_text and (delta := self._delta(final=False)) is not None:
-                        yield delta
-            if out.stop_string is not None:
-                out.finish_reason = FinishReason.STOP
-                break
-            if result is None:
-                raise InfrastructureError("the engine's stream ended without a result")
-            self._end(result, attempt)
-            if result.finish_reason is not FinishReason.ABORT:
-                break
-            if len(out.token_ids) >= budget:
-                out.finish_reason = FinishReason.LENGTH
-                break
-            out.resumes += 1
+        call = GenerateCall(
+            session_id=spec.session_key, prompt_ids=spec.prompt_ids, sampling=spec.sampling,
+            structured_output=spec.structured_output, timeout_s=spec.timeout_s, media=spec.media,
+            group_id=spec.group_id, max_resumes=spec.max_resumes,
+        )
+        result = None
+        # final_only when nothing streams: the engine sends every token in one message
+        events = self.router.stream(call, final_only=not spec.stream_text and not spec.stop_strings)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, GenerateResult):
+                    result = event
+                    break
+                self._add(event)
+                if self._cut_at_stop_string():
+                    break
+                if spec.stream_text and (delta := self._delta(final=False)) is not None:
+                    yield delta
+        if out.stop_string is not None:
+            out.finish_reason = FinishReason.STOP
+        elif result is None:
+            raise InfrastructureError("the engine's stream ended without a result")
         else:
-            raise InfrastructureError(f"the turn was aborted more than max_resumes={spec.max_resumes} times")
-        if out.stop_string is None:
+            self._end(result)
+            if result.finish_reason is FinishReason.ABORT:
+                raise InfrastructureError(f"the turn was aborted more than max_resumes={spec.max_resumes} times")
             out.text = self.codec.assistant_text(out.token_ids, out.stopped_on)
             out.visible = out.text
         if spec.stream_text and (delta := self._delta(final=True)) is not None:
@@ -135,14 +123,14 @@ class Turn:
         out.top_logprobs += chunk.top_logprobs if chunk.top_logprobs else [()] * n
         out.weight_versions += [chunk.weight_version] * n
 
-    def _end(self, result: GenerateResult, attempt: int) -> None:
+    def _end(self, result: GenerateResult) -> None:
         out = self.out
         out.finish_reason = result.finish_reason
         out.stopped_on = result.matched_stop_token_id if result.finish_reason is FinishReason.STOP else None
-        out.seconds += result.seconds
-        out.servers += [s for s in result.servers if s not in out.servers]
-        if attempt == 0:  # the prompt as the client sent it, not a resume's
-            out.prompt_tokens, out.cached_prompt_tokens = result.prompt_tokens, result.cached_prompt_tokens
+        out.seconds = result.seconds
+        out.servers = list(dict.fromkeys(result.servers))
+        out.resumes = result.resumes
+        out.prompt_tokens, out.cached_prompt_tokens = result.prompt_tokens, result.cached_prompt_tokens
 
     def _text_so_far(self) -> str:
         ids = self.out.token_ids
@@ -200,6 +188,3 @@ def token_logprobs(codec: ChatCodec, out: TurnOutput, start: int, stop: int,
         items.append(TokenLogprob(token, codec.decode([token]), out.logprobs[i], top))
     return tuple(items)
 
-
-def _replace_budget(sampling: SamplingParams, max_new_tokens: int) -> SamplingParams:
-    return dataclasses.replace(sampling, max_new_tokens=max(1, max_new_tokens))

@@ -1,9 +1,18 @@
 """The pieces of a generate call's attempts that need no Router: the call's progress over its attempts, each
-attempt's request, and whether tokens received before a failure already end the generation."""
+attempt's request, and whether tokens received before a failure already end the generation.
+
+An attempt after tokens were received (a failover, or the resume of an ABORT) continues them, with one rule for
+both, the only one anywhere (agent loops and the gateway call the Router with ``max_resumes``): the prompt is the
+call's with the tokens so far appended, the budget what is left, no grammar (the contract carries no matcher state,
+so a grammar sent again would start over mid-way; a broken call is then the model's, counted as such), and, for
+the Nth resume of an ABORT, the seed ``resume_seed(seed, N)``: seeded runs repeat and no two generations of a turn
+share a random stream. A failover keeps its seed (the lost attempt's stream was never seen whole)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import zlib
 from collections.abc import Callable
 
 from agentloop_grpc.common import wire
@@ -25,8 +34,10 @@ class Progress:
         "deadline",
         "failed",
         "failovers",
+        "failures",
         "logprobs",
         "prompt",
+        "resumes",
         "servers",
         "started",
         "token_ids",
@@ -49,6 +60,9 @@ class Progress:
         self.servers: list[str] = []
         self.failed: set[str] = set()
         self.failovers = 0
+        #: Attempts that failed (retried up to RouterConfig.max_attempts) and ABORTs resumed (up to max_resumes).
+        self.failures = 0
+        self.resumes = 0
         self._first_token: Callable[[float], None] | None = first_token  # observed once, then None
 
     def attempt_id(self, attempt: int) -> str:
@@ -90,7 +104,15 @@ class Progress:
             failovers=self.failovers,
             seconds=seconds,
             prompt_images=images,
+            resumes=self.resumes,
         )
+
+
+def resume_seed(seed: int | None, resume: int) -> int | None:
+    """The seed of a call's ``resume``-th resumed ABORT (0: the call's own)."""
+    if seed is None or resume == 0:
+        return seed
+    return (seed + zlib.crc32(f"resume/{resume}".encode())) % 2**64
 
 
 def attempt_request(
@@ -101,11 +123,13 @@ def attempt_request(
     stream_options: generation_pb2.StreamOptions | None,
     into: generation_pb2.GenerateRequest,
     default_budget: int = 0,
+    resume: int = 0,
 ) -> None:
     """Fill ``into`` (an empty request, or a GenerateUnaryRequest's, which spares copying a whole request into its
     wrapper) with one attempt: the prompt (int32 bytes) extended by the tokens received, its images, and the budget
     left. ``default_budget``: the server's default_max_new_tokens (0: none), which a call without sampling spends
-    once over all its attempts."""
+    once over all its attempts; ``resume``: how many ABORTs the call resumed so far (the module docstring's
+    rule)."""
     into.request_id = request_id
     into.session_id = call.session_id
     into.prompt_ids_raw = prompt + wire.prompt_to_raw(received) if received else prompt
@@ -114,8 +138,11 @@ def attempt_request(
         if received and default_budget > 0:  # a fresh default on resume would generate up to twice as much
             into.sampling_params.max_new_tokens = default_budget - len(received)
     else:
-        wire.fill_sampling(into.sampling_params, call.sampling, call.sampling.max_new_tokens - len(received))
-    if call.structured_output is not None:
+        sampling = call.sampling
+        if resume and sampling.seed is not None:
+            sampling = dataclasses.replace(sampling, seed=resume_seed(sampling.seed, resume))
+        wire.fill_sampling(into.sampling_params, sampling, sampling.max_new_tokens - len(received))
+    if call.structured_output is not None and not received:
         wire.fill_structured_output(into.structured_output, call.structured_output)
     into.priority = call.priority
     for item in call.media:  # every attempt: the received tokens follow the prompt, so the spans stay put

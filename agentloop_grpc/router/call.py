@@ -44,9 +44,15 @@ class GenerateCall:
     #: The GRPO group (samples of one prompt): the Router places a group's sessions together, so the prompt is
     #: prefilled once per group and server. "": none.
     group_id: str = ""
+    #: How many times an ABORT finish (a trainer's Pause(ABORT) for a weight update) is resumed, as a failover is:
+    #: the tokens so far appended to the prompt, the budget what is left (attempts.py says the seed and grammar of a
+    #: resumed attempt); each token keeps the weight version that made it. 0: an ABORT is the result.
+    max_resumes: int = 0
 
     def __post_init__(self) -> None:
         _check_int32("priority", self.priority)
+        if not _integer_in(self.max_resumes, 0, INT32_MAX):
+            raise ValueError(f"max_resumes = {self.max_resumes!r} must be an int >= 0")
         if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             raise ValueError(f"timeout_s = {self.timeout_s} must be finite and > 0 (None: the Router's default)")
         if self.sampling is not None:

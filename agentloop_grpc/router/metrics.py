@@ -58,6 +58,10 @@ class RouterMetrics:
         self.failovers = Counter(
             "agentloop_router_failovers", "Generate calls resumed on another server after tokens", registry=r
         )
+        self.resumes = Counter(
+            "agentloop_router_resumes", "Generations aborted (a weight update's Pause) and resumed with their tokens",
+            registry=r,
+        )
         self.retries = Counter(
             "agentloop_router_retries", "Generate attempts retried, by status code", ["code"], registry=r
         )

@@ -34,3 +34,5 @@ class GenerateResult:
     seconds: float
     #: Images the engine read for the prompt (GenerateCall.media), as the last attempt's server reported.
     prompt_images: int = 0
+    #: Times an ABORT finish was resumed (GenerateCall.max_resumes).
+    resumes: int = 0

@@ -251,10 +251,12 @@ class Router:
         return self._stream_attempts(call, options)
 
     async def _unary_attempts(self, call: GenerateCall) -> GenerateResult:
-        """``generate`` as GenerateUnary calls: each attempt's tokens arrive with its answer; a retried attempt
-        resumes from the tokens received."""
+        """``generate`` as GenerateUnary calls: each attempt's tokens arrive with its answer; a retried attempt, or
+        a resumed ABORT, goes on from the tokens received."""
         progress = self._progress(call)
-        for attempt in range(1, self.config.max_attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             # 1. a server for this attempt; a resumed one may find the lost attempt had in fact finished
             endpoint, default_budget, ended = await self._next_server(progress, attempt)
             if ended is not None:
@@ -263,9 +265,8 @@ class Router:
             # wrapper costs more)
             attempt_id = progress.attempt_id(attempt)
             request = generation_pb2.GenerateUnaryRequest()
-            attempt_request(
-                attempt_id, call, progress.prompt, progress.token_ids, None, request.request, default_budget
-            )
+            attempt_request(attempt_id, call, progress.prompt, progress.token_ids, None, request.request,
+                            default_budget, progress.resumes)
             await self._take_slot(endpoint, progress)
             rpc = endpoint.generate.GenerateUnary(request, timeout=progress.left_s())
             # 3. the answer: every token, then the completion; 4. a retryable failure leaves the block without
@@ -276,18 +277,20 @@ class Router:
                     progress.add(chunk)
                 progress.add(response.complete.tokens)
                 outcome.complete = response.complete
-            if outcome.complete is not None:
+            if outcome.complete is None:
+                await self._backoff(progress.failures)
+            elif not self._resumes(progress, endpoint, outcome.complete):
                 return self._completed(progress, endpoint, outcome.complete)
-            await self._backoff(attempt)
-        raise InfrastructureError(f"generate {progress.base_id} exhausted its attempts")
 
     async def _stream_attempts(
         self, call: GenerateCall, stream_options: generation_pb2.StreamOptions | None
     ) -> AsyncGenerator[TokenChunk | GenerateResult, None]:
         """``stream`` and a streamed ``generate``: each attempt a Generate stream whose tokens are yielded as they
-        arrive; a retried attempt resumes from the tokens received."""
+        arrive; a retried attempt, or a resumed ABORT, goes on from the tokens received."""
         progress = self._progress(call)
-        for attempt in range(1, self.config.max_attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             # 1. a server for this attempt; a resumed one may find the lost stream had in fact finished
             endpoint, default_budget, ended = await self._next_server(progress, attempt)
             if ended is not None:
@@ -296,9 +299,8 @@ class Router:
             # 2. the request, built before a slot is taken: a request that cannot be built holds none
             attempt_id = progress.attempt_id(attempt)
             request = generation_pb2.GenerateRequest()
-            attempt_request(
-                attempt_id, call, progress.prompt, progress.token_ids, stream_options, request, default_budget
-            )
+            attempt_request(attempt_id, call, progress.prompt, progress.token_ids, stream_options, request,
+                            default_budget, progress.resumes)
             await self._take_slot(endpoint, progress)
             rpc = endpoint.generate.Generate(request, timeout=progress.left_s())
             # 3. the tokens, as they arrive; then the completion; 4. a retryable failure leaves the block without
@@ -316,11 +318,22 @@ class Router:
                     yield wire.chunk_from_proto(message.chunk)
                 if outcome.complete is None:
                     raise InfrastructureError(f"{endpoint.address} ended the stream of {attempt_id} without a result")
-            if outcome.complete is not None:
+            if outcome.complete is None:
+                await self._backoff(progress.failures)
+            elif not self._resumes(progress, endpoint, outcome.complete):
                 yield self._completed(progress, endpoint, outcome.complete)
                 return
-            await self._backoff(attempt)
-        raise InfrastructureError(f"generate {progress.base_id} exhausted its attempts")
+
+    def _resumes(self, progress: Progress, endpoint: Endpoint, complete: generation_pb2.GenerateComplete) -> bool:
+        """Whether an attempt that ended with ABORT is resumed (another attempt follows): while the call has
+        resumes left (GenerateCall.max_resumes)."""
+        aborted = complete.finish_reason == generation_pb2.FINISH_REASON_ABORT
+        if not aborted or progress.resumes >= progress.call.max_resumes:
+            return False
+        self.fleet.produced_with(endpoint.address, complete.weight_version)
+        progress.resumes += 1
+        self.metrics.resumes.inc()
+        return True
 
     def _progress(self, call: GenerateCall) -> Progress:
         timeout_s = call.timeout_s or self.config.generate_timeout_s
@@ -420,10 +433,12 @@ class Router:
         if progress.token_ids:
             self.metrics.failovers.inc()
             progress.failovers += 1
+        progress.failures += 1
         log.warning("generate %s: %s from %s (attempt %d)", base_id, code.name, endpoint.address, attempt)
-        if attempt == self.config.max_attempts or time.monotonic() >= progress.deadline:
+        if progress.failures >= self.config.max_attempts or time.monotonic() >= progress.deadline:
             raise InfrastructureError(
-                f"generate {base_id} failed on {attempt} attempts; last: {code.name} from {endpoint.address}"
+                f"generate {base_id} failed on {progress.failures} attempts; last: {code.name} from "
+                f"{endpoint.address}"
             ) from error
 
     async def _backoff(self, attempt: int) -> None:

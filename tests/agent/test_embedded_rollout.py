@@ -117,11 +117,9 @@ async def test_partial_rollout_keeps_every_token_across_a_weight_update(embedded
         reference = await AgentLoopWorker(
             LoopRegistry.default(LoopContext(generator=router, codec=codec, config=config))
         ).run(samples)
-    aborted = [r for r in watch.results if r.finish_reason.value == "abort"]
-    if pause == "abort":
-        assert aborted and all(r.token_ids for r in aborted)  # decoded tokens came back with the abort
-    else:
-        assert not aborted
+    # the Router resumed every aborted generation with its tokens: none ends aborted, and with ABORT some resumed
+    assert not [r for r in watch.results if r.finish_reason.value == "abort"]
+    assert bool([r for r in watch.results if r.resumes]) == (pause == "abort")
     for t, ref in zip(interrupted, reference, strict=True):
         assert not t.failed, t.error
         assert t.termination in (Termination.STOP, Termination.LENGTH)

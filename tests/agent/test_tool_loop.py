@@ -239,8 +239,10 @@ async def test_an_aborted_generation_resumes_from_its_tokens(codec):
     reply = "one two three four five six seven eight nine ten " * 3
     async with loop_context(codec, [reply], engine={"token_latency_s": 0.01}) as (ctx, loops, script):
         t, watched = await _pause_abort_midway(ctx, Sample(sample_id="s", messages=QUESTION, loop="single_turn"), 5)
-    assert [r.finish_reason.value for r in watched.results] == ["abort", "stop"] and watched.results[0].token_ids
+    # the Router resumed it: one call, two engine requests, the second carrying the first's tokens
+    assert [(r.finish_reason.value, r.resumes) for r in watched.results] == [("stop", 1)]
     assert t.resumed_generations == 1 and len(script.requests) == 2
+    assert len(script.requests[1].prompt_ids) > len(script.requests[0].prompt_ids)
     assert list(t.response_ids) == codec.encode(reply) + [EOS]  # nothing lost, nothing twice
     assert t.termination is Termination.STOP
 

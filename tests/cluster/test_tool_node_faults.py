@@ -89,7 +89,7 @@ async def _model_turns_are_the_engines(trajectories: list[Trajectory]) -> int:
                     end = next((i for i in range(start, len(t.response_mask)) if not t.response_mask[i]),
                                len(t.response_mask))
                     params = SamplingConfig(**SAMPLING).params(min(MAX_NEW_TOKENS, RESPONSE_BUDGET - start),
-                                                               seed_offset(t.sample_id, turn, 0))
+                                                               seed_offset(t.sample_id, turn))
                     expected = await reference.generate(GenerateCall(
                         f"ref-{t.sample_id}-{turn}", [*t.prompt_ids, *t.response_ids[:start]], params))
                     assert t.response_ids[start:end] == expected.token_ids, (t.sample_id, turn)

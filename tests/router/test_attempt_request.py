@@ -12,7 +12,7 @@ from agentloop_grpc.common import wire
 from agentloop_grpc.common.prompt import PromptIds
 from agentloop_grpc.common.types import FinishReason, SamplingParams, StructuredOutput
 from agentloop_grpc.router import GenerateCall, Router, RouterConfig
-from agentloop_grpc.router.attempts import attempt_request, ended_before_resume
+from agentloop_grpc.router.attempts import attempt_request, ended_before_resume, resume_seed
 from agentloop_grpc.v1 import generation_pb2
 
 from .conftest import address, fake_servers
@@ -50,16 +50,32 @@ def test_no_sampling_leaves_every_field_to_the_server() -> None:
 
 
 def test_resumed_attempt_asks_only_for_the_remaining_budget_and_leaves_the_call_alone() -> None:
-    sampling = SamplingParams(max_new_tokens=10, temperature=0.0)
+    sampling = SamplingParams(max_new_tokens=10, temperature=0.0, seed=7)
     call = GenerateCall("s", [1, 2, 3], sampling, StructuredOutput("regex", "[a-z]+"))
     grouped = generation_pb2.StreamOptions(min_chunk_tokens=16)
-    request = _request(call, [40, 41], grouped, "r.2")
+    assert _request(call, [], grouped, "r").structured_output.regex == "[a-z]+"
+    request = _request(call, [40, 41], grouped, "r.2")  # a failover: the same seed
     assert request.sampling_params.max_new_tokens == 8
     assert _ids(request.prompt_ids_raw) == [1, 2, 3, 40, 41]
-    assert request.sampling_params.HasField("temperature")
-    assert request.structured_output.regex == "[a-z]+"
+    assert request.sampling_params.HasField("temperature") and request.sampling_params.seed == 7
+    # one rule for every continuation (failover or resumed abort): a grammar cannot resume mid-way, so it is not sent
+    assert not request.HasField("structured_output")
     assert request.stream_options.min_chunk_tokens == 16
     assert call.sampling.max_new_tokens == 10 and list(call.prompt_ids) == [1, 2, 3]
+
+
+def test_each_resumed_abort_has_a_seed_of_its_own_and_a_seedless_call_stays_seedless() -> None:
+    call = GenerateCall("s", [1], SamplingParams(max_new_tokens=10, seed=7))
+    seeds = []
+    for resume in (1, 2, 1):
+        request = generation_pb2.GenerateRequest()
+        attempt_request("r", call, wire.prompt_to_raw([1]), [5], None, request, resume=resume)
+        seeds.append(request.sampling_params.seed)
+    assert seeds[0] == seeds[2] == resume_seed(7, 1) and len({7, *seeds}) == 3  # repeatable, and each its own
+    unseeded = generation_pb2.GenerateRequest()
+    attempt_request("r", GenerateCall("s", [1], SamplingParams(max_new_tokens=10)), wire.prompt_to_raw([1]), [5],
+                    None, unseeded, resume=2)
+    assert not unseeded.sampling_params.HasField("seed")
 
 
 def test_int32_containers_go_as_their_bytes_and_other_ids_are_packed() -> None:
