@@ -2,10 +2,13 @@
 
 Per trajectory: (1) a workspace with a fresh copy of the task's repository (workspace.py; one that cannot be made
 fails the session as infrastructure, by cause); (2) the CLI in it (clis.py), its model the session, within the
-workspace's bounds (one that hangs, crashes or runs past its time is stopped and its session failed by cause:
-``harness_timeout``, ``harness_exited``, ``workspace_memory``, ``workspace_disk``); (3) the task's hidden tests in
-a fresh sandbox on what it left (verifier.py): the reward, posted to the session; (4) the workspace removed. What
-the CLI printed (its tail), its exit code, the final diff and the tests' counts go into the trajectories' metadata.
+workspace's bounds (one that hangs, crashes on a signal or crosses a bound is stopped and its session failed by
+cause: ``harness_timeout``, ``harness_crashed``, ``workspace_memory``, ``workspace_disk``); (3) the task's hidden
+tests in a fresh sandbox on what it left (verifier.py): the reward, posted to the session; (4) the workspace
+removed. A CLI that exits with a non-zero code is scored like one that exits 0: CLIs exit so when the model's turn
+was unusable (Codex on a reply cut at its token limit), an outcome of the model's to train on, not the
+infrastructure's (a CLI that never asked the model leaves no chain: a failure, ``agent_no_turn``). What the CLI
+printed (its tail), its exit code, the final diff and the tests' counts go into the trajectories' metadata.
 """
 
 from __future__ import annotations
@@ -83,9 +86,9 @@ class HarnessPlayer:
                     cause = "harness_timeout" if result.cause == "workspace_timeout" else result.cause
                     raise AgentProgramError(cause, f"the {settings.harness} CLI was stopped: {result.cause} "
                                             f"(bounds: {limits})", metadata)
-                if result.exit_code != 0:
-                    raise AgentProgramError("harness_exited", f"the {settings.harness} CLI exited with code "
-                                            f"{result.exit_code}: {result.output[-400:]}", metadata)
+                if result.exit_code is not None and result.exit_code > 128:  # a signal: no outcome of the model's
+                    raise AgentProgramError("harness_crashed", f"the {settings.harness} CLI was killed by signal "
+                                            f"{result.exit_code - 128}: {result.output[-400:]}", metadata)
                 verdict = await verify(task, workspace.app, settings.root, settings.reward)
         except WorkspaceError as error:
             raise AgentProgramError(error.cause, str(error), metadata) from None

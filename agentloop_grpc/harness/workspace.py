@@ -85,7 +85,8 @@ def serve():
 
 threading.Thread(target=serve, daemon=True).start()
 _, status = os.waitpid(child, 0)
-os._exit(os.waitstatus_to_exitcode(status) % 256)
+code = os.waitstatus_to_exitcode(status)
+os._exit(128 - code if code < 0 else code)  # killed by a signal: 128 + its number, as a shell says it
 """
 
 
@@ -125,7 +126,8 @@ class WorkspaceLimits:
 class RunResult:
     """How a command in the workspace ended."""
 
-    #: Its exit code (negative: killed by that signal); None when the sandbox was killed for a bound.
+    #: Its exit code (killed by a signal: 128 + its number, as a shell reports it); None when the sandbox was killed
+    #: for a bound.
     exit_code: int | None
     #: What it wrote (stdout and stderr), at most ``output_bytes`` of it, decoded.
     output: str

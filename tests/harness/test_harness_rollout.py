@@ -2,7 +2,8 @@
 mini-swe-agent at the versions `make setup` pins, and a command of our own. Two generated tasks each: the scripted
 model fixes the first (reward 1.0) and writes a wrong fix to the second (0.0, all-pass); every trajectory is
 token-exact (the model's tokens are the engine's, each turn with its end of turn) and carries the CLI's exit code,
-output and final diff. A CLI that crashes or runs past its time is a failure by cause."""
+output and final diff. A CLI that crashes or runs past its time is a failure by cause; one that exits non-zero after
+the model's turns is scored by the tests."""
 
 from __future__ import annotations
 
@@ -116,11 +117,16 @@ async def test_each_harness_completes_a_task_token_exact_and_is_rewarded_by_the_
     assert (good.metadata["tests_passed"], wrong.metadata["tests_failed"]) == ("3", "3")
 
 
-async def test_a_cli_that_crashes_or_hangs_is_a_failure_by_cause(tmp_path, engine):
+async def test_a_cli_that_crashes_or_hangs_is_a_failure_by_cause_and_a_non_zero_exit_is_scored(tmp_path, engine):
     address, _ = engine
-    crashed = await _rollout(tmp_path / "a", address, {"harness": "command", "command": ["sh", "-c", "exit 3"]})
-    assert [(t.failed, t.infrastructure_cause) for t in crashed] == [(True, "harness_exited")] * 2
-    assert crashed[0].metadata["exit_code"] == "3"
+    crashed = await _rollout(tmp_path / "a", address, {"harness": "command", "command": ["sh", "-c", "kill -9 $$"]})
+    assert [(t.failed, t.infrastructure_cause) for t in crashed] == [(True, "harness_crashed")] * 2
     hung = await _rollout(tmp_path / "b", address, {"harness": "command", "command": ["sleep", "60"],
                                                     "workspace": {"wall_timeout_s": 1}})
     assert [(t.failed, t.infrastructure_cause) for t in hung] == [(True, "harness_timeout")] * 2
+    # the model's turns, then an exit code of 3 (as Codex exits on a reply cut at its limit): scored by the tests
+    agent = ["sh", "-c", f"python3 {HERE / 'bash_agent.py'} && exit 3"]
+    exited = await _rollout(tmp_path / "c", address, {"harness": "command", "command": agent})
+    assert [(t.failed, t.reward, t.metadata["exit_code"]) for t in exited] == [(False, 1.0, "3"), (False, 0.0, "3")]
+    silent = await _rollout(tmp_path / "d", address, {"harness": "command", "command": ["sh", "-c", "exit 3"]})
+    assert [(t.failed, t.infrastructure_cause) for t in silent] == [(True, "agent_no_turn")] * 2
