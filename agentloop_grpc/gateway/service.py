@@ -34,7 +34,7 @@ from .exchange import ChatReply, ChatRequest, FinishReason, GatewayError, TextDe
 from .history import match, tools_key
 from .metrics import GatewayMetrics
 from .sessions import Fork, Session, SessionSpec, SessionTable
-from .turn import Turn, TurnOutput, TurnSpec, token_logprobs
+from .turn import TurnOutput, TurnRun, TurnSpec, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class SessionGateway:
             # 4. the turn
             started = time.monotonic()
             out: TurnOutput | None = None
-            async for event in Turn(self.router, self.codec, spec, frozenset(self._stop_ids)).run():
+            async for event in TurnRun(self.router, self.codec, spec, frozenset(self._stop_ids)).run():
                 if isinstance(event, TurnOutput):
                     out = event
                 elif request.stream:

@@ -69,8 +69,9 @@ class TurnSpec:
     settled: Callable[[str], str] | None = None
 
 
-class Turn:
-    """Generates one turn; ``run()`` yields TextDeltas (when asked) and then the TurnOutput."""
+class TurnRun:
+    """Runs one model turn of a session (the agent loops' finished turn is ``agent.generation.Turn``); ``run()``
+    yields TextDeltas (when asked) and then the TurnOutput."""
 
     def __init__(self, router: Router, codec: ChatCodec, spec: TurnSpec, end_ids: frozenset[int]) -> None:
         self.router = router

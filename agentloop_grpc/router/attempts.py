@@ -23,7 +23,7 @@ from .call import GenerateCall
 from .result import GenerateResult
 
 
-class Progress:
+class CallProgress:
     """One generate call over its attempts: its ids and deadline, every attempt's tokens in order (with aligned
     logprobs, alternatives and weight versions), the servers that served it and those that just failed it."""
 

@@ -29,7 +29,7 @@ from agentloop_grpc.common import wire
 from agentloop_grpc.common.types import FinishReason, SamplingParams, TokenChunk
 from agentloop_grpc.v1 import generation_pb2
 
-from .attempts import Progress, attempt_request, ended_before_resume
+from .attempts import CallProgress, attempt_request, ended_before_resume
 from .call import GenerateCall
 from .config import Placement, RouterConfig
 from .discovery import discovery_addresses, discovery_config
@@ -40,7 +40,7 @@ from .fleet import Fleet
 from .policy import STICKY, Decision, Hints, choose_server, decision_for, keeps, place
 from .prefix_index import PrefixIndex
 from .result import GenerateResult
-from .sessions import SessionTable
+from .sessions import StickySessions
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Router:
         self.fleet = Fleet(servers, config, discovery_file)
         self.config = self.fleet.config
         self.metrics = self.fleet.metrics
-        self._sessions = SessionTable(self.config.max_sessions, self.config.session_ttl_s)
+        self._sessions = StickySessions(self.config.max_sessions, self.config.session_ttl_s)
         # as an enum whatever the config holds: one copied with model_copy(update=...) may hold a plain string
         self._placement = Placement(self.config.placement)
         self._prefixes = PrefixIndex(self.config.prefix_index_blocks, self.config.prefix_block_tokens)
@@ -142,7 +142,7 @@ class Router:
                 log.debug("EndSessions on %s failed: %s", address, error.code().name)
                 return
 
-    async def _pick(self, progress: Progress, avoid: set[str]) -> Endpoint:
+    async def _pick(self, progress: CallProgress, avoid: set[str]) -> Endpoint:
         """Choose a server for the session's next request (preferring servers not in ``avoid``, which just failed
         this request), waiting a bounded time for one."""
         fleet, config, call, deadline = self.fleet, self.config, progress.call, progress.deadline
@@ -170,7 +170,7 @@ class Router:
         return fleet.endpoint(address)
 
     async def _place(
-        self, progress: Progress, current: str | None, loads: dict[str, int], avoid: set[str]
+        self, progress: CallProgress, current: str | None, loads: dict[str, int], avoid: set[str]
     ) -> tuple[str, Decision]:
         """cache_aware's choice for a session that is new or leaves its server: group, prefix and KV pressure."""
         fleet, call, deadline = self.fleet, progress.call, progress.deadline
@@ -324,7 +324,7 @@ class Router:
                 yield self._completed(progress, endpoint, outcome.complete)
                 return
 
-    def _resumes(self, progress: Progress, endpoint: Endpoint, complete: generation_pb2.GenerateComplete) -> bool:
+    def _resumes(self, progress: CallProgress, endpoint: Endpoint, complete: generation_pb2.GenerateComplete) -> bool:
         """Whether an attempt that ended with ABORT is resumed (another attempt follows): while the call has
         resumes left (GenerateCall.max_resumes)."""
         aborted = complete.finish_reason == generation_pb2.FINISH_REASON_ABORT
@@ -335,13 +335,13 @@ class Router:
         self.metrics.resumes.inc()
         return True
 
-    def _progress(self, call: GenerateCall) -> Progress:
+    def _progress(self, call: GenerateCall) -> CallProgress:
         timeout_s = call.timeout_s or self.config.generate_timeout_s
         base_id = call.request_id or self._new_request_id()
-        return Progress(call, base_id, timeout_s, self.metrics.first_token_seconds.observe)
+        return CallProgress(call, base_id, timeout_s, self.metrics.first_token_seconds.observe)
 
     async def _next_server(
-        self, progress: Progress, attempt: int
+        self, progress: CallProgress, attempt: int
     ) -> tuple[Endpoint, int, GenerateResult | None]:
         """The server of the next attempt and its default budget (0: none known); with the result when the tokens
         received before a failure already end the generation (only its final message was missing)."""
@@ -356,7 +356,7 @@ class Router:
                 return endpoint, default_budget, self._result(progress, *ended, 0, len(progress.call.media))
         return endpoint, default_budget, None
 
-    async def _take_slot(self, endpoint: Endpoint, progress: Progress) -> None:
+    async def _take_slot(self, endpoint: Endpoint, progress: CallProgress) -> None:
         """One of the endpoint's call slots, waited for until the call's deadline at most."""
         if not await endpoint.take_slot(progress.deadline):
             raise InfrastructureError(
@@ -365,7 +365,7 @@ class Router:
             )
 
     def _completed(
-        self, progress: Progress, endpoint: Endpoint, complete: generation_pb2.GenerateComplete
+        self, progress: CallProgress, endpoint: Endpoint, complete: generation_pb2.GenerateComplete
     ) -> GenerateResult:
         self.fleet.produced_with(endpoint.address, complete.weight_version)
         if complete.HasField("load"):  # the server's load after this request: its next poll can wait
@@ -375,7 +375,7 @@ class Router:
         return self._result(progress, finish_reason, matched, complete.cached_prompt_tokens, complete.prompt_images)
 
     def _result(
-        self, progress: Progress, finish_reason: FinishReason, matched: int | None, cached: int, images: int
+        self, progress: CallProgress, finish_reason: FinishReason, matched: int | None, cached: int, images: int
     ) -> GenerateResult:
         elapsed = time.monotonic() - progress.started
         self.metrics.generate_seconds.observe(elapsed)
@@ -387,7 +387,7 @@ class Router:
         return f"{self._request_id_prefix}-{next(self._request_counter)}"
 
     def _begin_attempt(
-        self, endpoint: Endpoint, progress: Progress, attempt_id: str, call: grpc.aio.Call, unary: bool
+        self, endpoint: Endpoint, progress: CallProgress, attempt_id: str, call: grpc.aio.Call, unary: bool
     ) -> None:
         """An attempt holding one of the endpoint's call slots has started ``call``."""
         endpoint.begin_request(call)
@@ -396,7 +396,7 @@ class Router:
         self._attempt_counters[unary].inc()
 
     def _end_attempt(
-        self, endpoint: Endpoint, progress: Progress, attempt_id: str, call: grpc.aio.Call, finished: bool
+        self, endpoint: Endpoint, progress: CallProgress, attempt_id: str, call: grpc.aio.Call, finished: bool
     ) -> None:
         """An attempt is over (finished, failed, cancelled or closed early): free its slot, and free the engine of
         it unless it finished."""
@@ -416,7 +416,7 @@ class Router:
                 self._spawn(self._abort_on(endpoint, [attempt_id]))
 
     def _attempt_failed(
-        self, error: grpc.aio.AioRpcError, endpoint: Endpoint, progress: Progress, attempt: int
+        self, error: grpc.aio.AioRpcError, endpoint: Endpoint, progress: CallProgress, attempt: int
     ) -> None:
         """Raise unless the failure is worth another attempt; count a failover when tokens had been received (the
         next attempt resumes from them)."""
@@ -466,7 +466,7 @@ class _Attempt:
     __slots__ = ("_endpoint", "_number", "_progress", "_request_id", "_router", "_rpc", "_unary", "complete")
 
     def __init__(
-        self, router: Router, endpoint: Endpoint, progress: Progress, number: int, request_id: str,
+        self, router: Router, endpoint: Endpoint, progress: CallProgress, number: int, request_id: str,
         rpc: grpc.aio.Call, unary: bool,
     ) -> None:
         self._router, self._endpoint, self._progress, self._number = router, endpoint, progress, number

@@ -1,4 +1,4 @@
-"""SessionTable: where each live session's requests go, for affinity (its prefix cache stays on one server), and
+"""StickySessions: where each live session's requests go, for affinity (its prefix cache stays on one server), and
 where each live GRPO group's sessions are, for group affinity (its prompt is prefilled once per group and server).
 
 A session is remembered from its first request until its trajectory ends (``close``: the loops and the gateway say
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 _NO_SERVERS: Mapping[str, int] = {}
 
 
-class SessionTable:
+class StickySessions:
     """Session id -> server address (and group), bounded in count and idle time (see the module docstring)."""
 
     def __init__(self, max_sessions: int, ttl_s: float) -> None:

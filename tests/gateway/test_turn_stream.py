@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from agentloop_grpc.common.types import FinishReason, SamplingParams, TokenChunk
 from agentloop_grpc.gateway.exchange import TextDelta
-from agentloop_grpc.gateway.turn import Turn, TurnOutput, TurnSpec
+from agentloop_grpc.gateway.turn import TurnOutput, TurnRun, TurnSpec
 from agentloop_grpc.router import GenerateResult
 
 EOS = 2
@@ -33,7 +33,7 @@ async def test_the_end_of_turn_token_streams_neither_as_text_nor_as_a_logprob(co
                             FinishReason.STOP, EOS, 5, 0, ("a",), 0, 0.1)
     spec = TurnSpec("s", [1, 2, 3], (), SamplingParams(16, logprobs=True, top_logprobs=1), None, (), 10.0, 0, True,
                     True)
-    events = [e async for e in Turn(RecordedStream([*chunks, result]), codec, spec, frozenset({EOS})).run()]
+    events = [e async for e in TurnRun(RecordedStream([*chunks, result]), codec, spec, frozenset({EOS})).run()]
     deltas = [e for e in events if isinstance(e, TextDelta)]
     (out,) = [e for e in events if isinstance(e, TurnOutput)]
     assert "".join(d.text for d in deltas) == "Hi there." == out.visible

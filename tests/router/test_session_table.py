@@ -3,11 +3,11 @@ the loops and the gateway release their sessions when their trajectories end."""
 
 from __future__ import annotations
 
-from agentloop_grpc.router.sessions import SessionTable
+from agentloop_grpc.router.sessions import StickySessions
 
 
 def test_ended_sessions_are_forgotten_and_idle_ones_expire():
-    table = SessionTable(max_sessions=3, ttl_s=10.0)
+    table = StickySessions(max_sessions=3, ttl_s=10.0)
     table.remember("a", "s1", now=0.0)
     table.remember("b", "s2", now=1.0)
     assert (table.get("a"), table.get("b"), len(table)) == ("s1", "s2", 2)
@@ -27,7 +27,7 @@ def test_ended_sessions_are_forgotten_and_idle_ones_expire():
 def test_a_million_sessions_leave_memory_flat():
     """1,000,000 trajectories, 64 in flight at a time, each closing its session as loops do, and every tenth never
     closed (a crashed worker): the table ends as small as it was after the first thousand, however many ran."""
-    table = SessionTable(max_sessions=100_000, ttl_s=60.0)
+    table = StickySessions(max_sessions=100_000, ttl_s=60.0)
     now, sizes = 0.0, []
     for i in range(1_000_000):
         now += 0.001  # 1000 trajectories a second: one left open lives 60 s, i.e. 60,000 trajectories
@@ -41,7 +41,7 @@ def test_a_million_sessions_leave_memory_flat():
 
 
 def test_a_group_is_known_only_while_one_of_its_sessions_is():
-    table = SessionTable(max_sessions=4, ttl_s=10.0)
+    table = StickySessions(max_sessions=4, ttl_s=10.0)
     for i, server in enumerate(["s1", "s1", "s2"]):
         table.remember(f"g-{i}", server, now=0.0, group_id="g")
     table.remember("other", "s2", now=0.0)
@@ -62,7 +62,7 @@ def test_a_group_is_known_only_while_one_of_its_sessions_is():
 def test_a_million_grouped_sessions_leave_no_group_behind():
     """GRPO groups of 8 over 256 servers, every session closed as the loops do but every tenth group abandoned: the
     groups known are those of live sessions, as few after 1,000,000 sessions as after 100,000."""
-    table = SessionTable(max_sessions=100_000, ttl_s=60.0)
+    table = StickySessions(max_sessions=100_000, ttl_s=60.0)
     now, sizes = 0.0, []
     for i in range(1_000_000):
         now += 0.001

@@ -117,8 +117,8 @@ class AgentloopLLMClient(LLMServerClient):
             await router.close()
 
     def _rollout_defaults(self) -> _RolloutDefaults:
-        """What every call takes from the rollout config, read at the first call: a read of verl's OmegaConf config
-        costs microseconds, and six of them a turn were ~50 us of the client's CPU (agentloop_grpc/router/NOTES.md)."""
+        """What every call takes from the rollout config, read at the first call: reads of verl's OmegaConf config
+        are slow enough to show in the client's CPU per turn (agentloop_grpc/router/NOTES.md)."""
         if self._rollout is None:
             rollout = self.config.actor_rollout_ref.rollout
             defaults = {name: rollout.get(name) for name in ("repetition_penalty", "ignore_eos")
