@@ -6,7 +6,7 @@ at the trajectory's gateway session (the sandbox is the CLI's only boundary, so 
 - ``claude-code``: ``claude -p`` with ANTHROPIC_BASE_URL at the session (it adds ``/v1/messages``), permissions
   skipped (IS_SANDBOX=1 allows that as root), telemetry and updates off;
 - ``mini-swe-agent``: ``mini`` from its own venv, the model ``openai/<model>`` through litellm at the session's
-  ``/v1``, yolo mode, no cost limit, exiting when done;
+  ``/v1``, yolo mode, no cost limit but a step limit, exiting when done;
 - ``command``: a command line of yours, given the same environment as a gateway command agent (OPENAI_BASE_URL,
   ANTHROPIC_BASE_URL, their keys) and the instruction in AGENTLOOP_INSTRUCTION.
 
@@ -28,6 +28,9 @@ _REPO = Path(__file__).resolve().parents[2]
 NPM_PACKAGES = _REPO / "harnesses" / "node_modules"
 MINI_SWE_AGENT_VENV = _REPO / ".venv" / "harnesses" / "mini-swe-agent"
 _PROGRAMS = {"codex": "codex", "claude-code": "claude", "mini-swe-agent": "mini"}
+#: mini-swe-agent's own bound on model calls (its default is none, and with no cost limit nothing else ends an agent
+#: whose model never submits; the workspace's wall time would, as a failure).
+MINI_SWE_AGENT_STEP_LIMIT = 64
 
 
 class HarnessError(Exception):
@@ -98,5 +101,6 @@ def launch(harness: HarnessName, instruction: str, session_id: str, key: str, mo
     env = {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": f"{base}/v1", "MSWEA_CONFIGURED": "true",
            "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     argv = (str(program), "-t", instruction, "--yolo", "--exit-immediately", "-l", "0", "-m", f"openai/{model}",
-            "-c", "mini.yaml", "-c", f"model.model_kwargs.api_base={base}/v1", "-o", f"{HOME}/trajectory.json")
+            "-c", "mini.yaml", "-c", f"model.model_kwargs.api_base={base}/v1",
+            "-c", f"agent.step_limit={MINI_SWE_AGENT_STEP_LIMIT}", "-o", f"{HOME}/trajectory.json")
     return Launch(argv, env, binds)

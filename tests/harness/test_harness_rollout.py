@@ -130,3 +130,16 @@ async def test_a_cli_that_crashes_or_hangs_is_a_failure_by_cause_and_a_non_zero_
     assert [(t.failed, t.reward, t.metadata["exit_code"]) for t in exited] == [(False, 1.0, "3"), (False, 0.0, "3")]
     silent = await _rollout(tmp_path / "d", address, {"harness": "command", "command": ["sh", "-c", "exit 3"]})
     assert [(t.failed, t.infrastructure_cause) for t in silent] == [(True, "agent_no_turn")] * 2
+
+
+def test_each_cli_is_started_unattended_with_its_model_at_the_session() -> None:
+    from agentloop_grpc.harness.clis import MINI_SWE_AGENT_STEP_LIMIT, launch
+
+    codex = launch("codex", "Fix it.", "s1", "key", "agentloop")
+    assert "--dangerously-bypass-approvals-and-sandbox" in codex.argv and codex.argv[-1] == "Fix it."
+    assert 'base_url = "http://127.0.0.1:8000/sessions/s1/v1"' in codex.files[".codex/config.toml"]
+    claude = launch("claude-code", "Fix it.", "s1", "key", "agentloop")
+    assert claude.env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8000/sessions/s1" and "-p" in claude.argv
+    # mini-swe-agent has no step limit of its own: an agent whose model never submits would run to the wall time
+    mini = launch("mini-swe-agent", "Fix it.", "s1", "key", "agentloop")
+    assert f"agent.step_limit={MINI_SWE_AGENT_STEP_LIMIT}" in mini.argv and "--yolo" in mini.argv
