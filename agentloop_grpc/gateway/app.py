@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import json
-import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -33,8 +31,9 @@ from .anthropic_messages import ANTHROPIC_MESSAGES
 from .exchange import ChatReply, GatewayError, TextDelta
 from .openai_chat import OPENAI_CHAT
 from .openai_responses import OPENAI_RESPONSES
+from .request_body import read_json
 from .service import SessionGateway
-from .sessions import SESSION_ID_PATTERN, SessionSpec
+from .sessions import BAD_SESSION_ID, SessionSpec, is_session_id
 from .trajectory_json import trajectory_json
 from .wire import WireFormat
 
@@ -70,7 +69,7 @@ def create_app(gateway: SessionGateway, user_token: str | None = None, admin_tok
         with metrics.latency.labels(fmt.name).time():
             try:
                 _check_session_id(session_id)
-                chat = fmt.parse(await _read_json(request, limits.max_body_bytes), limits)
+                chat = fmt.parse(await read_json(request, limits.max_body_bytes), limits)
                 events = gateway.chat_stream(session_id, chat)
                 if not chat.stream:
                     reply = None
@@ -117,7 +116,7 @@ def create_app(gateway: SessionGateway, user_token: str | None = None, admin_tok
     @app.post("/sessions")
     async def create_session(request: Request) -> Response:
         async def action() -> dict[str, Any]:
-            body = await _read_json(request, limits.max_body_bytes, empty_ok=True)
+            body = await read_json(request, limits.max_body_bytes, empty_ok=True)
             return gateway.create(_model(SessionSpec, body or {})).summary()
         return await control(request, action)
 
@@ -136,7 +135,7 @@ def create_app(gateway: SessionGateway, user_token: str | None = None, admin_tok
     @app.post("/sessions/{session_id}/reward")
     async def reward(session_id: str, request: Request) -> Response:
         async def action() -> dict[str, Any]:
-            body = _model(RewardBody, await _read_json(request, limits.max_body_bytes))
+            body = _model(RewardBody, await read_json(request, limits.max_body_bytes))
             gateway.set_reward(session_id, body.reward, body.metrics)
             return gateway.sessions.get(session_id).summary()
         return await control(request, action)
@@ -167,26 +166,8 @@ def _token(request: Request) -> str | None:
 
 
 def _check_session_id(session_id: str) -> None:
-    if not re.match(SESSION_ID_PATTERN, session_id):
-        raise GatewayError("the session id must be 1-128 letters, digits or ._:-", status=400, param="session_id")
-
-
-async def _read_json(request: Request, max_bytes: int, empty_ok: bool = False) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise GatewayError(f"the body has {declared} bytes, more than max_body_bytes={max_bytes}", status=413,
-                           kind="too_large")
-    body = bytearray()
-    async for piece in request.stream():  # a chunked body is counted as it comes
-        body += piece
-        if len(body) > max_bytes:
-            raise GatewayError(f"the body is more than max_body_bytes={max_bytes}", status=413, kind="too_large")
-    if not body and empty_ok:
-        return None
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as error:
-        raise GatewayError(f"the body is not valid JSON ({error})") from None
+    if not is_session_id(session_id):
+        raise GatewayError(BAD_SESSION_ID, status=400, param="session_id")
 
 
 def _model(cls: type[BaseModel], body: Any) -> Any:

@@ -8,12 +8,13 @@ for ``session_ttl_s`` (counted), so an agent that never finishes its session lea
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .chain import Chain
 from .config import ForcedSampling, GatewayLimits
@@ -21,8 +22,17 @@ from .exchange import GatewayError
 
 #: Names of ignored fields one session keeps (a hostile client could send endless new ones).
 MAX_IGNORED_PER_SESSION = 256
-#: A session id: letters, digits and ``._:-``, as it appears in a URL path.
-SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
+#: A session id: letters, digits and ``._:-``, as it appears in a URL path (whole: fullmatch, so no final newline).
+SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+#: Ids that read as paths (``.`` and ``..``), refused though they fit the pattern.
+PATH_LIKE_SESSION_IDS = frozenset({".", ".."})
+#: The error a session id that is not one gets, in the route and in POST /sessions alike.
+BAD_SESSION_ID = "the session id must be 1-128 letters, digits or ._:-, and not . or .."
+
+
+def is_session_id(session_id: str) -> bool:
+    """The one check of a session id, for the URL path and POST /sessions alike."""
+    return SESSION_ID_PATTERN.fullmatch(session_id) is not None and session_id not in PATH_LIKE_SESSION_IDS
 
 
 class SessionSpec(BaseModel):
@@ -30,7 +40,7 @@ class SessionSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN, description="None: the gateway makes one.")
+    session_id: str | None = Field(None, description="None: the gateway makes one.")
     sample_id: str | None = Field(None, max_length=256, description="The trajectory's sample id (None: the "
                                   "session id); forks add /fork-N.")
     group_id: str = Field("", max_length=256, description="The GRPO group: sessions of one prompt share it.")
@@ -39,6 +49,13 @@ class SessionSpec(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict, description="Anything else, kept with the session.")
     sampling: ForcedSampling | None = Field(None, description="This session's forced sampling, over the gateway's "
                                             "(e.g. greedy for a validation sample); None: the gateway's.")
+
+    @field_validator("session_id")
+    @classmethod
+    def _session_id(cls, session_id: str | None) -> str | None:
+        if session_id is not None and not is_session_id(session_id):
+            raise ValueError(BAD_SESSION_ID)
+        return session_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,21 @@ async def post(client: httpx.AsyncClient, path: str, body, headers: dict | None 
     return await client.post(path, content=content, headers={"content-type": "application/json", **(headers or {})})
 
 
+async def raw_http(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """``request`` sent as bytes on a new connection, read until the server closes it: status, headers, body."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        answer = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
 async def test_malformed_requests_are_4xx_naming_the_field_and_the_gateway_goes_on(codec):
     limits = GatewayLimits(max_body_bytes=1_000_000, max_messages=100)
     async with scripted_gateway(codec, ["Fine."], GatewayConfig(limits=limits)) as g, \
@@ -166,3 +181,54 @@ async def test_forced_sampling_and_the_response_budget_hold_whatever_the_agent_a
         session, (t,) = await g.gateway.finish("b1")
     # the first turn's 16, the user turn's delta, and the second turn to the budget's end exactly
     assert len(t.response_ids) == 30 and t.termination.value == "length" and t.assistant_turns == 2
+
+
+async def test_session_ids_are_checked_whole_in_one_place_and_path_like_ids_are_refused(codec):
+    """A final newline passed ``re.match`` in the route and failed when the session was made (a 500); ``.`` and
+    ``..`` read as paths. Each is a 400 in the route's own shape, and POST /sessions agrees."""
+    async with scripted_gateway(codec, ["Ok."]) as g, httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+        for session_id in ["abc%0A", "abc%0D%0A", "a" * 129]:
+            chat = await post(http, f"/sessions/{session_id}/v1/chat/completions", {"model": "m", "messages": QUESTION})
+            assert chat.status_code == 400, (session_id, chat.text)
+            assert chat.json()["error"]["param"] == "session_id"
+            messages = await post(http, f"/sessions/{session_id}/v1/messages",
+                                  {"model": "m", "max_tokens": 8, "messages": QUESTION})
+            assert messages.status_code == 400 and messages.json()["type"] == "error", (session_id, messages.text)
+        for session_id in [".", "..", "%2E%2E"]:  # as sent: httpx would resolve them away
+            body = json.dumps({"model": "m", "messages": QUESTION}).encode()
+            status, _, answer = await raw_http(g.url, b"POST /sessions/%s/v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                                               b"content-type: application/json\r\ncontent-length: %d\r\n"
+                                               b"connection: close\r\n\r\n%s" % (session_id.encode(), len(body), body))
+            assert status == 400 and json.loads(answer)["error"]["param"] == "session_id", (session_id, answer)
+        for session_id in ["nl\n", ".", "..", ""]:
+            created = await post(http, "/sessions", {"session_id": session_id})
+            assert created.status_code == 400 and created.json()["error"]["param"] == "session_id", created.text
+        assert len(g.gateway.sessions) == 0
+        assert (await post(http, "/sessions", {"session_id": "a.b:c-1_"})).status_code == 200
+
+
+async def test_a_lone_surrogate_or_an_endless_integer_is_a_400_naming_its_path_on_every_api(codec):
+    """Valid JSON that nothing downstream can hold: a lone surrogate reached the tokenizer (a TypeError, 500);
+    a 5000-digit reward was called "not valid JSON". Each is refused where the body is decoded."""
+    async with scripted_gateway(codec, ["Ok."]) as g, httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+        lone = '{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"\\ud800x"}]}'
+        for route in ["chat/completions", "messages"]:
+            reply = await post(http, f"/sessions/s1/v1/{route}", lone)
+            assert reply.status_code == 400, (route, reply.text)
+            body = reply.json()
+            message = body["error"]["message"]
+            assert message.startswith("messages[0].content: ") and "Unicode" in message, body
+            assert body["error"]["param"] == "messages[0].content" if route == "chat/completions" else \
+                body["type"] == "error"
+        responses = await post(http, "/sessions/s1/v1/responses", '{"model":"m","input":"\\udfffx"}')
+        assert responses.status_code == 400 and responses.json()["error"]["param"] == "input", responses.text
+        key = await post(http, "/sessions", '{"session_id":"s2","metadata":{"\\ud800":"x"}}')
+        assert key.status_code == 400 and key.json()["error"]["param"] == "metadata", key.text
+        await post(http, "/sessions", {"session_id": "s3"})
+        huge = await post(http, "/sessions/s3/reward", '{"reward": ' + "9" * 5000 + "}")
+        assert huge.status_code == 400 and huge.json()["error"]["param"] == "reward", huge.text
+        assert "5000 digits" in huge.json()["error"]["message"] and "JSON" not in huge.json()["error"]["message"]
+        assert (await post(http, "/sessions/s3/reward", {"reward": 10**40})).status_code == 200
+        emoji = await post(http, "/sessions/s1/v1/chat/completions",  # a surrogate pair is one valid character
+                           '{"model":"m","messages":[{"role":"user","content":"\\ud83d\\ude00"}]}')
+        assert emoji.status_code == 200, emoji.text
