@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .anthropic_messages import ANTHROPIC_MESSAGES
 from .exchange import ChatReply, GatewayError, TextDelta
@@ -147,6 +149,13 @@ def create_app(gateway: SessionGateway, user_token: str | None = None, admin_tok
             return {"session": session.summary(), "trajectories": [trajectory_json(t) for t in trajectories]}
         return await control(request, action)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def unrouted(request: Request, error: StarletteHTTPException) -> Response:
+        """No such route or method: still the error shape of the API the path names."""
+        return _error_response(wire_format_of(request.url.path), GatewayError(
+            str(error.detail), status=error.status_code, kind="not_found" if error.status_code == 404
+            else "invalid_request"))
+
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -177,6 +186,18 @@ def _model(cls: type[BaseModel], body: Any) -> Any:
         first = error.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "the body"
         raise GatewayError(f"{where}: {first['msg']}", param=where) from None
+
+
+def wire_format_of(path: str) -> WireFormat:
+    """Whose error shape a path's errors take: the API it names; OpenAI's for the session routes and the rest."""
+    if path.endswith("/v1/messages"):
+        return ANTHROPIC_MESSAGES
+    return OPENAI_RESPONSES if path.endswith("/v1/responses") else OPENAI_CHAT
+
+
+def refusal_body(path: str, error: GatewayError) -> bytes:
+    """What the HTTP server answers in the app's stead (an unparsable or timed-out request) to ``path``."""
+    return json.dumps(wire_format_of(path).error(error)).encode()
 
 
 def _error_response(fmt: WireFormat, error: GatewayError) -> JSONResponse:

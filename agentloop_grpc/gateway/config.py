@@ -39,6 +39,16 @@ class GatewayLimits(BaseModel):
     max_sessions: int = Field(100_000, ge=1, description="Live sessions; creating one more is a 429.")
     session_ttl_s: float = Field(
         3600.0, gt=0, description="A session untouched this long is dropped (its trajectories with it; counted).")
+    header_timeout_s: float = Field(
+        30.0, gt=0, description="A request's line and headers must arrive within this of its first byte (a 408 "
+        "and the connection closed beyond).")
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="A request's body must arrive within this of its headers' end (a 408 in the API's "
+        "error shape and the connection closed beyond).")
+    idle_timeout_s: float = Field(
+        60.0, gt=0, description="A connection with no request under way is closed after this (longer than "
+        "clients keep idle connections, 5 s for httpx, so that they close first).")
+    max_connections: int = Field(4096, ge=1, description="Open connections; one more is closed as it is accepted.")
 
 
 class GatewayConfig(BaseModel):

@@ -37,6 +37,6 @@ async def serve_agents(router: Router, codec: ChatCodec, config: GatewayConfig, 
     keys = SessionKeys(token)
     app = create_app(gateway, user_token=token)
     keys.install(app)
-    async with serve_app(app) as url:
+    async with serve_app(app, limits=config.limits) as url:
         yield ExternalAgents(gateway, url, keys, program, max_concurrency=max_concurrency, timeout_s=timeout_s,
                              log_dir=log_dir, posted_reward=posted_reward, select=select)

@@ -43,7 +43,7 @@ async def serve_gateway(
         gateway = SessionGateway(fleet, codec, config)
         app = create_app(gateway, user_token, admin_token)
         url = await stack.enter_async_context(serve_app(
-            app, host, port, security.cert_file, security.key_file))
+            app, host, port, security.cert_file, security.key_file, config.limits))
         if on_listening is not None:
             on_listening(url)
         await stop.wait()

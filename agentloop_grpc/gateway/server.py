@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+
+from .app import refusal_body
+from .config import GatewayLimits
+from .http_connection import GatewayConnection
 
 
 class _Server(uvicorn.Server):
@@ -20,9 +25,14 @@ class _Server(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def serve_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, certificate: str | Path | None = None,
-                    private_key: str | Path | None = None) -> AsyncIterator[str]:
-    """Serve ``app`` until the block ends; yields its base URL (``http(s)://host:port``)."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                    private_key: str | Path | None = None, limits: GatewayLimits | None = None) -> AsyncIterator[str]:
+    """Serve ``app`` until the block ends; yields its base URL (``http(s)://host:port``). ``limits``: the gateway's
+    (None: the defaults), whose timeouts and connection bound its connections keep (see http_connection)."""
+    limits = limits or GatewayLimits()
+    connection = functools.partial(GatewayConnection, limits=limits, refusal=refusal_body)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", ws="none",
+                            http=connection,  # type: ignore[arg-type]  # uvicorn calls it as it would a class
+                            timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]  # a float works
                             ssl_certfile=str(certificate) if certificate else None,
                             ssl_keyfile=str(private_key) if private_key else None, timeout_graceful_shutdown=5)
     server = _Server(config)

@@ -70,5 +70,6 @@ async def scripted_gateway(
         await router.fleet.wait_ready()
         gateway = SessionGateway(router, codec, config or GatewayConfig())
         url = await stack.enter_async_context(serve_app(create_app(gateway, user_token, admin_token),
-                                                        certificate=tls and tls[0], private_key=tls and tls[1]))
+                                                        certificate=tls and tls[0], private_key=tls and tls[1],
+                                                        limits=gateway.config.limits))
         yield GatewayHarness(url, gateway, script, router, address, stack)

@@ -4,6 +4,7 @@ gateway stays healthy and other sessions go on. Also tokens, the session TTL, th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -232,3 +233,71 @@ async def test_a_lone_surrogate_or_an_endless_integer_is_a_400_naming_its_path_o
         emoji = await post(http, "/sessions/s1/v1/chat/completions",  # a surrogate pair is one valid character
                            '{"model":"m","messages":[{"role":"user","content":"\\ud83d\\ude00"}]}')
         assert emoji.status_code == 200, emoji.text
+
+
+async def trickled(url: str, head: bytes, drip: bytes, every_s: float = 0.05) -> tuple[bytes, float]:
+    """Send ``head``, then ``drip`` every ``every_s`` for as long as the server keeps the connection open: what it
+    answered and after how many seconds it closed."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    start = asyncio.get_running_loop().time()
+
+    async def drip_on() -> None:
+        writer.write(head)
+        while True:
+            await asyncio.sleep(every_s)
+            writer.write(drip)
+
+    dripping = asyncio.create_task(drip_on())
+    try:
+        answer = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        dripping.cancel()
+        writer.close()
+    with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+        await dripping
+    return answer, asyncio.get_running_loop().time() - start
+
+
+async def test_slow_and_idle_clients_are_closed_and_the_connection_bound_holds(codec):
+    """A client trickling its headers or body, or sending nothing, held its connection for ever (50 of them for
+    30 s in the issue): each phase has its deadline, a timed-out request gets a 408 in its route's shape, and
+    past max_connections a connection is closed as it is accepted."""
+    limits = GatewayLimits(header_timeout_s=0.5, body_timeout_s=0.5, idle_timeout_s=0.5, max_connections=8)
+    async with scripted_gateway(codec, ["Ok."], GatewayConfig(limits=limits)) as g:
+        head = b"POST /sessions/s1/v1/messages HTTP/1.1\r\nhost: x\r\n"
+        answer, took = await trickled(g.url, head, b"x-slow: 1\r\n")
+        assert answer.startswith(b"HTTP/1.1 408 ") and 0.4 < took < 3, (answer, took)
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["type"] == "invalid_request_error"
+        body_head = b"POST /sessions/s1/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 9999\r\n\r\n{"
+        answer, took = await trickled(g.url, body_head, b" ")
+        assert answer.startswith(b"HTTP/1.1 408 ") and 0.4 < took < 3, (answer, took)
+        assert "body_timeout_s=0.5" in json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["message"]
+        # a route that never reads its body answers at once; the trickled rest is still cut off
+        answer, took = await trickled(g.url, b"GET /health HTTP/1.1\r\nhost: x\r\ncontent-length: 9999\r\n\r\n", b" ")
+        assert answer.startswith(b"HTTP/1.1 200 ") and 0.4 < took < 3, (answer, took)
+        answer, took = await trickled(g.url, b"", b"", every_s=10)  # connects and says nothing
+        assert answer == b"" and 0.4 < took < 3, took
+        # the parser's own refusals are in the route's shape too
+        status, headers, body = await raw_http(g.url, b"POST /sessions/s1/v1/messages HTTP/1.1\r\nhost: x\r\n"
+                                               b"content-length: -5\r\n\r\n")
+        assert status == 400 and headers["content-type"] == "application/json", body
+        assert json.loads(body)["type"] == "error"
+        # max_connections: 8 open (idle), the 9th is closed at once, well before the idle timeout
+        host, port = g.url.removeprefix("http://").split(":")
+        held = [await asyncio.open_connection(host, int(port)) for _ in range(8)]
+        try:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            start = asyncio.get_running_loop().time()
+            assert await asyncio.wait_for(reader.read(), 30) == b""
+            assert asyncio.get_running_loop().time() - start < 0.3
+            writer.close()
+        finally:
+            for _, w in held:
+                w.close()
+        async with httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+            assert (await http.get("/health")).json() == {"status": "ok"}
+            unrouted = await http.get("/sessions/s1/v1/messages")  # 405, in Anthropic's shape
+            assert unrouted.status_code == 405 and unrouted.json()["type"] == "error", unrouted.text
+            missing = await http.get("/nowhere")
+            assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
