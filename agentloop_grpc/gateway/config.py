@@ -39,6 +39,8 @@ class GatewayLimits(BaseModel):
     max_sessions: int = Field(100_000, ge=1, description="Live sessions; creating one more is a 429.")
     session_ttl_s: float = Field(
         3600.0, gt=0, description="A session untouched this long is dropped (its trajectories with it; counted).")
+    max_header_bytes: int = Field(
+        64 * 2**10, ge=1024, description="A request's line and headers (a 431 and the connection closed beyond).")
     header_timeout_s: float = Field(
         30.0, gt=0, description="A request's line and headers must arrive within this of its first byte (a 408 "
         "and the connection closed beyond).")

@@ -8,7 +8,8 @@ A connection is in one phase at a time, each with its deadline (``GatewayLimits`
 - body, from the end of its headers to the end of its body: ``body_timeout_s``, then a 408 and closed;
 - served, the body read: no deadline here (``generate_timeout_s`` bounds a turn).
 
-Past ``max_connections`` open ones, a connection is closed as it is accepted. A request the HTTP parser refuses
+A request's line and headers hold at most ``max_header_bytes`` (httptools itself keeps all it is sent), else a 431
+and closed. Past ``max_connections`` open ones, a connection is closed as it is accepted. A request the parser refuses
 (``content-length: -5``) and a timed-out one are answered in the route's own error JSON (``Refusal``), as the app
 answers its own errors; the 408 of a body goes only to a request whose response has not started.
 """
@@ -31,6 +32,11 @@ Refusal = Callable[[str, GatewayError], bytes]
 HEAD_TIMED_OUT = "the request's headers did not arrive within header_timeout_s={:g}"
 BODY_TIMED_OUT = "the request's body did not arrive within body_timeout_s={:g}"
 NOT_HTTP = "the request is not valid HTTP/1.1 ({})"
+HEAD_TOO_LARGE = "the request's line and headers are more than max_header_bytes={}"
+
+
+class _HeadTooLarge(Exception):
+    """Raised in a parser callback to stop the parse: the 431 is already written."""
 
 
 class GatewayConnection(HttpToolsProtocol):
@@ -39,6 +45,8 @@ class GatewayConnection(HttpToolsProtocol):
         self.limits = limits
         self.refusal = refusal
         self.url = b""  # uvicorn sets it at a request's first byte; a refusal before then reads it
+        #: Bytes of the current request's line and headers so far.
+        self.head_bytes = 0
         #: The deadline of the phase the connection is in (none while a request is served).
         self.deadline: asyncio.TimerHandle | None = None
 
@@ -55,7 +63,24 @@ class GatewayConnection(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.head_bytes = 0
         self._arm(self.limits.header_timeout_s, HEAD_TIMED_OUT.format(self.limits.header_timeout_s))
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _count_head(self, size: int) -> None:
+        self.head_bytes += size
+        if self.head_bytes > self.limits.max_header_bytes:
+            self._disarm()
+            self._refuse(GatewayError(HEAD_TOO_LARGE.format(self.limits.max_header_bytes), status=431,
+                                      kind="too_large"))
+            raise _HeadTooLarge  # the parser stops, and uvicorn's 400 finds the connection closing
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()

@@ -18,6 +18,7 @@ OPENAI_ERROR_TYPES = {
     409: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
 }
 
 

@@ -263,7 +263,8 @@ async def test_slow_and_idle_clients_are_closed_and_the_connection_bound_holds(c
     """A client trickling its headers or body, or sending nothing, held its connection for ever (50 of them for
     30 s in the issue): each phase has its deadline, a timed-out request gets a 408 in its route's shape, and
     past max_connections a connection is closed as it is accepted."""
-    limits = GatewayLimits(header_timeout_s=0.5, body_timeout_s=0.5, idle_timeout_s=0.5, max_connections=8)
+    limits = GatewayLimits(header_timeout_s=0.5, body_timeout_s=0.5, idle_timeout_s=0.5, max_connections=8,
+                           max_header_bytes=1024)
     async with scripted_gateway(codec, ["Ok."], GatewayConfig(limits=limits)) as g:
         head = b"POST /sessions/s1/v1/messages HTTP/1.1\r\nhost: x\r\n"
         answer, took = await trickled(g.url, head, b"x-slow: 1\r\n")
@@ -283,6 +284,10 @@ async def test_slow_and_idle_clients_are_closed_and_the_connection_bound_holds(c
                                                b"content-length: -5\r\n\r\n")
         assert status == 400 and headers["content-type"] == "application/json", body
         assert json.loads(body)["type"] == "error"
+        # headers past max_header_bytes: a 431 (httptools alone kept 50 MB of them)
+        status, _, body = await raw_http(g.url, b"POST /sessions/s1/v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                                         + b"x-big: %s\r\n\r\n" % (b"a" * 4000))
+        assert status == 431 and "max_header_bytes=1024" in json.loads(body)["error"]["message"], body
         # max_connections: 8 open (idle), the 9th is closed at once, well before the idle timeout
         host, port = g.url.removeprefix("http://").split(":")
         held = [await asyncio.open_connection(host, int(port)) for _ in range(8)]
