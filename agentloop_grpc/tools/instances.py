@@ -123,8 +123,9 @@ class InstanceManager:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for instance_id in list(self._instances):
-            await self.release(instance_id)
+        # at once: releasing an MCP session waits for its server to stop (seconds for one that ignores EOF), and a
+        # launcher's grace period for the whole server is short
+        await asyncio.gather(*(self.release(instance_id) for instance_id in list(self._instances)))
         for tool in self._tools.values():
             await tool.close()
 

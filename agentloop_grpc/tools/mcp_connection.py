@@ -18,11 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import shutil
-import sys
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mcp import types
@@ -34,21 +30,13 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS
 
 from .errors import ToolBackendError
+from .mcp_world import program
 
 log = logging.getLogger(__name__)
 
 #: How long a closing connection may take to stop its server (stdin closed, then the SDK's terminate) before its
 #: task is cancelled.
 CLOSE_TIMEOUT_S = 10.0
-
-
-def program(name: str) -> str:
-    """``name`` as the command to start: a bare name not on PATH is looked up beside this Python too, so an MCP
-    server installed in the tool server's virtual environment starts without that environment on PATH."""
-    if os.sep in name or shutil.which(name) is not None:
-        return name
-    beside = Path(sys.executable).parent / name
-    return str(beside) if beside.is_file() else name
 
 
 class InvalidParamsError(Exception):
@@ -61,16 +49,21 @@ class McpConnection:
     def __init__(self, label: str, *, command: list[str] | None = None, url: str | None = None,
                  env: Mapping[str, str] | None = None, cwd: str | None = None,
                  headers: Mapping[str, str] | None = None, start_timeout_s: float = 30.0,
-                 call_timeout_s: float = 60.0) -> None:
+                 call_timeout_s: float = 60.0, cleanup: Callable[[], None] | None = None,
+                 start_hint: str = "") -> None:
+        """``cleanup`` runs (in a thread) once the connection closed and its server stopped (a per-trajectory
+        server's folder is removed); ``start_hint`` is appended to a start-up failure's message."""
         if (command is None) == (url is None):
             raise ValueError("an MCP connection has exactly one of a command or a URL")
         self.label = label
         self._command, self._url = command, url
         self._env, self._cwd, self._headers = dict(env or {}), cwd, dict(headers or {})
         self._start_timeout_s, self._call_timeout_s = start_timeout_s, call_timeout_s
+        self._cleanup, self._start_hint = cleanup, start_hint
         self._session: ClientSession | None = None
         self._holder: asyncio.Task | None = None
         self._closing = asyncio.Event()
+        self._closed: asyncio.Future[None] | None = None
         #: Why the connection can take no more calls (None while it can).
         self.ended: str | None = None
 
@@ -119,11 +112,12 @@ class McpConnection:
         except TimeoutError:
             await self.close()
             raise ToolBackendError("mcp_server_not_started", f"MCP server {self.label!r} did not finish its "
-                                   f"handshake within start_timeout_s={self._start_timeout_s:g}") from None
+                                   f"handshake within start_timeout_s={self._start_timeout_s:g}"
+                                   f"{self._start_hint}") from None
         except Exception as error:
             await self.close()
             raise ToolBackendError("mcp_server_not_started", f"MCP server {self.label!r} could not be started: "
-                                   f"{type(error).__name__}: {error}") from error
+                                   f"{type(error).__name__}: {error}{self._start_hint}") from error
 
     def _live_session(self, what: str) -> ClientSession:
         if self._session is None or self.ended is not None:
@@ -170,18 +164,28 @@ class McpConnection:
                                    f"{tool}: {error}") from error
 
     async def close(self) -> None:
-        """End the session and stop a server this connection started; idempotent."""
+        """End the session, stop a server this connection started, then run its cleanup; idempotent (a second
+        call waits for the first's end)."""
         self.ended = self.ended or "closed"
         self._closing.set()
-        holder, self._holder = self._holder, None
-        if holder is None or holder is asyncio.current_task():
-            return
-        if self._session is None:  # still starting (a hung handshake): nothing to wait for
-            holder.cancel()
+        if self._closed is None:
+            holder, self._holder = self._holder, None
+            self._closed = asyncio.ensure_future(self._finish(holder))
+        await asyncio.shield(self._closed)
+
+    async def _finish(self, holder: asyncio.Task | None) -> None:
         try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await asyncio.shield(holder)
-        except TimeoutError:
-            holder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await holder
+            if holder is not None:
+                if self._session is None:  # still starting (a hung handshake): nothing to wait for
+                    holder.cancel()
+                try:
+                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                        await asyncio.shield(holder)
+                except TimeoutError:
+                    holder.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await holder
+        finally:
+            cleanup, self._cleanup = self._cleanup, None
+            if cleanup is not None:
+                await asyncio.to_thread(cleanup)

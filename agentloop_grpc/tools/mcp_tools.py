@@ -1,12 +1,15 @@
 """MCP servers as tools of a ToolExecute server: ``McpServer`` (one configured server: its tools, its sessions)
 and ``McpTool`` (one of its tools under the Tool protocol).
 
-Each trajectory holds its own session with the server (for a command: its own server process), opened by its
-first CreateInstance of any of the server's tools and closed when its last instance is released, so state (files,
-a browser, a counter) never leaks between trajectories; ``shared: true`` gives every trajectory one session
-instead, reopened for new instances once it failed. The server's tools are listed once at start-up (a server that
-cannot start then is a start-up error) and appear in ListTools with their own input schemas, optionally renamed
-with a prefix.
+Each trajectory holds its own session with the server, opened by its first CreateInstance of any of the server's
+tools and closed when its last instance is released. For a command that is its own server process in a world of
+its own (``mcp_world.py``: a fresh folder as working directory, HOME, TMPDIR and XDG folders, and by default a
+bubblewrap jail in which nothing else is writable), so state (files, a browser, a counter) never leaks between
+trajectories; the folder goes with the session, and with every session when the tool server stops. ``shared:
+true`` gives every trajectory one session instead, its process started as configured (no folder, no sandbox),
+reopened for new instances once it failed. The server's tools are listed once at start-up, by a process in a world
+like a trajectory's (a server that cannot start then is a start-up error), and appear in ListTools with their own
+input schemas, optionally renamed with a prefix.
 
 Results: text parts are joined as the text the model reads; images become the result's images; structured
 content stands in for the text when a result has no text; an embedded text resource is text, and other parts
@@ -22,14 +25,20 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from mcp import types
 
+from agentloop_grpc.common.jail import probe_cached
+
 from .mcp_config import McpServerEntry
 from .mcp_connection import InvalidParamsError, McpConnection
+from .mcp_world import make_world, sandbox_hint, unsandboxed_warning
 from .result import RewardResult, ToolErrorKind, ToolImage, ToolResult, ToolSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,14 +53,37 @@ class McpServer:
     def __init__(self, entry: McpServerEntry) -> None:
         self.entry = entry
         self._sessions: dict[str, asyncio.Task[_Session]] = {}
+        self._warned = False
+
+    @property
+    def jailed(self) -> bool:
+        """Whether each trajectory's process runs in a bubblewrap jail (its entry asks for it and bwrap works)."""
+        return self.entry.per_trajectory and self.entry.sandbox and probe_cached() is None
+
+    def _warn_unsandboxed(self) -> None:
+        e = self.entry
+        if self._warned or not e.per_trajectory or self.jailed:
+            return
+        self._warned = True
+        log.warning(unsandboxed_warning(e, probe_cached() or "bwrap cannot run here" if e.sandbox
+                                        else "sandbox: false"))
 
     def _connection(self) -> McpConnection:
         e = self.entry
-        return McpConnection(e.name, command=e.command, url=e.url, env=e.env, cwd=e.cwd, headers=e.headers,
-                             start_timeout_s=e.start_timeout_s, call_timeout_s=e.call_timeout_s)
+        if not e.per_trajectory:
+            return McpConnection(e.name, command=e.command, url=e.url, env=e.env, cwd=e.cwd, headers=e.headers,
+                                 start_timeout_s=e.start_timeout_s, call_timeout_s=e.call_timeout_s)
+        jailed = self.jailed
+        world = make_world(e, jailed)
+        return McpConnection(e.name, command=world.argv, env=world.env, cwd=world.cwd,
+                             start_timeout_s=e.start_timeout_s, call_timeout_s=e.call_timeout_s,
+                             cleanup=world.remove, start_hint=sandbox_hint(e) if jailed else "")
 
     async def tools(self) -> list[McpTool]:
         """The server's tools (those ``tools`` names, when given), from a connection opened for the listing."""
+        if self.entry.per_trajectory and self.entry.sandbox:
+            await asyncio.to_thread(probe_cached)  # once per process: it starts a jail
+        self._warn_unsandboxed()
         connection = self._connection()
         await connection.open()
         try:
@@ -106,15 +138,19 @@ class McpServer:
             await connection.close()
 
     async def close(self) -> None:
+        """Close every session (at once: each may wait seconds for its server to stop), folders removed."""
         tasks, self._sessions = list(self._sessions.values()), {}
-        for task in tasks:
+
+        async def end(task: asyncio.Task[_Session]) -> None:
             if not task.done():
                 task.cancel()
             try:
                 session = await task
             except BaseException:  # noqa: BLE001 - a session that never opened has nothing to close
-                continue
+                return
             await session.connection.close()
+
+        await asyncio.gather(*(end(task) for task in tasks))
 
 
 @dataclass(frozen=True)

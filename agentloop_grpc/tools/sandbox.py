@@ -1,7 +1,8 @@
 """A sandboxed Python session: one process per tool instance, variables kept between calls.
 
 Isolation, in layers (each one tested by trying the escape):
-  - bubblewrap (``bwrap``): new mount, PID, IPC, UTS and network namespaces; the filesystem is /usr read-only
+  - bubblewrap (``bwrap``, its command line from ``common/jail.py``): new mount, PID, IPC, UTS and network
+    namespaces, no capabilities; the filesystem is /usr read-only
     plus a private working folder /work and a /tmp, both tmpfs of the session's own with a total size quota
     (``work_bytes``, ``tmp_bytes``: host memory, gone with the session, so nothing is left on the host's disk);
     no network at all (a loopback of its own, nothing on it);
@@ -24,8 +25,9 @@ Isolation, in layers (each one tested by trying the escape):
     read all of its memory;
   - a clean environment: nothing of the server's environment reaches the session (bwrap itself starts with an
     empty one, so not even /proc/1/environ shows it).
-Where bwrap cannot run, ``isolation()`` says so and the python tool's description carries that warning: the
-session then still has rlimits, a uid and a timeout, but shares the host's network and filesystem view.
+Where bwrap cannot run, ``probe_isolation()`` says so and the python tool's description carries that warning: the
+session then still has rlimits, a uid and a timeout, a host folder of its own (mode 0700, owned by its uid when the
+server runs as root) as working directory, HOME and TMPDIR, but shares the host's network and filesystem view.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from agentloop_grpc.common.jail import JailSpec, Rlimits, Tmpfs, probe
 
 log = logging.getLogger(__name__)
 
@@ -140,35 +144,22 @@ def _interpreter() -> str:
     return os.path.realpath(shutil.which("python3") or "python3")
 
 
-def _bwrap_args(interpreter: str, limits: SandboxLimits) -> list[str]:
-    args = ["bwrap", "--ro-bind", "/usr", "/usr"]
-    for link in ("lib", "lib64", "bin", "sbin"):
-        if Path("/usr", link).exists():
-            args += ["--symlink", f"usr/{link}", f"/{link}"]
+def jail_spec(interpreter: str, limits: SandboxLimits) -> JailSpec:
+    """The session's jail (``common/jail.py``): /usr read-only (and the interpreter's prefix when it lies
+    elsewhere), private tmpfs /tmp and /work of the limits' sizes, /work the home and working directory, no network,
+    an environment of HOME and PATH only."""
     prefix = str(Path(interpreter).resolve().parent.parent)
-    if not prefix.startswith("/usr"):
-        args += ["--ro-bind", prefix, prefix]
-    return args + [
-        "--proc", "/proc", "--dev", "/dev",
-        "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
-        "--size", str(limits.work_bytes), "--tmpfs", "/work", "--chdir", "/work",
-        "--unshare-all", "--die-with-parent", "--new-session",
-        "--clearenv", "--setenv", "HOME", "/work", "--setenv", "PATH", "/usr/bin:/bin",
-    ]
+    return JailSpec(
+        read_only=() if prefix.startswith("/usr") else (prefix,),
+        tmpfs=(Tmpfs("/tmp", limits.tmp_bytes), Tmpfs("/work", limits.work_bytes)),
+        chdir="/work",
+        env={"HOME": "/work", "PATH": "/usr/bin:/bin"},
+    )
 
 
 def probe_isolation() -> str | None:
     """None when bwrap isolates here; otherwise why it cannot (said loudly by the server)."""
-    if shutil.which("bwrap") is None:
-        return "bubblewrap (bwrap) is not installed"
-    try:
-        result = subprocess.run(
-            [*_bwrap_args(_interpreter(), SandboxLimits()), _interpreter(), "-c", "pass"],
-            capture_output=True, text=True, timeout=30, env={},
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"bwrap failed to start: {error}"
-    return None if result.returncode == 0 else f"bwrap cannot create namespaces here: {result.stderr.strip()}"
+    return probe(jail_spec(_interpreter(), SandboxLimits()), (_interpreter(), "-c", "pass"))
 
 
 class PythonSession:
@@ -187,19 +178,11 @@ class PythonSession:
         self._starts = 0
 
     def _prlimit(self) -> list[str]:
-        """rlimits through util-linux's prlimit, which execs the sandbox with them: no Python code runs between
-        fork and exec (a preexec_fn in a process with gRPC's threads can crash the child)."""
+        """rlimits through util-linux's prlimit, which execs the sandbox with them (``Rlimits``)."""
         limits = self._limits
-        return [
-            "prlimit",
-            f"--as={limits.memory_bytes}",
-            f"--cpu={limits.cpu_seconds}",
-            f"--nproc={limits.max_processes}",
-            f"--fsize={limits.file_bytes}",
-            f"--nofile={limits.open_files}",
-            "--core=0",
-            "--",
-        ]
+        return Rlimits(memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds,
+                       processes=limits.max_processes, file_bytes=limits.file_bytes,
+                       open_files=limits.open_files).argv()
 
     async def _start(self) -> asyncio.subprocess.Process:
         self._starts += 1
@@ -212,7 +195,7 @@ class PythonSession:
         interpreter = _interpreter()
         command = [interpreter, "-I", "-S", "-c", _RUNNER, str(self._limits.output_bytes)]
         if self.workdir is None:
-            command = _bwrap_args(interpreter, self._limits) + command
+            command = jail_spec(interpreter, self._limits).argv(command)
         # The uid is dropped by util-linux's setpriv, not by subprocess's user=/group=: those make Python fork
         # instead of vfork, and a forked child of a process with gRPC's threads can crash before exec.
         identity = [] if self._uid is None else ["setpriv", f"--reuid={self._uid}", f"--regid={self._uid}",
@@ -225,7 +208,9 @@ class PythonSession:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # only bwrap writes here (the runner sends fd 2 to /dev/null)
             cwd=self.workdir or "/",
-            env={},
+            # an unisolated session's folder is its home and temporary folder too, so what code writes there by
+            # default (tempfile, ~) is its own; the host's /tmp stays shared (the description warns)
+            env={} if self.workdir is None else {"HOME": str(self.workdir), "TMPDIR": str(self.workdir)},
             start_new_session=True,
             limit=_HEADER_BYTES,  # bounds a header line; a payload is read by its announced length
         )

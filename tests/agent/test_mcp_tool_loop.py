@@ -30,7 +30,9 @@ QUESTION = ({"role": "user", "content": "Wait a moment, then say done."},)
 
 
 async def test_a_killed_mcp_server_fails_only_its_trajectory(codec, tmp_path) -> None:
-    entry = {"name": "test", "command": SERVER, "env": {"MCP_TEST_MARK_DIR": str(tmp_path)}}
+    # unsandboxed: the server marks its calls in a host folder named by its host pid, which the test kills (a
+    # sandbox writes only its own folder and has a PID namespace of its own)
+    entry = {"name": "test", "command": SERVER, "env": {"MCP_TEST_MARK_DIR": str(tmp_path)}, "sandbox": False}
     config = ToolServerConfig.model_validate({"tools": [{"mcp": entry}]})
     server = await create_tool_server(config, "127.0.0.1:0")
     tools = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=30)

@@ -135,6 +135,28 @@ async def test_a_verl_tool_runs_out_of_process_in_our_tool_server(tmp_path: Path
         server.communicate(timeout=60)
 
 
+@pytest.mark.fault
+async def test_each_trajectory_s_verl_instance_keeps_its_own_state() -> None:
+    """verl's tools key their state by the instance id ``create`` returns (a fresh uuid per CreateInstance, as our
+    adapter passes none): one trajectory's ground truth and answers are not another's."""
+    server = await create_tool_server(ToolServerConfig.model_validate(VERL_YAML))
+    client = GrpcToolClient(f"127.0.0.1:{server.port}", timeout_s=60)
+    try:
+        a = await client.create_instance("submit_answer", "A", {"ground_truth": "72"})
+        b = await client.create_instance("submit_answer", "B", {"ground_truth": "5"})
+        assert (await client.execute(a, json.dumps({"answer": "72"}))).content == "answer=72 reward=1.0"
+        assert (await client.execute(b, json.dumps({"answer": "72"}))).content == "answer=72 reward=0.0"
+        assert [(await client.calc_reward(i)).reward for i in (a, b)] == [1.0, 0.0]
+        await client.release(a)
+        c = await client.create_instance("submit_answer", "C", {"ground_truth": "72"})
+        assert (await client.calc_reward(c)).reward == 0.0  # nothing of A's answer
+        for instance in (b, c):
+            await client.release(instance)
+    finally:
+        await client.close()
+        await server.stop(grace_s=1)
+
+
 class PictureTool(BaseTool):
     """A verl tool answering with pictures (a screenshot tool's shape), or with what ``parameters`` asks for."""
 

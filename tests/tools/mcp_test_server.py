@@ -1,5 +1,6 @@
 """An MCP server written with the ``mcp`` SDK for the MCP tool tests: state per process, its pid, a slow call,
-a failing call and a large output. ``python mcp_test_server.py`` serves stdio; ``--http`` serves streamable HTTP
+a failing call, a large output, where it runs (working directory, environment, arguments) and files it writes and
+reads where it is told. ``python mcp_test_server.py`` serves stdio; ``--http`` serves streamable HTTP
 on a free loopback port and prints ``PORT <n>`` once it listens.
 
 With ``MCP_TEST_MARK_DIR`` set, ``slow`` marks its call there (a file named by the pid) before it waits. With
@@ -9,6 +10,7 @@ starts, after the tool server listed its tools)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import sys
@@ -56,6 +58,37 @@ def fail(message: str) -> str:
 def big(size: int) -> str:
     """``size`` characters of text."""
     return "x" * size
+
+
+@server.tool()
+def where() -> str:
+    """This process's working directory, arguments and the environment variables that place its files (JSON)."""
+    names = ("HOME", "TMPDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",
+             "XDG_RUNTIME_DIR", "MCP_TEST_NOTE")
+    return json.dumps({"cwd": os.getcwd(), "argv": sys.argv, "env": {n: os.environ.get(n) for n in names}})
+
+
+@server.tool()
+def write_file(path: str, text: str) -> str:
+    """Write ``text`` to ``path`` (relative: to the working directory)."""
+    try:
+        with open(path, "w") as file:
+            file.write(text)
+    except OSError as error:  # said to the model (the SDK hides an unexpected exception's text)
+        raise ToolError(str(error)) from None
+    return "written"
+
+
+@server.tool()
+def read_file(path: str) -> str:
+    """The text of ``path``, or "absent" when there is none."""
+    try:
+        with open(path) as file:
+            return file.read()
+    except FileNotFoundError:
+        return "absent"
+    except OSError as error:
+        raise ToolError(str(error)) from None
 
 
 def main() -> None:

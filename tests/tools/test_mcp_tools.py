@@ -2,7 +2,9 @@
 ``@modelcontextprotocol/server-everything`` and ``mcp_test_server.py`` (written with the ``mcp`` SDK), started as
 commands (stdio) or reached by URL (streamable HTTP). Their tools are listed with their own schemas, each
 trajectory holds its own session, results map to ours, and a server that crashes, hangs or never starts fails
-only the trajectories it served, as an infrastructure failure with its cause."""
+only the trajectories it served, as an infrastructure failure with its cause. The tests that kill or watch a
+server's process by the pid it reports run it unsandboxed (``sandbox: false``): a sandbox has a PID namespace of its
+own, whose pids are not the host's (test_mcp_isolation.py tests the sandbox)."""
 
 from __future__ import annotations
 
@@ -95,7 +97,7 @@ async def test_servers_from_pypi_and_npm_behind_tool_execute():
 
 
 async def test_each_trajectory_holds_its_own_session_unless_shared():
-    async with mcp_tools({"name": "own", "command": TEST_SERVER},
+    async with mcp_tools({"name": "own", "command": TEST_SERVER, "sandbox": False},
                          {"name": "one", "command": TEST_SERVER, "shared": True, "prefix": "shared_"}) as (_, client):
         a_count, a_pid = [await client.create_instance(name, "a") for name in ("counter", "pid")]
         b_count, b_pid = [await client.create_instance(name, "b") for name in ("counter", "pid")]
@@ -118,7 +120,7 @@ async def test_each_trajectory_holds_its_own_session_unless_shared():
 
 
 async def test_a_killed_server_fails_only_its_trajectory_and_is_restarted(tmp_path):
-    entry = {"name": "test", "command": TEST_SERVER, "env": {"MCP_TEST_MARK_DIR": str(tmp_path)}}
+    entry = {"name": "test", "command": TEST_SERVER, "env": {"MCP_TEST_MARK_DIR": str(tmp_path)}, "sandbox": False}
     async with mcp_tools(entry) as (server, client):
         victim, bystander = [await client.create_instance("slow", t) for t in ("victim", "bystander")]
         victim_pid = int((await call(client, await client.create_instance("pid", "victim"))).content)
@@ -141,7 +143,7 @@ async def test_a_killed_server_fails_only_its_trajectory_and_is_restarted(tmp_pa
 async def test_a_hung_call_and_a_server_that_never_starts(tmp_path):
     hang = tmp_path / "hang"
     entry = {"name": "test", "command": TEST_SERVER, "env": {"MCP_TEST_HANG_FILE": str(hang)},
-             "call_timeout_s": 1, "start_timeout_s": 2}
+             "call_timeout_s": 1, "start_timeout_s": 2, "sandbox": False}
     async with mcp_tools(entry) as (_, client):
         pid = int((await call(client, await client.create_instance("pid", "hung"))).content)
         slow = await client.create_instance("slow", "hung")
