@@ -1,7 +1,8 @@
 """Workspace: one trajectory's sandbox, a fresh copy of the task's repository a coding CLI works in.
 
 What holds, each tried by an escape test (tests/harness/test_workspace.py):
-  - bubblewrap (``bwrap``): new mount, PID, IPC, UTS and network namespaces; the filesystem is read-only but for
+  - bubblewrap (``bwrap``), every capability dropped: new mount, PID, IPC, UTS and network namespaces; the
+    filesystem is read-only but for
     the workspace (``/app``, the repository's copy), the CLI's home (``/home/agent``) and a private ``/tmp`` (a
     tmpfs of ``tmp_bytes``); nothing of the host but what is bound read-only (/usr, the interpreter, the CLIs'
     packages) is visible, so no trajectory sees another's files;
@@ -271,6 +272,9 @@ class Workspace:
             "--remount-ro", "/",  # the sandbox's own root: nothing but the binds above is writable
             "--chdir", APP,
             "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+            # started as root, the sandbox would keep every capability in its namespaces: enough to remount a
+            # read-only bind writable and write the host's files through it
+            "--cap-drop", "ALL",
         ]
         paths = ":".join(dict.fromkeys([*(str(Path(b).resolve() / "bin") for b in binds), str(python.parent),
                                         "/usr/local/bin", "/usr/bin", "/bin"]))

@@ -60,6 +60,14 @@ async def test_the_workspace_is_a_fresh_copy_and_everything_else_is_read_only(tm
     assert not folder.exists()
 
 
+async def test_no_capability_remounts_a_read_only_bind_writable(tmp_path):
+    async with await Workspace.create(tmp_path / "ws", None, SMALL) as ws:
+        result = await ws.run(["sh", "-c", "mount -o remount,rw,bind /usr && touch /usr/agentloop-escape && echo "
+                                           "ESCAPED; grep CapEff /proc/self/status"])
+    assert "ESCAPED" not in result.output and not Path("/usr/agentloop-escape").exists()
+    assert "CapEff:\t0000000000000000" in result.output
+
+
 async def test_no_network_but_the_gateway(tmp_path):
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
