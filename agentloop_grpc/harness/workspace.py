@@ -30,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -169,7 +170,9 @@ def _system_binds() -> list[str]:
 
 def python_prefixes() -> tuple[Path, ...]:
     """What an interpreter of this venv needs bound: the venv and the Python it was made from."""
-    return tuple(dict.fromkeys(Path(p).resolve() for p in (sys.prefix, sys.base_prefix)))
+    # the venv as named (sys.executable lies under it) and as resolved (a link to it leads there)
+    named = (Path(q) for q in (sys.prefix, sys.base_prefix))
+    return tuple(dict.fromkeys(p for q in named for p in (q.absolute(), q.resolve())))
 
 
 class Workspace:
@@ -183,7 +186,8 @@ class Workspace:
         self.home = folder / "home"
         #: What the commands leave for the host to read (a verifier's reward and report): /logs.
         self.logs = folder / "logs"
-        self._run = folder / "run"
+        # the bridge's socket: a Unix socket path must stay within 108 bytes, which a deep workspace root breaks
+        self._run = Path(tempfile.gettempdir()) / f"agentloop-{folder.name}"
         self._process: asyncio.subprocess.Process | None = None
         self._group: cgroup.Group | None = None
 
@@ -209,8 +213,9 @@ class Workspace:
             shutil.copytree(repo, self.app, symlinks=True, ignore=shutil.ignore_patterns(*leave_out))
         else:
             self.app.mkdir()
-        for folder in (self.home, self.logs / "verifier", self._run):
+        for folder in (self.home, self.logs / "verifier"):
             folder.mkdir(parents=True)
+        self._run.mkdir(mode=0o700)
 
     async def __aenter__(self) -> Workspace:
         return self
@@ -354,6 +359,7 @@ class Workspace:
         """Kill whatever runs and remove the folders."""
         await self._end_run(None)
         await asyncio.to_thread(shutil.rmtree, self.folder, ignore_errors=True)
+        await asyncio.to_thread(shutil.rmtree, self._run, ignore_errors=True)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
