@@ -57,7 +57,7 @@ def read_messages(items: list[Any]) -> list[dict[str, Any]]:
         content = _blocks(message.get("content"), message.path("content"))
         if role == "user":
             out.extend(_user(content, message.path("content")))
-        elif role == "system":  # mid-conversation instructions (Claude Code's environment), where they stand
+        elif role == "system":  # a system message among the messages keeps its place
             out.append({"role": "system", "content": system_text(content, message.path("content"))})
         else:
             out.append(_assistant(content, message.path("content")))
