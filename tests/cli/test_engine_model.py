@@ -52,7 +52,8 @@ def test_serve_refuses_a_model_before_listening(folders, model, expected, option
 def test_launch_refuses_a_model_before_any_server_starts(folders):
     result = runner.invoke(app, ["engine", "launch", "--model", "Qwen/Qwen3-0.6B", "--discovery-file",
                                  str(folders / "d.json"), "--log-dir", str(folders / "logs")])
-    assert result.exit_code == 2 and result.output.startswith("error: model 'Qwen/Qwen3-0.6B': no such folder. If it is")
+    assert result.exit_code == 2
+    assert result.output.startswith("error: model 'Qwen/Qwen3-0.6B': no such folder. If it is")
     assert not (folders / "logs").exists()
 
 
@@ -60,7 +61,7 @@ def test_the_launcher_refuses_it_too(folders):
     """What a rollout's ``engines.launch`` uses: LaunchError (the rollout prints it) and no process spawned."""
     launcher = EngineLauncher(EngineLaunch(engine=EmbeddedEngineConfig(model=str(folders / "empty"))),
                               folders / "logs")
-    with pytest.raises(LaunchError, match="has no config.json"):
+    with pytest.raises(LaunchError, match=r"has no config\.json"):
         asyncio.run(launcher.start())
     assert all(server.process is None for server in launcher.servers)
 

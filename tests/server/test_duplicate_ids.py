@@ -10,10 +10,10 @@ from contextlib import asynccontextmanager
 import grpc
 import pytest
 
+from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
-from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.router import GenerateCall, RequestError, Router, RouterConfig
 
 pytestmark = pytest.mark.fault

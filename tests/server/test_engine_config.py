@@ -68,7 +68,8 @@ def test_the_launcher_gives_each_server_its_rank_and_the_config() -> None:
     assert flags[:2] == ["--adapter", "fake"]
     assert {"dp_rank=1", "dp_size=2", "vocab_size=49152"} <= set(flags[flags.index("--set"):][1::2])
     embedded = EngineLaunch(dp=2).server_engine(0)
-    assert embedded.threads >= 1 and EngineLaunch(engine=EmbeddedEngineConfig(threads=3), dp=2).server_engine(0).threads == 3
+    assert embedded.threads >= 1
+    assert EngineLaunch(engine=EmbeddedEngineConfig(threads=3), dp=2).server_engine(0).threads == 3
 
 
 def test_configs_load_no_engine() -> None:

@@ -9,9 +9,9 @@ import grpc
 import pytest
 
 from agentloop_grpc.common.errors import DuplicateRequestError, InvalidRequestError
+from agentloop_grpc.common.types import GenerateEvent, GenerateRequest
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-from agentloop_grpc.common.types import GenerateEvent, GenerateRequest
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 
 
@@ -34,7 +34,8 @@ async def test_unexpected_adapter_error_is_internal_and_server_stays_up() -> Non
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = generation_pb2_grpc.TokenGenerateStub(channel)
             params = generation_pb2.SamplingParams(max_new_tokens=5, ignore_eos=True)
-            bad = stub.Generate(generation_pb2.GenerateRequest(request_id="x", prompt_ids=[666], sampling_params=params))
+            request = generation_pb2.GenerateRequest(request_id="x", prompt_ids=[666], sampling_params=params)
+            bad = stub.Generate(request)
             received = []
             try:
                 async for message in bad:
