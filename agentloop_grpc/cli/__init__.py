@@ -1,8 +1,9 @@
 """The ``agentloop`` command line: ``main`` runs it (the ``agentloop`` script and ``python -m agentloop_grpc.cli``).
 
 ``commands`` holds the command group and the engine, tools and model commands (``agentloop rollout`` and
-``agentloop train`` live in ``rollout.command`` and ``train.command``); ``config_errors`` and ``usage_errors``
-print a bad config or command line as ``error: ...`` lines.
+``agentloop train`` live in ``rollout.command`` and ``train.command``); ``usage_errors``
+(and ``common/config_errors.py``, shared with the commands it adds) print a bad command line or config as
+``error: ...`` lines.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from typing import Any
 import typer
 import yaml
 
+from agentloop_grpc.common.config_errors import describe
 from agentloop_grpc.engine_adapters.config import ENGINE_KINDS, EngineConfig, engine_config
 from agentloop_grpc.engine_adapters.config_flags import apply_setting
 from agentloop_grpc.engine_adapters.factory import make_adapter
@@ -35,7 +36,6 @@ from agentloop_grpc.rollout.command import rollout as rollout_command
 from agentloop_grpc.serving.server_security import PortInUseError, ServerSecurity
 from agentloop_grpc.train.command import train as train_command
 
-from .config_errors import describe
 from .usage_errors import Command, CommandGroup, click_errors
 
 app = typer.Typer(help="agentloop-grpc: gRPC rollout layer for agentic RL.", no_args_is_help=True, cls=CommandGroup)

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from agentloop_grpc.agent.tokenizer_check import TokenizerMismatchError
-from agentloop_grpc.cli.config_errors import describe, returned_model
+from agentloop_grpc.common.config_errors import describe, returned_model
 from agentloop_grpc.launch.launcher import LaunchError
 from agentloop_grpc.trackers import TrackerError
 

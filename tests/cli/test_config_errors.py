@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from agentloop_grpc.cli.commands import app
-from agentloop_grpc.cli.config_errors import describe
+from agentloop_grpc.common.config_errors import describe
 from agentloop_grpc.rollout.config import RolloutConfig, load_config
 from agentloop_grpc.tools.config import BUILTIN, ToolServerConfig
 from agentloop_grpc.tools.config import load_config as load_tools

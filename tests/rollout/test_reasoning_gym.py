@@ -27,7 +27,7 @@ from agentloop_grpc.agent import Sample
 from agentloop_grpc.agent.reward import Outcome
 from agentloop_grpc.agent.spec import ComponentSpec, load_codec
 from agentloop_grpc.agent.trajectory import Termination
-from agentloop_grpc.cli.config_errors import describe
+from agentloop_grpc.common.config_errors import describe
 from agentloop_grpc.rollout.config import RolloutConfig
 from agentloop_grpc.rollout.dataset import read_rows
 from agentloop_grpc.rollout.progress import Progress
