@@ -4,11 +4,17 @@ closes every asyncio HTTP client it opens."""
 from __future__ import annotations
 
 import importlib
+import os
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+# torch's OpenMP threads read GOMP_SPINCOUNT once, when torch loads, and collection imports torch with the first
+# test module that needs it (tests/agent), long before tests/embedded's conftest: without a bound here, every
+# in-process engine and trainer spin-waits against the other worker (agentloop_grpc/engine_adapters/embedded/NOTES.md).
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 #: Folders whose tests hold the most memory (vLLM engines, TRL and verl trainers): two of those at once would not fit
 #: CI's machine (24 GiB), so these folders share one worker and run one after the other.
