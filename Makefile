@@ -15,9 +15,14 @@ BUF := $(CURDIR)/$(NODE_DIR)/node_modules/.bin/buf
 # buf breaking compares the contracts with this git revision (main's previous commit by default).
 BREAKING_AGAINST ?= HEAD~1
 
-.PHONY: setup sandbox browser protos protos-python protos-lint protos-breaking demo train lint test test-python test-node test-faults test-cluster bench gpu-kit clean
+.PHONY: setup setup-parts sandbox browser protos protos-python protos-lint protos-breaking demo train lint test test-python test-node test-faults test-cluster bench gpu-kit clean
 
-setup: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(VENV)/.verifiers-installed \
+# The parts of setup are downloads that do not wait on each other, but for the chain in the main venv (torch, the
+# project, vLLM, verl, verifiers): they run side by side, whatever -j the caller gave.
+setup:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target setup-parts
+
+setup-parts: $(VENV)/.installed $(VENV)/.vllm-installed $(VENV)/.verl-installed $(VENV)/.verifiers-installed \
 	$(NODE_DIR)/node_modules/.installed \
 	$(MCP_NPM_DIR)/node_modules/.installed $(HARNESS_NPM_DIR)/node_modules/.installed \
 	$(MINI_SWE_AGENT_VENV)/.installed sandbox browser
@@ -30,7 +35,8 @@ sandbox:
 		else echo "WARNING: bwrap is missing: the python tool will run NOT ISOLATED (apt-get install bubblewrap)"; fi; }
 
 ## browser: headless Chromium renders report.html in the tests (Debian's package when we may; skipped otherwise)
-browser:
+# after sandbox: two apt-get runs at once would fight over dpkg's lock
+browser: sandbox
 	@command -v chromium >/dev/null || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; \
@@ -107,8 +113,9 @@ $(HARNESS_NPM_DIR)/node_modules/.installed: $(HARNESS_NPM_DIR)/package.json $(HA
 	cd $(HARNESS_NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-# mini-swe-agent in a venv of its own: its litellm stack pins below ours (harness/clis.py finds it there)
-$(MINI_SWE_AGENT_VENV)/.installed: $(VENV)/.installed
+# mini-swe-agent in a venv of its own: its litellm stack pins below ours (harness/clis.py finds it there); it needs
+# nothing of the main venv, so it installs beside that venv's chain
+$(MINI_SWE_AGENT_VENV)/.installed:
 	$(PYTHON) -m venv $(MINI_SWE_AGENT_VENV)
 	$(MINI_SWE_AGENT_VENV)/bin/pip install --quiet 'mini-swe-agent==$(MINI_SWE_AGENT_VERSION)'
 	touch $@
