@@ -125,8 +125,8 @@ class Collected:
         return [lp for c in self.chunks for lp in c.logprobs] + list(self.complete.tokens.logprobs)
 
 
-async def collect(target: ContractTarget, req: generation_pb2.GenerateRequest, timeout: float = 120) -> Collected:
-    messages = [m async for m in target.generate.Generate(req, timeout=timeout)]
+async def collect(target: ContractTarget, req: generation_pb2.GenerateRequest, deadline_s: float = 120) -> Collected:
+    messages = [m async for m in target.generate.Generate(req, timeout=deadline_s)]
     return Collected(messages)
 
 

@@ -179,7 +179,9 @@ async def test_update_weights_split_tensor_and_explicit_version(engine: Contract
     tensor = engine.sample_tensor
     half = len(tensor.data) // 2
     parts = [
-        engine_pb2.TensorChunk(name=tensor.name, dtype=tensor.dtype, shape=tensor.shape, offset=0, data=tensor.data[:half]),
+        engine_pb2.TensorChunk(
+            name=tensor.name, dtype=tensor.dtype, shape=tensor.shape, offset=0, data=tensor.data[:half]
+        ),
         engine_pb2.TensorChunk(
             name=tensor.name, dtype=tensor.dtype, shape=tensor.shape, offset=half, data=tensor.data[half:]
         ),

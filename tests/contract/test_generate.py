@@ -172,7 +172,7 @@ async def test_256_concurrent_streams_complete(engine: ContractTarget) -> None:
         request(engine, prompt=[30 + i % 50, 31, 32, 33], max_new_tokens=3, ignore_eos=True, seed=i, logprobs=True)
         for i in range(256)
     ]
-    results = await asyncio.gather(*(collect(engine, r, timeout=300) for r in reqs))
+    results = await asyncio.gather(*(collect(engine, r, deadline_s=300) for r in reqs))
     for result in results:
         assert result.complete.finish_reason == LENGTH
         assert len(result.tokens) == len(result.logprobs) == 3
@@ -180,7 +180,10 @@ async def test_256_concurrent_streams_complete(engine: ContractTarget) -> None:
 
 
 async def test_get_load_reports_running_requests(engine: ContractTarget) -> None:
-    calls = [engine.generate.Generate(request(engine, max_new_tokens=engine.long_tokens, ignore_eos=True)) for _ in range(2)]
+    calls = [
+        engine.generate.Generate(request(engine, max_new_tokens=engine.long_tokens, ignore_eos=True))
+        for _ in range(2)
+    ]
     for call in calls:
         await call.read()
     load = await engine.load()

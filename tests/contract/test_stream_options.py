@@ -48,7 +48,8 @@ async def test_min_chunk_tokens_of_one_streams_every_token(engine: ContractTarge
 
 
 async def test_abort_returns_the_pending_tokens_with_the_completion(engine: ContractTarget) -> None:
-    watcher = StreamWatcher(engine, _grouped(engine, final_only=True, max_new_tokens=engine.long_tokens, ignore_eos=True))
+    grouped = _grouped(engine, final_only=True, max_new_tokens=engine.long_tokens, ignore_eos=True)
+    watcher = StreamWatcher(engine, grouped)
     await engine.wait_running()
     # A companion admitted after it streams a token only once a step has run both: then the first has decoded
     # tokens too, all of them pending (final_only). Waiting on a clock instead failed on a busy machine.

@@ -114,8 +114,8 @@ def _free_port() -> int:
 )
 async def test_a_group_that_cannot_form_is_a_clear_error(engine: ContractTarget, case: str) -> None:
     port = _free_port()
-    fields = dict(group_name="g", master_address="127.0.0.1", master_port=port, world_size=2, rank_offset=1,
-                  backend="gloo", timeout_s=1)
+    fields = {"group_name": "g", "master_address": "127.0.0.1", "master_port": port, "world_size": 2, "rank_offset": 1,
+                  "backend": "gloo", "timeout_s": 1}
     code, needle = grpc.StatusCode.INVALID_ARGUMENT, case
     if case == "backend":
         fields["backend"] = "mpi"
@@ -144,7 +144,7 @@ async def test_a_group_that_cannot_form_is_a_clear_error(engine: ContractTarget,
 async def test_bad_announcements_are_refused_before_anything_moves(engine: ContractTarget, case: str) -> None:
     tensor = engine.sample_tensor
     spec = engine_pb2.TensorSpec(name=tensor.name, dtype=tensor.dtype, shape=tensor.shape)
-    fields = dict(group_name="never-joined", tensors=[spec], bucket_bytes=BUCKET)
+    fields = {"group_name": "never-joined", "tensors": [spec], "bucket_bytes": BUCKET}
     needle = {"unknown_group": "never-joined", "no_tensors": "tensors", "bucket": "bucket_bytes",
               "dtype": "tensors[0].dtype"}[case]
     if case == "no_tensors":

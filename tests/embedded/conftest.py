@@ -16,16 +16,15 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
-from collections.abc import AsyncIterator  # noqa: E402
+from collections.abc import AsyncIterator
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from agentloop_grpc.common import model_store  # noqa: E402
-
-from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
-from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle  # noqa: E402
-from agentloop_grpc.common.types import ALL_RESOURCES  # noqa: E402
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import ALL_RESOURCES
+from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
 
 
 @pytest.fixture(scope="session")

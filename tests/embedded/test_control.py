@@ -9,8 +9,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
 from agentloop_grpc.common.errors import (
     EngineOverloadedError,
     EngineUnavailableError,
@@ -18,8 +16,15 @@ from agentloop_grpc.common.errors import (
     InvalidRequestError,
 )
 from agentloop_grpc.common.types import (
-    ALL_RESOURCES, EngineState, GenerateComplete, NamedTensor, PauseMode, Resource,
+    ALL_RESOURCES,
+    EngineState,
+    GenerateComplete,
+    NamedTensor,
+    PauseMode,
+    Resource,
 )
+from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
 
 from .helpers import assert_serves_reference, chat, generate, make, run
 
@@ -151,7 +156,7 @@ async def test_sleep_with_requests_in_flight_is_refused(engine, tokenizer) -> No
 
 
 async def test_pause_keep_resumes_the_same_stream(engine, tokenizer) -> None:
-    request = dict(max_new_tokens=30, ignore_eos=True, seed=3)
+    request = {"max_new_tokens": 30, "ignore_eos": True, "seed": 3}
     prompt = chat(tokenizer, "Tell me about the moon.")
     reference = await generate(engine, prompt, **request)
     task = asyncio.create_task(generate(engine, prompt, **request))

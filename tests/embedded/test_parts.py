@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from agentloop_grpc.common.media import MediaInput
+from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.engine_adapters.embedded.images import ImageFeatures
 from agentloop_grpc.engine_adapters.embedded.kv_cache import KVShape, SlotKVCache
 from agentloop_grpc.engine_adapters.embedded.prefix_cache import PrefixCache
 from agentloop_grpc.engine_adapters.embedded.sampling import RequestSampler
-from agentloop_grpc.common.types import SamplingParams
 
 
 def _kv(value: float, block: int = 4) -> torch.Tensor:
@@ -140,7 +140,8 @@ def test_image_features_are_cut_by_prefill_chunk() -> None:
 def test_disabled_prefix_cache_never_hits() -> None:
     cache = PrefixCache(block_size=4, capacity_tokens=0)
     blocks = cache.chain(list(range(12)))
-    assert not cache.enabled and blocks.keys == [] and cache.missing(blocks, 12) == [] and cache.lookup(blocks, 12) == []
+    assert not cache.enabled and blocks.keys == []
+    assert cache.missing(blocks, 12) == [] and cache.lookup(blocks, 12) == []
 
 
 def test_slot_moves_and_block_copies() -> None:

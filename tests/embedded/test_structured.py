@@ -11,10 +11,10 @@ import re
 import psutil
 import pytest
 
-from agentloop_grpc.engine_adapters.embedded import EmbeddedEngineConfig
-from agentloop_grpc.engine_adapters.embedded.structured import GrammarCompiler
 from agentloop_grpc.common.errors import DuplicateRequestError, InvalidRequestError
 from agentloop_grpc.common.types import ALL_RESOURCES, FinishReason, StructuredOutput
+from agentloop_grpc.engine_adapters.embedded import EmbeddedEngineConfig
+from agentloop_grpc.engine_adapters.embedded.structured import GrammarCompiler
 
 from .helpers import chat, generate, make, run
 
@@ -159,7 +159,7 @@ async def test_a_compilation_past_its_time_or_size_bound_is_invalid(engine, toke
     try:
         with pytest.raises(InvalidRequestError, match="ebnf_grammar did not compile within 1 s"):
             await compiler.compile(PATHOLOGICAL)
-        with pytest.raises(InvalidRequestError, match="regex compiles to .* bytes of token masks; at most 1048576"):
+        with pytest.raises(InvalidRequestError, match=r"regex compiles to .* bytes of token masks; at most 1048576"):
             await compiler.compile(StructuredOutput("regex", "[a-z]{1,10000}"))
         assert (await compiler.compile(StructuredOutput("regex", "[0-9]"))).memory_size_bytes > 0
     finally:

@@ -51,7 +51,9 @@ async def test_a_broadcast_update_serves_what_transformers_computes_with_it(engi
     params = dict(model.named_parameters())
     originals = {name: params[name].detach().clone() for name in (NORM, UP)}
     noise = torch.Generator().manual_seed(2)
-    perturbed = {name: value * (1 + 0.3 * torch.randn(value.shape, generator=noise)) for name, value in originals.items()}
+    perturbed = {
+        name: value * (1 + 0.3 * torch.randn(value.shape, generator=noise)) for name, value in originals.items()
+    }
     prompt = chat(tokenizer, "Name a colour.")
     version = engine.weight_version
     async with joined(engine) as push:
