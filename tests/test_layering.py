@@ -1,5 +1,7 @@
 """The layering holds: client and agent code never import server code, tools never import engine code, no
-engine adapter imports another, and only commands import the CLI package. Read from the source (every ``import`` and ``from ... import``, lazy ones too)."""
+engine adapter imports another, only commands import the CLI package, integrations never import a job, and no
+package or module imports itself around a cycle. Read from the source (every ``import`` and ``from ... import``,
+lazy and type-only ones too)."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def imports(path: Path) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
-            found.add(base)
+            # ``base.name`` is the module itself when ``name`` is one (``from . import memory``), else a name in base
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
 
@@ -49,6 +51,58 @@ def within(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 MODULES = {module_name(p): imports(p) for p in PACKAGE.rglob("*.py") if "v1" not in p.relative_to(PACKAGE).parts[:1]}
+
+
+#: The jobs: what runs a rollout or a training run, and the command line over them.
+JOBS = ("agentloop_grpc.rollout", "agentloop_grpc.train", "agentloop_grpc.cli")
+
+
+def module_of(name: str) -> str | None:
+    """The module of ours an imported name is, or is defined in (None: not ours)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of ``graph`` with more than one node (Tarjan's), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            part = []
+            while (top := stack.pop()) != node:
+                part.append(top)
+            if part:
+                found.append(sorted([node, *part]))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def import_graph(level: int | None = None) -> dict[str, set[str]]:
+    """Who imports whom among our modules, or among our packages (``level``: the dotted parts that name one)."""
+    def node(module: str) -> str:
+        return module if level is None else ".".join(module.split(".")[:level])
+
+    graph: dict[str, set[str]] = {}
+    for module, names in MODULES.items():
+        targets = {node(m) for name in names if (m := module_of(name)) is not None}
+        graph.setdefault(node(module), set()).update(targets - {node(module)})
+    return graph
 
 
 def edges(source: tuple[str, ...], target: tuple[str, ...]) -> list[str]:
@@ -91,3 +145,17 @@ def test_the_coding_harness_imports_no_engine_and_no_job() -> None:
     # harnesses run beside any trainer: a job or an engine imported here would come with every rollout of them
     assert edges(("agentloop_grpc.harness",), ("agentloop_grpc.engine_adapters", "agentloop_grpc.rollout",
                                                "agentloop_grpc.train", "agentloop_grpc.cli")) == []
+
+
+def test_integrations_never_import_a_job() -> None:
+    # a trainer's integration is a library: a job imported here would come with its config, its CLI and its servers
+    assert edges(("agentloop_grpc.integrations",), JOBS) == []
+
+
+def test_no_package_imports_itself_through_another() -> None:
+    assert cycles(import_graph(level=2)) == []
+
+
+def test_no_module_imports_itself_through_another() -> None:
+    # type-only imports count: a cycle there is the same knot, only hidden from the interpreter
+    assert cycles(import_graph()) == []

@@ -15,15 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentloop_grpc.common.types import NamedTensor, PauseMode
 from agentloop_grpc.router import Fleet
 
+from .loop_player import LoopPlayer, WorkerRun
 from .metrics import RolloutMetrics
+from .player import Player
 from .sample import Sample
 from .spec import WeightUpdatePause, WorkerSpec, build_worker, load_codec
 from .tokenizer_check import check_engine_tokenizers
@@ -37,26 +39,10 @@ if TYPE_CHECKING:
 
     from agentloop_grpc.router import Router
 
-#: Who plays samples instead of the workers' loops: given the samples and the per-trajectory callback, their
-#: trajectories (an external agent's gateway sessions: ``gateway/in_process.py``).
-Players = Callable[[Sequence[Sample], Callable[[Trajectory], None] | None], Awaitable[Sequence[Trajectory]]]
-
-
 @dataclass(frozen=True, slots=True)
 class RolloutBatch:
     trajectories: tuple[Trajectory, ...]
     metrics: RolloutMetrics
-
-
-def split(samples: Sequence[Sample], parts: int) -> list[list[Sample]]:
-    """Contiguous, near-equal chunks (a prompt's GRPO group stays mostly on one worker)."""
-    size, extra = divmod(len(samples), parts)
-    chunks, start = [], 0
-    for i in range(parts):
-        end = start + size + (1 if i < extra else 0)
-        chunks.append(list(samples[start:end]))
-        start = end
-    return chunks
 
 
 class AgentLoopManager:
@@ -68,8 +54,8 @@ class AgentLoopManager:
         self.use_ray = use_ray
         self.hybrid = hybrid
         self._stack = AsyncExitStack()
-        self._local: list = []
         self._actors: list = []
+        self._loops: LoopPlayer | None = None  # the workers' loops, the default player
         self._router: Router | None = None
         self.control: Fleet | None = None
         self._fleets: list[Fleet] = []
@@ -95,16 +81,19 @@ class AgentLoopManager:
             actor = ray.remote(num_cpus=0)(RayAgentLoopWorker)
             self._actors = [actor.remote(self.spec, i) for i in range(self.num_workers)]
             await _gather_refs([a.start.remote() for a in self._actors])
+            self._loops = LoopPlayer([_actor_run(a) for a in self._actors])
             # the actors' own Routers are the data path; this Fleet carries control calls (wake, sleep, weights)
             self.control = await self._stack.enter_async_context(self.spec.make_fleet())
             self._fleets.append(self.control)
         else:
+            runs: list[WorkerRun] = []
             for i in range(self.num_workers):
                 worker, router = await build_worker(self.spec, self._stack, i)
-                self._local.append(worker)
+                runs.append(worker.run)
                 self._fleets.append(router.fleet)
                 self.control = self.control or router.fleet
                 self._router = self._router or router
+            self._loops = LoopPlayer(runs)
 
     @property
     def router(self) -> Router:
@@ -140,30 +129,22 @@ class AgentLoopManager:
 
     async def generate(
         self, samples: Sequence[Sample], on_done: Callable[[Trajectory], None] | None = None,
-        players: Players | None = None,
+        player: Player | None = None, rows: Sequence[Mapping[str, Any]] | None = None,
     ) -> RolloutBatch:
-        """Roll out every sample; trajectories come back in the samples' order. ``players``: who plays them instead
-        of the workers' loops (an external agent's sessions), with the same wake, sleep and checks around."""
+        """Roll out every sample; trajectories come back in the samples' order. ``player``: who plays them (default:
+        the workers' loops; an agent of your own: ``integrations/gateway_player.py``), with the same wake, sleep
+        and checks around; ``rows``: the samples' dataset rows, for a player that hands them on."""
         ids = [s.sample_id for s in samples]
         if len(set(ids)) != len(ids):
             raise ValueError("sample ids must be unique in a batch (they are the router's session ids)")
+        if self._loops is None or self.control is None:
+            raise RuntimeError("the manager is not started")
         started = time.monotonic()
         if self.hybrid:
             (await self.control.wake_up()).raise_for_errors()
         await self.check_tokenizer()
         try:
-            chunks = split(samples, self.num_workers)
-            if players is not None:
-                trajectories = list(await players(samples, on_done))
-            elif self._actors:
-                results = await _gather_refs([a.run.remote(c) for a, c in zip(self._actors, chunks, strict=True)])
-                trajectories = [t for chunk in results for t in chunk]
-                if on_done is not None:
-                    for trajectory in trajectories:
-                        on_done(trajectory)
-            else:
-                results = await asyncio.gather(*(w.run(c, on_done) for w, c in zip(self._local, chunks, strict=True)))
-                trajectories = [t for chunk in results for t in chunk]
+            trajectories = await (player or self._loops).play(samples, rows, on_done)
         finally:
             if self.hybrid:
                 (await self.control.sleep()).raise_for_errors()
@@ -241,3 +222,16 @@ async def update_weights_mid_rollout(
 
 async def _gather_refs(refs: list) -> list:
     return list(await asyncio.gather(*refs))
+
+
+def _actor_run(actor: Any) -> WorkerRun:
+    """A Ray worker's run: its trajectories come back together, so ``on_done`` sees them as the chunk ends."""
+
+    async def run(samples: list[Sample], on_done: Callable[[Trajectory], None] | None) -> list[Trajectory]:
+        trajectories = list(await actor.run.remote(samples))
+        for trajectory in trajectories:
+            if on_done is not None:
+                on_done(trajectory)
+        return trajectories
+
+    return run

@@ -8,12 +8,11 @@ relative to the dataset file. The pictures are read by the loop, so a missing or
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
+from agentloop_grpc.agent.row_sample import row_sample
 from agentloop_grpc.agent.sample import Sample
 
 from . import arithmetic
@@ -88,41 +87,6 @@ def _coding_task_rows(dataset: Dataset) -> list[dict]:
         raise DatasetError(f"dataset.coding_tasks: {error}") from None
     return [{"id": t.name, "messages": [{"role": "user", "content": t.instruction}], "task": str(t.folder)}
             for t in tasks]
-
-
-def _with_image_paths(messages: Sequence[dict[str, Any]], base_dir: Path) -> tuple[dict[str, Any], ...]:
-    """``messages`` with relative image paths made relative to ``base_dir``."""
-    def part(p: Any) -> Any:
-        image = p.get("image") if isinstance(p, dict) and p.get("type") == "image" else None
-        if isinstance(image, str) and not image.startswith("data:") and not Path(image).is_absolute():
-            return {**p, "image": str(base_dir / image)}
-        return p
-
-    return tuple({**m, "content": [part(p) for p in m["content"]]} if isinstance(m.get("content"), list) else m
-                 for m in messages)
-
-
-def row_sample(row: Mapping[str, Any], sample_id: str, group_id: str, default_loop: str = "tool",
-               ground_truth_kwargs: Sequence[str] = ("check_answer",), base_dir: Path | None = None) -> Sample:
-    """The Sample of one dataset row: ``ground_truth_kwargs`` tools get ``{"ground_truth": ...}`` at
-    CreateInstance; relative image paths are relative to ``base_dir`` (None: the working directory). KeyError,
-    TypeError or ValidationError on a malformed row."""
-    truth = row.get("ground_truth")
-    kwargs = {name: dict(value) for name, value in (row.get("tools_kwargs") or {}).items()}
-    if truth is not None:
-        for tool in ground_truth_kwargs:
-            kwargs.setdefault(tool, {}).setdefault("ground_truth", str(truth))
-    return Sample(
-        sample_id=sample_id,
-        group_id=group_id,
-        messages=tuple(row["messages"]) if base_dir is None else _with_image_paths(row["messages"], base_dir),
-        loop=row.get("loop") or default_loop,
-        tools=tuple(row["tools"]) if row.get("tools") is not None else None,
-        tools_kwargs=kwargs,
-        ground_truth=None if truth is None else str(truth),
-        interaction=row.get("interaction"),
-        sampling=row.get("sampling"),
-    )
 
 
 def to_samples(rows: list[dict], dataset: Dataset, samples_per_prompt: int) -> list[Sample]:

@@ -7,8 +7,11 @@ running one; (4) the manager runs the samples with a live progress display while
 load, and the trackers of report_to get the metrics every ``trackers.log_every`` trajectories; (5) outputs:
 trajectories.parquet, trace.jsonl, routing_trace.jsonl, batch.pt, summary.json, report.html, and the summary and
 a samples table to the trackers. Servers this run started are stopped on the way out, also on Ctrl-C, and the
-trajectories finished before an interruption are still written. A config with ``agent:`` runs an agent of your
-own through the session gateway instead of the manager's loops (agents_run.py), with the same steps and outputs.
+trajectories finished before an interruption are still written. A config with ``agent:`` plays the samples with
+an agent of your own (integrations/gateway_player.py: a session per sample, ``samples_per_prompt`` sessions of a
+row sharing its GRPO group) over one Router instead of the manager's loops, with the same steps and outputs; its
+program is checked in step 1 (the callable imports, the command's program exists, the reward function imports,
+the gateway extra is installed).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from agentloop_grpc.agent import (
     AgentLoopManager,
@@ -34,10 +38,12 @@ from agentloop_grpc.agent import (
 from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.agent.routing_trace import FILE_NAME as ROUTING_TRACE
 from agentloop_grpc.agent.routing_trace import write_routing_trace
-from agentloop_grpc.agent.spec import build_loops, load_codec
+from agentloop_grpc.agent.spec import ComponentSpec, build_loops, load_codec
 from agentloop_grpc.agent.trajectory import drift_summary
+from agentloop_grpc.integrations.external_agent import ExternalAgent
+from agentloop_grpc.integrations.gateway_player import AgentConfigError, GatewayPlayer
 from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
-from agentloop_grpc.router import NoHealthyServerError, RouterConfig
+from agentloop_grpc.router import NoHealthyServerError, Router, RouterConfig
 from agentloop_grpc.router.call import GenerateCall
 from agentloop_grpc.router.discovery import discovery_addresses, discovery_config
 from agentloop_grpc.router.fleet import Fleet
@@ -266,8 +272,6 @@ async def _sample_load(fleet: Fleet, record: RunRecord, every_s: float = 0.25) -
 async def run_rollout(config: RolloutConfig, progress: Progress, record: RunRecord) -> RunRecord:
     """Run the rollout into ``record`` (the caller keeps it, so an interrupted run's record is still there)."""
     if config.agent is not None:
-        from .agents_run import run_agent_rollout  # it imports this module
-
         return await run_agent_rollout(config, progress, record)
     out = record.output_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -304,6 +308,43 @@ async def run_rollout(config: RolloutConfig, progress: Progress, record: RunReco
             batch = await manager.generate(samples, on_done=done)
             record.trajectories = list(batch.trajectories)  # the samples' order
             record.metrics = batch.metrics
+    return record
+
+
+def gateway_player(agent: ExternalAgent, reward: ComponentSpec | None, **options: Any) -> GatewayPlayer:
+    """``agent`` as a player (``options``: GatewayPlayer's), its program checked: LoopConfigError (one line, a bad
+    config) when it cannot run."""
+    try:
+        return GatewayPlayer(agent, reward, **options)
+    except AgentConfigError as error:
+        raise LoopConfigError(str(error)) from None
+
+
+async def run_agent_rollout(config: RolloutConfig, progress: Progress, record: RunRecord) -> RunRecord:
+    """``run_rollout`` for a config with an agent: a Router over the engines instead of the manager's workers."""
+    assert config.agent is not None
+    out = record.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    # 1. the dataset and the agent, before anything starts
+    rows = read_rows(config.dataset)
+    samples = to_samples(rows, config.dataset, config.samples_per_prompt)
+    player = gateway_player(config.agent, config.reward_function, one_per_sample=False,
+                            log_dir=out / "logs" / "agents")
+    started = time.monotonic()
+    async with AsyncExitStack() as stack:
+        tracking = open_tracking(config, stack, record, progress)
+        addresses, model_dir, _ = await start_servers(config, stack, record, progress)
+        # 4. the Router, the gateway and its app, the agents
+        engines, discovery_file = engine_source(config.engines, addresses, out)
+        router = await stack.enter_async_context(
+            Router.from_discovery_file(discovery_file, routing(config)) if discovery_file is not None
+            else Router(engines, routing(config)))
+        await wait_engines(router.fleet, addresses, config.router.no_server_wait_s)
+        await player.start(router, model_dir, config.loop)
+        stack.push_async_callback(player.close)
+        async with collecting(config, record, router.fleet, tracking, progress, started, len(samples)) as done:
+            sample_rows = [rows[i // config.samples_per_prompt] for i in range(len(samples))]
+            record.trajectories = await player.play(samples, sample_rows, on_done=done)  # the samples' order
     return record
 
 

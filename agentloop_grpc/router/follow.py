@@ -17,19 +17,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from .discovery import discovery_addresses
 
-if TYPE_CHECKING:  # the Fleet runs this module's follower
-    from .fleet import Fleet
+
+class FollowedFleet(Protocol):
+    """What the follower uses of the Fleet that runs it (a protocol: fleet.py imports this module)."""
+
+    @property
+    def servers(self) -> Mapping[str, Any]: ...
+
+    async def add_server(self, address: str) -> None: ...
+
+    async def remove_server(self, address: str) -> None: ...
 
 log = logging.getLogger(__name__)
 
 
-async def follow_discovery_file(fleet: Fleet, path: str | Path, interval_s: float = 1.0) -> None:
+async def follow_discovery_file(fleet: FollowedFleet, path: str | Path, interval_s: float = 1.0) -> None:
     """Keep ``fleet`` up to date with the discovery file at ``path`` until cancelled (see the module docstring)."""
     path = Path(path)
     listed: set[str] = set()
@@ -62,7 +70,8 @@ async def follow_discovery_file(fleet: Fleet, path: str | Path, interval_s: floa
 
 
 @contextlib.asynccontextmanager
-async def following_discovery_file(fleet: Fleet, path: str | Path, interval_s: float = 1.0) -> AsyncIterator[None]:
+async def following_discovery_file(fleet: FollowedFleet, path: str | Path,
+                                   interval_s: float = 1.0) -> AsyncIterator[None]:
     """``async with``: ``follow_discovery_file`` in a task for the block's duration."""
     task = asyncio.create_task(follow_discovery_file(fleet, path, interval_s))
     try:

@@ -3,9 +3,8 @@ starts a server: the dataset's rows and every loop or agent they name, as a roll
 
 from __future__ import annotations
 
-from agentloop_grpc.rollout.agents_run import check_agent
 from agentloop_grpc.rollout.dataset import read_rows, to_samples
-from agentloop_grpc.rollout.run import check_loops
+from agentloop_grpc.rollout.run import check_loops, gateway_player
 
 from .config import TrainConfig
 
@@ -15,5 +14,5 @@ def checked_rows(config: TrainConfig) -> list[dict]:
     rows = read_rows(config.dataset)
     check_loops(config, to_samples(rows, config.dataset, 1))
     if config.agent is not None:
-        check_agent(config.agent, config.dataset.reward)
+        gateway_player(config.agent, config.dataset.reward)
     return rows

@@ -8,7 +8,7 @@ import pytest
 from agentloop_grpc.agent import AgentLoopConfig, Sample, Termination
 from agentloop_grpc.agent.config import SamplingConfig
 from agentloop_grpc.agent.parquet import read_parquet, write_parquet
-from agentloop_grpc.rollout.dataset import row_sample
+from agentloop_grpc.agent.row_sample import row_sample
 from agentloop_grpc.tools.client import GrpcToolClient
 from agentloop_grpc.tools.config import ToolServerConfig
 from agentloop_grpc.tools.server import create_tool_server

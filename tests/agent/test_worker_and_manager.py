@@ -8,7 +8,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from agentloop_grpc.agent import AgentLoopManager, AgentLoopWorker, Sample, Termination, WorkerSpec
-from agentloop_grpc.agent.manager import split
+from agentloop_grpc.agent.loop_player import split
 from agentloop_grpc.agent.reward import Outcome
 from agentloop_grpc.router import Router, RouterConfig
 from agentloop_grpc.tools.client import GrpcToolClient

@@ -15,9 +15,9 @@ import pytest
 
 from agentloop_grpc.agent import WorkerSpec
 from agentloop_grpc.agent.spec import load_codec
+from agentloop_grpc.integrations.external_agent import ExternalAgent
+from agentloop_grpc.integrations.gateway_player import AgentConfigError
 from agentloop_grpc.integrations.trl.rollout import AgentLoopRollout
-from agentloop_grpc.rollout.config import ExternalAgent
-from agentloop_grpc.rollout.run import LoopConfigError
 
 from ..agent.conftest import TextScript, call, scripted_engine
 from ..rollout.external_agent import PATH
@@ -114,7 +114,7 @@ def test_the_gateway_samples_as_the_trainer_assumes_unless_told_otherwise():
 
 
 def test_an_agent_that_cannot_run_is_refused_before_anything_starts():
-    with pytest.raises(LoopConfigError, match=r"agent\.callable: tests\.rollout\.nowhere:agent cannot be imported"):
+    with pytest.raises(AgentConfigError, match=r"agent\.callable: tests\.rollout\.nowhere:agent cannot be imported"):
         AgentLoopRollout(WorkerSpec(engines=("127.0.0.1:1",)), ROWS,
                          agent=ExternalAgent(callable="tests.rollout.nowhere:agent"))
 

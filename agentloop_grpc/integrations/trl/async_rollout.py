@@ -25,7 +25,7 @@ from typing import Any
 
 from agentloop_grpc.agent import Sample, Trajectory
 from agentloop_grpc.agent.metrics import RolloutMetrics
-from agentloop_grpc.rollout.dataset import row_sample
+from agentloop_grpc.agent.row_sample import row_sample
 
 from ..group_stream import GroupStream, oldest_version
 from .fields import trl_fields
@@ -74,8 +74,7 @@ class AsyncAgentLoopRollout(AgentLoopRollout):
                 for k in range(self._group_size)]
 
     async def _run_group(self, samples: Sequence[Sample]):
-        players = None if self._players is None else self._play
-        return await self.manager.generate(samples, players=players)
+        return await self.manager.generate(samples, player=self._players, rows=self.rows_of(samples))
 
     async def _start_stream(self, groups_per_step: int, version: int) -> GroupStream:
         stream = GroupStream(self._group, self._run_group, groups_per_step, self.max_staleness, version)

@@ -36,12 +36,12 @@ from typing import Any
 from agentloop_grpc.agent import AgentLoopConfig, AgentLoopManager, Sample, Trajectory, WorkerSpec
 from agentloop_grpc.agent.loops.base import BUILTIN_LOOPS
 from agentloop_grpc.agent.metrics import RolloutMetrics
+from agentloop_grpc.agent.row_sample import row_sample
 from agentloop_grpc.agent.spec import load_codec
-from agentloop_grpc.rollout.agents_run import AgentPlayers, agent_row
-from agentloop_grpc.rollout.config import ExternalAgent
-from agentloop_grpc.rollout.dataset import row_sample
 
 from ..background_loop import BackgroundLoop
+from ..external_agent import ExternalAgent
+from ..gateway_player import GatewayPlayer
 from ..logprob_check import LogprobDiff, compare
 from .fields import trl_fields
 from .weights import model_tensors
@@ -101,12 +101,12 @@ class AgentLoopRollout:
         ``check_logprobs``: trajectories per step whose engine logprobs are compared with a recompute by the
         trainer's model (0: none). ``keep_steps``: rollouts kept in ``history`` (the oldest go first: a long run
         must not hold every trajectory it made). ``agent``: an agent of your own plays the samples (see the module
-        docstring); its program is checked here (LoopConfigError), before anything starts."""
+        docstring); its program is checked here (AgentConfigError), before anything starts."""
         self.spec = spec
         self.agent = agent if agent is None else trainer_sampling(agent, spec.loop)
         if agent is not None and agent.reward == "function" and spec.reward is None:
             raise ValueError("agent.reward: function scores with spec.reward, which is not set")
-        self._players = AgentPlayers(self.agent, spec.reward) if self.agent is not None else None
+        self._players = GatewayPlayer(self.agent, spec.reward) if self.agent is not None else None
         self.num_workers = num_workers
         self.default_loop = default_loop
         self.ground_truth_kwargs = tuple(ground_truth_kwargs)
@@ -226,8 +226,7 @@ class AgentLoopRollout:
         self._calls += 1
         started = time.monotonic()
         forked = self._players.forked_chains if self._players is not None else 0
-        players = None if self._players is None else self._play
-        batch = self._loop.run(self.manager.generate(samples, players=players))
+        batch = self._loop.run(self.manager.generate(samples, player=self._players, rows=self.rows_of(samples)))
         record = StepRecord(step, batch.trajectories, time.monotonic() - started)
         record.metrics = step_metrics(batch.trajectories, batch.metrics, self.base_version + step)
         if self._players is not None:
@@ -238,11 +237,9 @@ class AgentLoopRollout:
         self.history.append(record)
         return trl_fields(batch.trajectories, self.placeholder_id)
 
-    async def _play(self, samples: Sequence[Sample], on_done) -> list[Trajectory]:
-        """The samples as the agent's sessions (each agent gets its sample's dataset row): their main chains."""
-        assert self._players is not None  # only a run with an agent plays its samples
-        rows = [agent_row(s, self._rows[prompt_key(s.messages)]) for s in samples]
-        return await self._players.play(samples, rows, on_done)
+    def rows_of(self, samples: Sequence[Sample]) -> list[Mapping[str, Any]]:
+        """Each sample's dataset row (what an agent of your own gets, with the sample's fields)."""
+        return [self._rows[prompt_key(s.messages)] for s in samples]
 
     def samples(self, prompts: Sequence[Sequence[Mapping[str, Any]]], group_size: int, prefix: str) -> list[Sample]:
         """One Sample per prompt; a run of ``group_size`` identical prompts is one group."""

@@ -66,15 +66,15 @@ from verl.utils.ray_utils import auto_await
 
 from agentloop_grpc.agent.config import AgentLoopConfig
 from agentloop_grpc.agent.manager import AgentLoopManager
+from agentloop_grpc.agent.row_sample import row_sample
 from agentloop_grpc.agent.sample import Sample
 from agentloop_grpc.agent.spec import ComponentSpec, WorkerSpec, load_codec
 from agentloop_grpc.agent.trajectory import Trajectory
 from agentloop_grpc.common.media import ImageExpander
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
+from agentloop_grpc.integrations.external_agent import ExternalAgent
+from agentloop_grpc.integrations.gateway_player import GatewayPlayer
 from agentloop_grpc.launch.launcher import ServerProcess, agentloop_command
-from agentloop_grpc.rollout.agents_run import AgentPlayers, agent_row
-from agentloop_grpc.rollout.config import ExternalAgent
-from agentloop_grpc.rollout.dataset import row_sample
 from agentloop_grpc.router import RouterConfig
 
 from .batch import FailedTrajectoriesError, num_turns, to_dataproto
@@ -320,7 +320,7 @@ class AgentloopAgentLoopManager:
         self._images: ImageExpander | None = None
         agent = self.settings.agent
         #: Made here: an agent that cannot run fails before any server is asked anything.
-        self._players = AgentPlayers(agent, self.settings.reward) if agent is not None else None
+        self._players = GatewayPlayer(agent, self.settings.reward) if agent is not None else None
 
     @classmethod
     @auto_await
@@ -378,8 +378,7 @@ class AgentloopAgentLoopManager:
     async def _generate(self, prompts: DataProto, samples: list[Sample], validate: bool) -> DataProto:
         if validate:
             samples = [sample.model_copy(update={"sampling": self.val_sampling}) for sample in samples]
-        players = None if self._players is None else self._play
-        trajectories = list((await self._manager.generate(samples, players=players)).trajectories)
+        trajectories = list((await self._manager.generate(samples, player=self._players)).trajectories)
         failed = [(t.sample_id, t.error or t.termination.value) for t in trajectories if t.failed]
         if failed:
             raise FailedTrajectoriesError(failed, len(trajectories))
@@ -398,11 +397,6 @@ class AgentloopAgentLoopManager:
         metrics = data.meta_info.pop("metrics")
         data.meta_info = {"timing": timing_metrics(metrics, data), **data.meta_info}
         return data
-
-    async def _play(self, samples: Sequence[Sample], on_done: Any) -> list[Trajectory]:
-        """The rows as the agent's sessions: each row's main chain, in the rows' order."""
-        assert self._players is not None  # only a run with an agent plays its samples
-        return await self._players.play(samples, [agent_row(sample) for sample in samples], on_done)
 
     @property
     def forked_chains(self) -> int:
