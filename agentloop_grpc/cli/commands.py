@@ -9,7 +9,6 @@ engine server (one data-parallel group) of the adapter's config (``engine_adapte
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import functools
 import importlib.metadata
@@ -30,7 +29,7 @@ from agentloop_grpc.engine_adapters.config import ENGINE_KINDS, EngineConfig, en
 from agentloop_grpc.engine_adapters.config_flags import apply_setting
 from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model
-from agentloop_grpc.engine_adapters.server import serve, stop_signal
+from agentloop_grpc.engine_adapters.server import serve
 from agentloop_grpc.extras import MissingExtraError, needs_extra
 from agentloop_grpc.rollout.command import rollout as rollout_command
 from agentloop_grpc.serving.server_security import PortInUseError, ServerSecurity
@@ -433,67 +432,35 @@ def engine_launch(
             check_model(settings)
         except ModelNotFoundError as exc:
             _config_error(str(exc))
-    from agentloop_grpc.client_security import ClientSecurity
-    from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, LaunchError
+    from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, Launcher, LaunchError
+    from agentloop_grpc.launch.security import launch_security
 
-    absolute = lambda path: str(Path(path).absolute()) if path else None  # noqa: E731  (servers run elsewhere)
-    security = security.model_copy(update={
-        name: absolute(getattr(security, name))
-        for name in ("cert_file", "key_file", "client_ca_file", "token_file", "admin_token_file")
-    })
     try:
-        client_security = ClientSecurity(
-            tls=security.tls, ca_file=absolute(tls_ca) or security.cert_file, cert_file=absolute(tls_client_cert),
-            key_file=absolute(tls_client_key), token_file=security.token_file, token_env=security.token_env,
-            admin_token_file=security.admin_token_file, admin_token_env=security.admin_token_env,
-        )
-    except ValueError as exc:
-        _config_error(str(exc))
-    protected = client_security != ClientSecurity()
-    try:
+        server_security, client_security = launch_security(security, tls_ca, tls_client_cert, tls_client_key)
         launch = EngineLaunch(engine=settings, dp=dp, host=host or "127.0.0.1", advertise_host=advertise_host,
-                              security=security if protected else None,
-                              client_security=client_security if protected else None)
+                              security=server_security, client_security=client_security)
         if use_ray:
             from agentloop_grpc.launch.ray_launcher import RayEngineLauncher, RayResources
 
             resources = RayResources(cpus_per_server=cpus_per_server, gpus_per_server=gpus_per_server,
                                      resources=extra_resources)
+            launcher: Launcher = RayEngineLauncher(launch, log_dir, resources, restart_lost=restart_lost)
+        else:
+            launcher = EngineLauncher(launch, log_dir, restart_lost=restart_lost)
     except (ValueError, TypeError) as exc:
         _config_error(str(exc))
 
-    async def run() -> None:
-        # handlers first: a SIGTERM at any point from here on (even while servers start) is a clean stop, never
-        # the default death or Ray's sys.exit(15), which would leave servers or placement groups behind
-        stop = stop_signal()
-        launcher = (RayEngineLauncher(launch, log_dir, resources, restart_lost=restart_lost) if use_ray
-                    else EngineLauncher(launch, log_dir, restart_lost=restart_lost))
-        starting = asyncio.ensure_future(launcher.start())
-        stopping = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():  # stopped while starting: start() stops what it began when cancelled
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
-            return
-        stopping.cancel()
-        starting.result()  # a LaunchError surfaces here (start() already stopped what it began)
-        try:
-            path = launcher.write_discovery(discovery_file)
-            where = " over Ray placement groups" if use_ray else ""
-            print(f"agentloop engine launch: {dp} {settings.kind} server(s) serving{where}: "
-                  f"{', '.join(launcher.addresses)}; discovery file {path}", flush=True)
-            launcher.watch(path)  # losses reported (and restarted) until stopped
-            await stop.wait()
-        finally:
-            await launcher.stop()
+    def announce(path: Path) -> None:
+        where = " over Ray placement groups" if use_ray else ""
+        print(f"agentloop engine launch: {dp} {settings.kind} server(s) serving{where}: "
+              f"{', '.join(launcher.addresses)}; discovery file {path}", flush=True)
 
     if use_ray:
         import ray
 
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
     try:
-        asyncio.run(run())
+        asyncio.run(launcher.run_until_stopped(discovery_file, announce))
     except LaunchError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)

@@ -29,7 +29,8 @@ class EngineAdapter(Protocol):
         ...
 
     async def shutdown(self) -> None:
-        """Abort what is left and release the engine. Called once, after the server stopped."""
+        """Abort what is left and release the engine. Called once, after the server stopped; also after a
+        ``start`` that failed or was cancelled (release what it made)."""
         ...
 
     def load(self) -> LoadInfo:

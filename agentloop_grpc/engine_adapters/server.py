@@ -8,7 +8,6 @@ in-flight streams get ``drain_timeout_s`` to finish, whatever is left is aborted
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from agentloop_grpc.common.types import EngineState
 from agentloop_grpc.serving.metrics import GaugeSample, GaugesCollector, ServerMetrics
 from agentloop_grpc.serving.server import new_server, start_listening, stop_signal
 from agentloop_grpc.serving.server_security import ServerSecurity, bind
+from agentloop_grpc.serving.supervise import supervise
 from agentloop_grpc.v1 import engine_pb2_grpc, generation_pb2_grpc
 
 from .lifecycle import EngineLifecycle
@@ -122,20 +122,16 @@ async def serve(
     on_metrics: Callable[[int], None] | None = None,
 ) -> None:
     """Run an engine server until SIGTERM or SIGINT, then drain and return. With ``metrics_port``, Prometheus
-    metrics are served on the same host at that port (0: a free one, told to ``on_metrics``)."""
+    metrics are served on the same host at that port (0: a free one, told to ``on_metrics``). A signal while the
+    model loads cancels the load (the adapter reaps what it began) and releases the engine; a load that fails
+    releases it too, then raises (``serving.supervise``)."""
     stop = stop_signal()  # before anyone can learn the port: a SIGTERM from then on drains, never kills
     engine_server = await start_listening(lambda metrics: create_server(adapter, address, security, metrics),
                                           address, metrics_port, on_listening, on_metrics)
-    loading = asyncio.create_task(start_adapter(engine_server))
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if loading.done() and (failure := loading.exception()) is not None:
-        stopping.cancel()
-        await engine_server.server.stop(0)
-        raise failure
-    await stopping
-    log.info("shutting down: draining in-flight requests for up to %.0f s", drain_timeout_s)
-    if not loading.done():
-        loading.cancel()
-    await engine_server.stop(drain_timeout_s)
+
+    async def drain() -> None:
+        log.info("shutting down: draining in-flight requests for up to %.0f s", drain_timeout_s)
+        await engine_server.stop(drain_timeout_s)
+
+    await supervise(lambda: start_adapter(engine_server), drain, stop)
     log.info("engine server stopped")

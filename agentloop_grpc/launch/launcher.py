@@ -14,7 +14,10 @@ discovery file rewritten without it; with ``restart_lost`` the server is started
 a new log file, the old one kept for the post-mortem) and its address written back, where a Router following the
 file (``follow_discovery_file``) picks it up and holds it out of routing until it reports the fleet's weights. A
 server lost within a minute of its start is started again after a back-off (1 s, doubling with each such loss in a
-row, up to a minute; either launcher): a crash loop does not reload the model back to back.
+row, up to a minute; either launcher): a crash loop does not reload the model back to back. A restart that fails,
+whatever stops it, leaves the rank down with a "restart failed" event. The loop is ``Launcher._watch_rank``, one for
+both launchers; ``Launcher.run_until_stopped`` is ``agentloop engine launch`` (``serving.supervise``: a SIGTERM
+while the servers start stops them).
 
 The same ``ServerProcess`` starts tool servers (``agentloop tools serve``).
 """
@@ -33,7 +36,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -47,7 +50,9 @@ from agentloop_grpc.engine_adapters.config import EngineConfig, engine_config
 from agentloop_grpc.engine_adapters.config_flags import settings
 from agentloop_grpc.engine_adapters.embedded.config import EmbeddedEngineConfig
 from agentloop_grpc.engine_adapters.model_check import ModelNotFoundError, check_model
+from agentloop_grpc.serving.server import stop_signal
 from agentloop_grpc.serving.server_security import ServerSecurity
+from agentloop_grpc.serving.supervise import supervise
 
 _LISTENING = re.compile(r"listening on (\S+)")
 
@@ -272,12 +277,15 @@ class EngineLaunch:
 
 class Launcher(abc.ABC):
     """What a launcher of engine servers does, here or on a Ray cluster: ``async with`` starts them and stops them
-    whatever happens; ``addresses`` once started; ``watch`` follows them until stopped (each launcher's
-    ``_watch_rank`` says what a loss is and how a server is started again)."""
+    whatever happens; ``addresses`` once started; ``watch`` follows them until stopped, one loop for both (each
+    launcher's ``_wait_lost``, ``_start_again`` and ``_give_up`` say what a loss is, how a server is started again
+    and what a server down for good releases); ``run_until_stopped`` is ``agentloop engine launch``."""
 
     launch: EngineLaunch
 
-    def __init__(self) -> None:
+    def __init__(self, restart_lost: bool = False) -> None:
+        #: Whether ``watch`` starts a lost server again.
+        self.restart_lost = restart_lost
         #: What ``watch`` saw, in order: (kind, rank, message); kinds "lost", "restarted", "restart failed",
         #: "not restarted".
         self.events: list[tuple[str, int, str]] = []
@@ -315,9 +323,55 @@ class Launcher(abc.ABC):
             self._watching = asyncio.gather(*(self._follow(rank, path) for rank in range(self.launch.dp)))
         return self._watching
 
+    async def run_until_stopped(self, discovery_file: str | Path, on_serving: Callable[[Path], object]) -> None:
+        """Start the servers, write ``discovery_file``, tell ``on_serving`` its path and watch them until SIGTERM or
+        SIGINT, then stop them; a signal while they start stops what started (``serving.supervise``)."""
+        stop = stop_signal()
+
+        def serving(_addresses: list[str]) -> None:
+            path = self.write_discovery(discovery_file)
+            on_serving(path)
+            self.watch(path)  # losses reported (and restarted) until stopped
+
+        await supervise(self.start, self.stop, stop, serving)
+
     @abc.abstractmethod
+    async def _wait_lost(self, rank: int) -> str:
+        """Wait until ``rank``'s server is lost, take it out of ``addresses`` and say what was lost and why."""
+
+    @abc.abstractmethod
+    async def _start_again(self, rank: int) -> str:
+        """Start ``rank``'s lost server again, into ``addresses``; say where it serves ("at HOST:PORT"). Raises
+        what stopped it, having cleaned up after itself."""
+
+    async def _give_up(self, rank: int) -> str:
+        """``rank`` stays down for good: release what it still holds; say what was released."""
+        return ""
+
     async def _watch_rank(self, rank: int, discovery_file: Path | None) -> None:
-        """Until ``rank``'s server is lost for good (or forever): wait for its loss, report it, restart it."""
+        """Until ``rank``'s server is lost for good: wait for its loss, report it, restart it."""
+        while True:
+            lost = await self._wait_lost(rank)
+            lost_at = time.monotonic()
+            self._event("lost", rank, lost, logging.ERROR)
+            self._write(discovery_file)
+            if not self.restart_lost:
+                released = await self._give_up(rank)
+                self._event("not restarted", rank, f"dp rank {rank} stays down (restart_lost is off){released}",
+                            logging.WARNING)
+                return
+            waited = await self._back_off(rank, lost_at)
+            try:
+                where = await self._start_again(rank)
+            except Exception as error:  # noqa: BLE001 - a timeout, an executable gone, a Ray error: down, said so
+                released = await self._give_up(rank)
+                self._event("restart failed", rank, f"dp rank {rank} could not be restarted, it stays down{released}: "
+                            f"{error}", logging.ERROR)
+                return
+            self._restarted(rank)
+            self._write(discovery_file)
+            self._event("restarted", rank, f"engine server dp rank {rank} restarted {where}, "
+                        f"{time.monotonic() - lost_at:.1f} s after the loss{waited}", logging.WARNING)
 
     async def _follow(self, rank: int, discovery_file: Path | None) -> None:
         try:
@@ -365,11 +419,10 @@ class EngineLauncher(Launcher):
         """``terminate_with_parent``: the servers stop when this process dies, however it dies (servers that
         belong to one run, not ones an ``agentloop engine launch`` keeps up). ``restart_lost``: ``watch`` starts a
         lost server again (the module docstring)."""
-        super().__init__()
+        super().__init__(restart_lost)
         self.launch = launch
         self.log_dir = Path(log_dir)
         self.grace_s = grace_s
-        self.restart_lost = restart_lost
         self.servers = [
             ServerProcess(launch.command(rank), self.log_dir / f"engine-{rank}.log", security=launch.client_security,
                           terminate_with_parent=terminate_with_parent, advertise_host=launch.advertised)
@@ -407,35 +460,26 @@ class EngineLauncher(Launcher):
 
     # -- watching (the module docstring) ----------------------------------------------------------------------
 
-    async def _watch_rank(self, rank: int, discovery_file: Path | None) -> None:
-        while True:
-            server = self.servers[rank]
-            assert server.process is not None  # started
-            code = await server.process.wait()
-            lost_at = time.monotonic()
-            self._down.add(rank)
-            self._event("lost", rank, f"engine server {server.address} (dp rank {rank}) lost: its process "
-                        f"{_exit_status(code)} (its log: {server.log_path})", logging.ERROR)
-            self._write(discovery_file)
-            if not self.restart_lost:
-                self._event("not restarted", rank, f"dp rank {rank} stays down (restart_lost is off)", logging.WARNING)
-                return
-            waited = await self._back_off(rank, lost_at)
-            self._restarts[rank] += 1
-            log_path = self.log_dir / f"engine-{rank}.restart-{self._restarts[rank]}.log"
-            server = self.servers[rank] = dataclasses.replace(server, log_path=log_path, process=None, address=None)
-            try:
-                await server.start(self.launch.startup_timeout_s)
-            except LaunchError as error:
-                await server.stop(self.grace_s)
-                self._event("restart failed", rank, f"dp rank {rank} could not be restarted, it stays down: {error}",
-                            logging.ERROR)
-                return
-            self._restarted(rank)
-            self._down.discard(rank)
-            self._write(discovery_file)
-            self._event("restarted", rank, f"engine server dp rank {rank} restarted at {server.address}, "
-                        f"{time.monotonic() - lost_at:.1f} s after the loss{waited}", logging.WARNING)
+    async def _wait_lost(self, rank: int) -> str:
+        server = self.servers[rank]
+        assert server.process is not None  # started
+        code = await server.process.wait()
+        self._down.add(rank)
+        return (f"engine server {server.address} (dp rank {rank}) lost: its process {_exit_status(code)} (its log: "
+                f"{server.log_path})")
+
+    async def _start_again(self, rank: int) -> str:
+        self._restarts[rank] += 1
+        log_path = self.log_dir / f"engine-{rank}.restart-{self._restarts[rank]}.log"
+        server = self.servers[rank] = dataclasses.replace(self.servers[rank], log_path=log_path, process=None,
+                                                          address=None)
+        try:
+            await server.start(self.launch.startup_timeout_s)
+        except BaseException:
+            await server.stop(self.grace_s)
+            raise
+        self._down.discard(rank)
+        return f"at {server.address}"
 
 
 def _exit_status(code: int) -> str:

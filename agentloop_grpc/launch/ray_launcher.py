@@ -32,7 +32,6 @@ import contextlib
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,9 +108,8 @@ class RayEngineLauncher(Launcher):
         restart_lost: bool = False,
     ) -> None:
         """``restart_lost``: ``watch`` starts a lost server again (see the module docstring)."""
-        super().__init__()
+        super().__init__(restart_lost)
         self.resources = resources or RayResources()
-        self.restart_lost = restart_lost
         engine = launch.engine
         if isinstance(engine, EmbeddedEngineConfig) and "threads" not in engine.model_fields_set:
             # the group's CPUs, not the node's
@@ -169,38 +167,23 @@ class RayEngineLauncher(Launcher):
 
     # -- watching (the module docstring) ----------------------------------------------------------------------
 
-    async def _watch_rank(self, rank: int, discovery_file: Path | None) -> None:
-        while True:
-            server = self.servers[rank]
-            assert server is not None
-            cause = await self._lost(self.hosts[rank], server["node_id"])
-            lost_at = time.monotonic()
-            where = f"node {server['node_ip']} (Ray node {server['node_id'][:12]})"
-            self._event("lost", rank, f"engine server {server['address']} (dp rank {rank}) on {where} lost: {cause}",
-                        logging.ERROR)
-            self.servers[rank] = None
-            self._write(discovery_file)
-            await self._discard_host(rank)
-            if not self.restart_lost:
-                await asyncio.to_thread(self._remove_group, rank)
-                self._event("not restarted", rank, f"dp rank {rank} stays down (restart_lost is off); its placement "
-                            "group is removed", logging.WARNING)
-                return
-            waited = await self._back_off(rank, lost_at)
-            try:
-                self.servers[rank] = await self._restart(rank)
-            except LaunchError as error:  # the group goes too: Ray would otherwise place it whenever room appears
-                await asyncio.to_thread(self._remove_group, rank)
-                self._event("restart failed", rank, f"dp rank {rank} could not be restarted, it stays down (its "
-                            f"placement group removed): {error}", logging.ERROR)
-                return
-            server = self.servers[rank]
-            assert server is not None
-            self._restarted(rank)
-            self._write(discovery_file)
-            self._event("restarted", rank, f"engine server dp rank {rank} restarted on node {server['node_ip']} at "
-                        f"{server['address']}, {time.monotonic() - lost_at:.1f} s after the loss{waited}",
-                        logging.WARNING)
+    async def _wait_lost(self, rank: int) -> str:
+        server = self.servers[rank]
+        assert server is not None
+        cause = await self._lost(self.hosts[rank], server["node_id"])
+        self.servers[rank] = None
+        await self._discard_host(rank)
+        where = f"node {server['node_ip']} (Ray node {server['node_id'][:12]})"
+        return f"engine server {server['address']} (dp rank {rank}) on {where} lost: {cause}"
+
+    async def _start_again(self, rank: int) -> str:
+        server = self.servers[rank] = await self._restart(rank)
+        return f"on node {server['node_ip']} at {server['address']}"
+
+    async def _give_up(self, rank: int) -> str:
+        # the group goes too: Ray would otherwise hold it, or place it whenever room appears, for nobody
+        await asyncio.to_thread(self._remove_group, rank)
+        return "; its placement group is removed"
 
     async def _lost(self, host, node_id: str) -> str:
         """Wait until the server of ``host`` is lost; return the cause."""

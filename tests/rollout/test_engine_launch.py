@@ -258,3 +258,22 @@ async def test_a_server_that_keeps_dying_as_it_starts_is_restarted_after_a_growi
         async with Router([launcher.addresses[0]]) as router:
             result = await router.generate(GenerateCall("s", [1, 2, 3], SamplingParams(max_new_tokens=2)))
             assert len(result.token_ids) == 2
+
+
+async def test_a_restart_that_cannot_even_spawn_is_reported_and_the_rank_stays_down(tmp_path, monkeypatch):
+    """Whatever stops a restart, the launcher says "restart failed" (before, Ray's did, while this one's watcher
+    died of the OSError with neither a restart nor that line)."""
+    from agentloop_grpc.launch import launcher as launching
+
+    monkeypatch.setattr(launching, "_BACKOFF_FIRST_S", 0.0)  # its first run is short: no back-off to wait here
+    launcher = EngineLauncher(EngineLaunch(engine=engine_config("fake")), tmp_path / "logs", restart_lost=True)
+    server = launcher.servers[0]
+    server.address = "127.0.0.1:1"
+    server.process = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")  # a server that exits at once
+    server.args = [str(tmp_path / "removed-python"), *server.args[1:]]  # and whose interpreter is gone since
+    try:
+        await asyncio.wait_for(launcher.watch(), 10)
+    finally:
+        await launcher.stop()
+    assert [kind for kind, _, _ in launcher.events] == ["lost", "restart failed"], launcher.events
+    assert "removed-python" in launcher.events[1][2] and launcher.addresses == []
