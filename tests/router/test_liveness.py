@@ -75,6 +75,11 @@ async def _every_token_kept(
 
 
 async def _routed_to_again(router: Router, server: str) -> bool:
+    """Whether new sessions reach ``server`` again. They go to the least-loaded server: first wait until the Router
+    sees ``server`` no more loaded than the others, since a load report that counted other clients' requests there
+    stands until its next poll (one idle_load_poll_interval_s later for a server carrying none of ours)."""
+    servers = router.fleet.servers
+    await _until(lambda: servers[server].load <= min(e.load for e in servers.values() if e.healthy))
     for i in range(64):  # equal loads: a hash of the session breaks the tie, so it is chosen soon
         if (await router.generate(GenerateCall(f"after{i}", [1, 2, 3], params(2)))).servers[0] == server:
             return True
@@ -119,12 +124,14 @@ async def test_a_wedged_server_is_taken_out_by_getload_timeouts_and_comes_back(s
 async def test_a_wedged_server_mid_unary_generate_is_replaced(server_processes):
     server_processes.append(ServerProcess(token_latency_ms=100, program=WEDGEABLE))  # 30 tokens: ~3 s per call
     server_processes.append(ServerProcess(token_latency_ms=1))
-    victim, survivor = server_processes
+    victim = server_processes[0]
     async with Router([p.address for p in server_processes], _config(liveness_timeout_s=2)) as router:
         await router.fleet.wait_ready(2)
         # the four calls spread over both servers (least loaded first)
-        calls = [asyncio.create_task(router.generate(GenerateCall(f"u{i}", [5, 6, i], params(30), timeout_s=DEADLINE_S)))
-                 for i in range(4)]
+        calls = [
+            asyncio.create_task(router.generate(GenerateCall(f"u{i}", [5, 6, i], params(30), timeout_s=DEADLINE_S)))
+            for i in range(4)
+        ]
         await _until(lambda: router.fleet.servers[victim.address].in_flight > 0)
         on_victim = [f"u{i}" for i in range(4) if router.session_server(f"u{i}") == victim.address]
         assert on_victim

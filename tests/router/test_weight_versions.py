@@ -5,6 +5,7 @@ next update."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -28,7 +29,8 @@ def _behind(router: Router, server: str) -> float:
 
 
 async def _servers_of(router: Router, sessions: int, prefix: str) -> list[str]:
-    return [(await router.generate(GenerateCall(f"{prefix}{i}", [1, 2, 3], params(2)))).servers[0] for i in range(sessions)]
+    calls = (GenerateCall(f"{prefix}{i}", [1, 2, 3], params(2)) for i in range(sessions))
+    return [(await router.generate(call)).servers[0] for call in calls]
 
 
 async def test_a_server_restarted_after_an_update_is_held_out_until_the_next(server_processes, caplog):
@@ -36,7 +38,8 @@ async def test_a_server_restarted_after_an_update_is_held_out_until_the_next(ser
     server_processes.append(ServerProcess(port=port, token_latency_ms=1))
     server_processes.append(ServerProcess(token_latency_ms=1))
     restarted, other = (p.address for p in server_processes)
-    async with Router([restarted, other], FAST) as pusher, Router([restarted, other], FAST) as observer:
+    config = FAST.model_copy(update={"idle_load_poll_interval_s": 1.0})  # how long a stale load may stand
+    async with Router([restarted, other], config) as pusher, Router([restarted, other], config) as observer:
         await pusher.fleet.wait_ready(2)
         await observer.fleet.wait_ready(2)
         (await pusher.fleet.update_weights([TENSOR], weight_version=3)).raise_for_errors()
@@ -46,11 +49,11 @@ async def test_a_server_restarted_after_an_update_is_held_out_until_the_next(ser
         await _until(lambda: observer.fleet.weight_version == 3 and not observer.fleet.held_out)
 
         server_processes[0].kill()
-        await _until(lambda: not pusher.fleet.servers[restarted].healthy and not observer.fleet.servers[restarted].healthy)
+        await _until(lambda: not any(r.fleet.servers[restarted].healthy for r in (pusher, observer)))
         with caplog.at_level(logging.WARNING, logger="agentloop_grpc.router.versions"):
             server_processes.append(ServerProcess(port=port, token_latency_ms=1))  # back at its initial weights
             for router in (pusher, observer):
-                await _until(lambda: router.fleet.servers[restarted].healthy)  # SERVING again, but version 0
+                await _until(lambda router=router: router.fleet.servers[restarted].healthy)  # SERVING, version 0
                 assert router.fleet.held_out == {restarted}
                 assert _behind(router, restarted) == 1 and _behind(router, other) == 0
                 assert router.metrics.value("agentloop_router_expected_weight_version") == 3
@@ -58,11 +61,21 @@ async def test_a_server_restarted_after_an_update_is_held_out_until_the_next(ser
                 assert set(await _servers_of(router, 16, "during")) == {other}
         assert any("held out of routing" in r.getMessage() and restarted in r.getMessage() for r in caplog.records)
 
-        (await pusher.fleet.update_weights([TENSOR], weight_version=4)).raise_for_errors()
-        assert not pusher.fleet.held_out and _behind(pusher, restarted) == 0
+        # another client's generation runs on the held-out server while the update comes: the last load both
+        # Routers polled there counts it, and stands after it ends until their next poll of that idle server
+        async with Router([restarted], FAST) as bystander:
+            await bystander.fleet.wait_ready()
+            other_client = asyncio.create_task(bystander.generate(GenerateCall("by", [4, 5, 6], params(2000))))
+            await _until(lambda: all(r.fleet.servers[restarted].reported_load for r in (pusher, observer)))
+            (await pusher.fleet.update_weights([TENSOR], weight_version=4)).raise_for_errors()
+            assert not pusher.fleet.held_out and _behind(pusher, restarted) == 0
+            # the observer sees the update in its poll of the held-out server's info (and its load, just after)
+            await _until(lambda: not observer.fleet.held_out)
+            await asyncio.sleep(0.1)
+            other_client.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await other_client
         assert await _routed_to_again(pusher, restarted)
-        # the observer sees the update in its poll of the held-out server's info
-        await _until(lambda: not observer.fleet.held_out)
         assert observer.fleet.weight_version == 4 and await _routed_to_again(observer, restarted)
 
 
@@ -109,7 +122,8 @@ def test_versions_only_grow_and_generations_never_lower_a_servers() -> None:
 async def test_an_update_during_generations_holds_no_server_out() -> None:
     async with fake_servers(2, token_latency_s=0.002) as servers, Router([address(s) for s in servers], FAST) as router:
         await router.fleet.wait_ready(2)
-        running = [asyncio.create_task(router.generate(GenerateCall(f"r{i}", [1, 2, i], params(200)))) for i in range(8)]
+        calls = [GenerateCall(f"r{i}", [1, 2, i], params(200)) for i in range(8)]
+        running = [asyncio.create_task(router.generate(call)) for call in calls]
         await asyncio.sleep(0.1)
         (await router.fleet.update_weights([TENSOR], weight_version=1)).raise_for_errors()
         results = await asyncio.gather(*running)
