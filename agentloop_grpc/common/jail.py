@@ -1,8 +1,8 @@
 """Jail: a bubblewrap (``bwrap``) command line from a typed spec, and whether bwrap works here.
 
-The one place that knows bwrap's options: the python tool's sessions (``tools/sandbox.py``) and per-trajectory MCP
-server processes (``tools/mcp_world.py``) are jailed through it, and anything else that needs a process with a
-filesystem and network of its own should be too. The API:
+The one place that knows bwrap's options: the python tool's sessions (``tools/sandbox.py``), per-trajectory MCP
+server processes (``tools/mcp_world.py``) and coding agents' workspaces (``harness/workspace.py``) are jailed
+through it, and anything else that needs a process with a filesystem and network of its own should be too. The API:
 
     JailSpec(...).argv(command) -> ["bwrap", ..., "--", *command]    the command, jailed as the spec says
     Tmpfs(path, size_bytes)                                           a private tmpfs in a spec

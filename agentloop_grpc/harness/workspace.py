@@ -1,11 +1,12 @@
 """Workspace: one trajectory's sandbox, a fresh copy of the task's repository a coding CLI works in.
 
 What holds, each tried by an escape test (tests/harness/test_workspace.py):
-  - bubblewrap (``bwrap``), every capability dropped: new mount, PID, IPC, UTS and network namespaces; the
-    filesystem is read-only but for
-    the workspace (``/app``, the repository's copy), the CLI's home (``/home/agent``) and a private ``/tmp`` (a
-    tmpfs of ``tmp_bytes``); nothing of the host but what is bound read-only (/usr, the interpreter, the CLIs'
-    packages) is visible, so no trajectory sees another's files;
+  - a jail of ``common/jail.py`` (bubblewrap; its ``JailSpec`` builds every bwrap command line of ours), every
+    capability dropped: new mount, PID, IPC, UTS and network namespaces; the filesystem is read-only but for the
+    workspace (``/app``, the repository's copy), the CLI's home (``/home/agent``), ``/logs`` and a private ``/tmp``
+    (a tmpfs of ``tmp_bytes``); nothing of the host but what is bound read-only (/usr, ``jail.system_paths()``, the
+    interpreter, the CLIs' packages, even from under the host's /tmp) is visible, so no trajectory sees another's
+    files;
   - no network but the trajectory's gateway session: the sandbox's own loopback holds a forwarder on
     ``127.0.0.1:GATEWAY_PORT`` whose only way out is a Unix socket to the gateway (bound in from the host), where
     the session's key opens that session's routes alone (gateway/agents.py);
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import shutil
 import signal
@@ -35,6 +35,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from agentloop_grpc.common.jail import JailSpec, Rlimits, Tmpfs, probe_cached, system_paths
 
 from . import cgroup
 
@@ -144,30 +146,6 @@ class RunResult:
         return self.cause is None and self.exit_code == 0
 
 
-def probe() -> str | None:
-    """None when bwrap isolates here; otherwise why it cannot (a workspace is then refused: a CLI with the host's
-    filesystem and network is not a sandbox)."""
-    if shutil.which("bwrap") is None:
-        return "bubblewrap (bwrap) is not installed (apt-get install bubblewrap)"
-    try:
-        result = subprocess.run(["bwrap", *_system_binds(), "--unshare-all", "--die-with-parent", "--",
-                                 "/bin/true"], capture_output=True, text=True, timeout=30, env={})
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"bwrap failed to start: {error}"
-    return None if result.returncode == 0 else f"bwrap cannot create namespaces here: {result.stderr.strip()}"
-
-
-def _system_binds() -> list[str]:
-    args = ["--ro-bind", "/usr", "/usr"]
-    for link in ("lib", "lib64", "bin", "sbin"):
-        if Path("/usr", link).exists():
-            args += ["--symlink", f"usr/{link}", f"/{link}"]
-    for name in ("ssl", "ca-certificates", "alternatives", "passwd", "group", "nsswitch.conf", "localtime"):
-        if Path("/etc", name).exists():
-            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-    return args
-
-
 def python_prefixes() -> tuple[Path, ...]:
     """What an interpreter of this venv needs bound: the venv and the Python it was made from."""
     # the venv as named (sys.executable lies under it) and as resolved (a link to it leads there)
@@ -264,31 +242,22 @@ class Workspace:
                  extra: Mapping[str, Path]) -> list[str]:
         limits = self.limits
         python = Path(sys.executable)
-        args = ["bwrap", *_system_binds()]
-        for path in dict.fromkeys([*python_prefixes(), *(Path(b).resolve() for b in binds)]):
-            args += ["--ro-bind", str(path), str(path)]
-        for inside, path in extra.items():
-            args += ["--ro-bind", str(path), inside]
-        args += [
-            "--proc", "/proc", "--dev", "/dev",
-            "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
-            "--bind", str(self.app), APP, "--bind", str(self.home), HOME, "--bind", str(self.logs), LOGS,
-            "--ro-bind", str(self._run), RUN,
-            "--remount-ro", "/",  # the sandbox's own root: nothing but the binds above is writable
-            "--chdir", APP,
-            "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-            # started as root, the sandbox would keep every capability in its namespaces: enough to remount a
-            # read-only bind writable and write the host's files through it
-            "--cap-drop", "ALL",
-        ]
+        readable = [str(p) for p in dict.fromkeys([*python_prefixes(), *(Path(b).resolve() for b in binds)])]
+        elsewhere = [(str(path), inside) for inside, path in extra.items()]
         paths = ":".join(dict.fromkeys([*(str(Path(b).resolve() / "bin") for b in binds), str(python.parent),
                                         "/usr/local/bin", "/usr/bin", "/bin"]))
-        for key, value in {"HOME": HOME, "PATH": paths, "TMPDIR": "/tmp", "LANG": "C.UTF-8", **env}.items():
-            args += ["--setenv", key, value]
+        spec = JailSpec(
+            read_only=(*system_paths(), *readable, *elsewhere, (str(self._run), RUN)),
+            writable=((str(self.app), APP), (str(self.home), HOME), (str(self.logs), LOGS)),
+            tmpfs=(Tmpfs("/tmp", limits.tmp_bytes),),
+            chdir=APP,
+            env={"HOME": HOME, "PATH": paths, "TMPDIR": "/tmp", "LANG": "C.UTF-8", **env},
+            read_only_root=True,  # nothing but the writable binds and /tmp can be written
+        )
         inner = [str(python), "-c", _FORWARDER, str(GATEWAY_PORT), f"{RUN}/gateway.sock", *argv] if bridged \
             else list(argv)
-        limited = ["prlimit", f"--cpu={limits.cpu_seconds}", f"--fsize={limits.disk_bytes}", "--core=0", "--",
-                   *args, "--", *inner]
+        rlimits = Rlimits(cpu_seconds=limits.cpu_seconds, file_bytes=limits.disk_bytes, core_bytes=0)
+        limited = [*rlimits.argv(), *spec.argv(inner)]
         if self._group is None:
             return limited
         # enter the cgroup before bwrap starts, so nothing it runs is ever outside it
@@ -382,9 +351,3 @@ def _disk_used(folders: Sequence[Path]) -> int:
                 with contextlib.suppress(OSError):
                     total += os.lstat(os.path.join(base, name)).st_blocks * 512
     return total
-
-
-@functools.cache
-def probe_cached() -> str | None:
-    """``probe()``, once per process (it starts a sandbox)."""
-    return probe()

@@ -17,16 +17,16 @@ import pytest
 from rich.console import Console
 
 from agentloop_grpc.agent.spec import load_codec
+from agentloop_grpc.common.jail import probe_cached
 from agentloop_grpc.harness.clis import HarnessError, find_program
 from agentloop_grpc.harness.generated_tasks import BUGS
-from agentloop_grpc.harness.workspace import probe
 from agentloop_grpc.rollout.config import RolloutConfig
 from agentloop_grpc.rollout.progress import Progress
 from agentloop_grpc.rollout.run import RunRecord, run_rollout
 
 from ..agent.conftest import EOS, TextScript, call, scripted_engine
 
-pytestmark = pytest.mark.skipif(probe() is not None, reason=f"no sandbox here: {probe()}")
+pytestmark = pytest.mark.skipif(probe_cached() is not None, reason=f"no sandbox here: {probe_cached()}")
 
 HERE = Path(__file__).resolve().parent
 FINISH = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini-swe-agent's own way to end

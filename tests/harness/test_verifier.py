@@ -8,12 +8,12 @@ import shutil
 
 import pytest
 
+from agentloop_grpc.common.jail import probe_cached
 from agentloop_grpc.harness.generated_tasks import PACKAGES, fixed_source, generate_tasks
 from agentloop_grpc.harness.task import CodingTask, TaskError, find_tasks
 from agentloop_grpc.harness.verifier import verify
-from agentloop_grpc.harness.workspace import probe
 
-pytestmark = pytest.mark.skipif(probe() is not None, reason=f"no sandbox here: {probe()}")
+pytestmark = pytest.mark.skipif(probe_cached() is not None, reason=f"no sandbox here: {probe_cached()}")
 
 
 def test_the_generated_set_is_what_its_seed_says_and_loads_as_tasks(tmp_path):

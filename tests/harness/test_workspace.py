@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from agentloop_grpc.common.jail import probe_cached
 from agentloop_grpc.harness import cgroup
-from agentloop_grpc.harness.workspace import GATEWAY_PORT, Workspace, WorkspaceError, WorkspaceLimits, probe
+from agentloop_grpc.harness.workspace import GATEWAY_PORT, Workspace, WorkspaceError, WorkspaceLimits
 
-pytestmark = pytest.mark.skipif(probe() is not None, reason=f"no sandbox here: {probe()}")
+pytestmark = pytest.mark.skipif(probe_cached() is not None, reason=f"no sandbox here: {probe_cached()}")
 
 SMALL = WorkspaceLimits(wall_timeout_s=20, memory_bytes=256 * 2**20, max_processes=64, disk_bytes=16 * 2**20,
                         output_bytes=64 * 2**10)
@@ -66,6 +68,16 @@ async def test_no_capability_remounts_a_read_only_bind_writable(tmp_path):
                                            "ESCAPED; grep CapEff /proc/self/status"])
     assert "ESCAPED" not in result.output and not Path("/usr/agentloop-escape").exists()
     assert "CapEff:\t0000000000000000" in result.output
+
+
+async def test_a_package_bound_from_the_hosts_tmp_is_not_hidden_by_the_private_tmp(tmp_path):
+    """A CLI's package may lie under the host's /tmp (a job's scratch folder): its bind goes on top of the sandbox's
+    own /tmp, where before it lay under it, unseen (mounts ordered by depth, as in every jail of common/jail.py)."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as package:
+        (Path(package) / "VERSION").write_text("cli 1.0\n")
+        async with await Workspace.create(tmp_path / "ws", None, SMALL) as ws:
+            result = await ws.run(["cat", f"{package}/VERSION"], binds=[Path(package)])
+    assert result.ok and result.output == "cli 1.0\n", result
 
 
 async def test_no_network_but_the_gateway(tmp_path):
