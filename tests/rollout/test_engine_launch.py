@@ -14,7 +14,9 @@ import time
 
 import psutil
 import pytest
+from typer.testing import CliRunner
 
+from agentloop_grpc.cli.commands import app
 from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.engine_adapters.config import engine_config
 from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher
@@ -67,9 +69,9 @@ async def test_launch_dp2_serves_two_replicas_a_router_uses(tmp_path, adapter):
 
 
 def test_tensor_parallel_needs_a_real_adapter(tmp_path):
-    result = subprocess.run([*AGENTLOOP, "engine", "launch", "--adapter", "embedded", "--set", "tp_size=2"],
-                            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
-    assert result.returncode == 2 and "tp_size: Extra inputs are not permitted" in result.stderr
+    result = CliRunner().invoke(app, ["engine", "launch", "--adapter", "embedded", "--set", "tp_size=2"],
+                                env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "tp_size: Extra inputs are not permitted" in result.output
 
 
 _STARTER = """
@@ -164,9 +166,9 @@ async def test_a_launch_bound_to_all_interfaces_records_an_address_clients_can_d
     (["--ray", "--resources-per-server", "[1]"], "--resources-per-server: a JSON object"),
 ])
 def test_launch_options_that_do_not_apply_are_refused(options, refused):
-    result = subprocess.run([*AGENTLOOP, "engine", "launch", "--adapter", "fake", *options], capture_output=True,
-                            text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
-    assert result.returncode == 2 and refused in result.stderr, result.stderr
+    # in process: the options are refused before any server, Ray or event loop starts
+    result = CliRunner().invoke(app, ["engine", "launch", "--adapter", "fake", *options], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and refused in result.output, result.output
 
 
 def test_a_killed_server_is_reported_and_restarted_and_a_router_following_the_file_uses_it(tmp_path):
