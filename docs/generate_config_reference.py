@@ -30,7 +30,7 @@ from agentloop_grpc.rollout.config import (
 from agentloop_grpc.router import RouterConfig
 from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.trackers.config import MlflowSettings, TensorBoardSettings, TrackerSettings, WandbSettings
-from agentloop_grpc.train.config import GrpoSettings, TrainConfig
+from agentloop_grpc.train.config import CorrectionSettings, GrpoSettings, TrainConfig
 
 #: report_to's settings: the same section in the rollout and the train config.
 TRACKER_SECTIONS: list[tuple[type[BaseModel], str]] = [
@@ -72,6 +72,7 @@ def _default(field) -> str:
 TRAIN_SECTIONS: list[tuple[type[BaseModel], str]] = [
     (TrainConfig, ""),
     (GrpoSettings, "grpo."),
+    (CorrectionSettings, "correction."),
     *TRACKER_SECTIONS,
 ]
 

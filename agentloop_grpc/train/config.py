@@ -7,12 +7,15 @@ The engines, tools, dataset, loop and loops sections are the rollout's (``agentl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentloop_grpc.common.yaml_config import load_yaml_config
 from agentloop_grpc.rollout.config import AgentRunConfig, ExternalAgent
+
+if TYPE_CHECKING:
+    from agentloop_grpc.integrations.trl.correction import RolloutCorrection
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
@@ -37,6 +40,36 @@ class GrpoSettings(BaseModel):
     torch_threads: int | None = Field(None, ge=1, description="Threads of the trainer's torch (default: all cores).")
 
 
+class CorrectionSettings(BaseModel):
+    """Rollout correction: importance weights from the engine's logprobs (the behaviour policy) against the
+    trainer's recompute, on model tokens (docs/trl.md, Rollout correction)."""
+
+    model_config = _STRICT
+
+    enabled: bool | None = Field(
+        None, description="Weight each model token's loss by trainer / engine probability. None: on in mode: async "
+        "(tokens there are up to max_staleness versions old), off in mode: sync (every token is the trainer's own "
+        "version, so the weights are 1 up to numerics, for one more forward pass a step).")
+    mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "decoupled"] = Field(
+        "token_truncate", description="token_*: one weight per token; sequence_*: one per trajectory (the product "
+        "over its tokens); *_truncate clamps the weight to [low, high], *_mask sets it to 0 outside; decoupled: "
+        "AReaL's decoupled PPO objective (the weight masked above high, no low).")
+    low: float | None = Field(None, ge=0, description="Lower bound of the weight (None: none).")
+    high: float | None = Field(2.0, gt=0, description="Upper bound of the weight (None: none; decoupled needs it).")
+    constrained: Literal["exclude", "include"] = Field(
+        "exclude", description="Trajectories whose tool calls were grammar-constrained: the engine's logprobs are the "
+        "masked distribution's, higher than the policy's by the mass the grammar removed. exclude: their tokens keep "
+        "weight 1 (uncorrected); include: weighted anyway, biased down by that mass.")
+
+    def resolved(self, mode: str) -> RolloutCorrection | None:
+        """The ``RolloutCorrection`` of a run in ``mode`` (sync or async), or None when off."""
+        from agentloop_grpc.integrations.trl.correction import RolloutCorrection
+
+        if not (self.enabled if self.enabled is not None else mode == "async"):
+            return None
+        return RolloutCorrection(self.mode, self.low, self.high, self.constrained)
+
+
 class TrainConfig(AgentRunConfig):
     """A training run: engines and tools for the rollouts, the prompts, the loops, the trainer, the outputs."""
 
@@ -47,6 +80,8 @@ class TrainConfig(AgentRunConfig):
         "at most max_staleness weight versions behind the trainer (docs/trl.md, Fully-async).")
     max_staleness: int = Field(1, ge=0, description="async: how many versions a trained group may lag the trainer "
                                "(admission holds new groups back to keep it so; 0: no overlap).")
+    correction: CorrectionSettings = Field(default_factory=CorrectionSettings,
+                                           description="Rollout correction (importance weights on stale tokens).")
     agent: ExternalAgent | None = Field(
         None, description="Train an agent of your own instead of our loops (docs/gateway.md): each trajectory is a "
         "session of the session gateway served over the run's Router, and TRL trains its main chain; its reward is "
@@ -66,6 +101,14 @@ class TrainConfig(AgentRunConfig):
                              "session")
         if self.dataset.coding_tasks is not None and (self.agent is None or self.agent.harness is None):
             raise ValueError("dataset.coding_tasks: a coding harness plays them; set agent.harness")
+        return self
+
+    @model_validator(mode="after")
+    def _correction_is_valid(self) -> TrainConfig:
+        try:
+            self.correction.resolved("async")
+        except ValueError as exc:
+            raise ValueError(f"correction: {exc}") from None
         return self
 
     @model_validator(mode="after")

@@ -1,5 +1,6 @@
 """report.html of a training run: the reward curve, where each step's time went, engine-vs-trainer logprobs,
-and who waited for whom (with async mode's staleness histogram and queue).
+and who waited for whom (with async mode's staleness histogram and queue, and the rollout correction's weights
+by version lag).
 
 PNG plots beside the page (matplotlib, Agg backend), the summary as a table, and the per-step metrics.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Any
 
 from agentloop_grpc.rollout.report_plots import pyplot as _pyplot
 
@@ -84,14 +86,17 @@ def _logprobs(steps: list[dict], path: Path) -> bool:
 
 
 def _pipeline(steps: list[dict], path: Path) -> bool:
-    """Async mode: each step's staleness histogram and queue; both modes: who waited for whom."""
+    """Async mode: each step's staleness histogram and queue; both modes: who waited for whom; with the rollout
+    correction on: its weights by version lag."""
     if not steps or "trainer_idle_s" not in steps[0]:
         return False
     plt = _pyplot()
     x = [s["step"] for s in steps]
     histogram = sorted((k for k in steps[0] if k.startswith("staleness_") and k[10:].isdigit()),
                        key=lambda k: int(k[10:]))
-    fig, axes = plt.subplots(2 if histogram else 1, 1, figsize=(9, 6 if histogram else 3.2), squeeze=False)
+    lags = _correction_lags(steps)
+    panels = 1 + bool(histogram) + bool(lags)
+    fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels), squeeze=False)
     if histogram:
         ax, bottom = axes[0][0], [0.0] * len(steps)
         for key in histogram:
@@ -105,12 +110,43 @@ def _pipeline(steps: list[dict], path: Path) -> bool:
         ax.set_title("Staleness: trained version minus the oldest token's version")
         ax.legend(loc="upper left", fontsize=8)
         queue.legend(loc="upper right", fontsize=8)
+    if lags:
+        _correction_panel(axes[1 if histogram else 0][0], steps, lags)
     ax = axes[-1][0]
     ax.plot(x, [s["trainer_idle_s"] for s in steps], "o-", label="trainer idle (waiting for rollouts)")
     ax.plot(x, [s["engine_idle_s"] for s in steps], "s-", label="engines idle (no group in flight)")
     _labels(ax, "seconds", "Who waited for whom")
     _save(plt, fig, path)
     return True
+
+
+def _correction_lags(steps: list[dict]) -> list[int]:
+    """The version lags the rollout correction weighed tokens at, over the run (empty: the correction was off)."""
+    return sorted({int(k.split("/")[1][4:]) for s in steps for k in s
+                   if k.startswith("correction/lag_") and k.endswith("/ratio_mean")})
+
+
+def _correction_panel(ax: Any, steps: list[dict], lags: list[int]) -> None:
+    """Each lag's mean importance weight with its min..max band, and the share the bounds truncated or masked."""
+    for lag in lags:
+        measured = [s for s in steps if f"correction/lag_{lag}/ratio_mean" in s]
+        x = [s["step"] for s in measured]
+        line = ax.plot(x, [s[f"correction/lag_{lag}/ratio_mean"] for s in measured], "o-",
+                       label=f"{lag} version(s) behind: mean weight")[0]
+        ax.fill_between(x, [s[f"correction/lag_{lag}/ratio_min"] for s in measured],
+                        [s[f"correction/lag_{lag}/ratio_max"] for s in measured], alpha=0.15,
+                        color=line.get_color())
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_yscale("log")
+    share = ax.twinx()
+    share.plot([s["step"] for s in steps],
+               [s.get("correction/truncated_share", s.get("correction/masked_share", 0.0)) for s in steps],
+               "k.--", label="share truncated or masked")
+    share.set_ylabel("share of tokens")
+    ax.set_ylabel("trainer / engine probability")
+    ax.set_title("Rollout correction: importance weights by version lag (band: min..max)")
+    ax.legend(loc="upper left", fontsize=8)
+    share.legend(loc="upper right", fontsize=8)
 
 
 def write_report(record, path: Path) -> None:
@@ -128,7 +164,8 @@ def write_report(record, path: Path) -> None:
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
     columns = ["step", "reward_mean", "correct_rate", "valid_call_rate", "frac_groups_zero_std", "rollout_s",
                "train_s", "weight_sync_s", "trainer_idle_s", "engine_idle_s", "staleness_max", "queue_groups",
-               "logprob_diff_sampler_max", "logprob_diff_policy_mean", "loss",
+               "logprob_diff_sampler_max", "logprob_diff_policy_mean", "correction/ratio_mean",
+               "correction/ratio_max", "loss",
                "grad_norm"]
     head = "".join(f"<th>{c}</th>" for c in columns)
     body = "".join(

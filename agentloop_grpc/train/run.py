@@ -45,6 +45,7 @@ from agentloop_grpc.trackers.trainer_env import scoped_environ, trainer_environ
 from agentloop_grpc.trackers.trainer_samples import TrainerSampleTables
 
 from .config import TrainConfig
+from .progress import progress_line
 
 RATIO_NAME = "train_reward_last_over_first"
 #: Rollout metrics TRL logs itself (as reward and frac_reward_zero_std): left out of its logs, not logged twice.
@@ -93,6 +94,8 @@ class StepLog(TrainerCallback):
             "trl_frac_reward_zero_std": logs.get("frac_reward_zero_std"),
             "entropy": logs.get("entropy"),
             "completion_mean_length": logs.get("completions/mean_length"),
+            # the rollout correction's weights (CorrectedGRPOTrainer logs them to TRL's logs)
+            **{k: _significant(v) for k, v in logs.items() if k.startswith("correction/")},
         }
         # sync: the trainer waits out the rollout, the engines the training and the push (async measures both)
         entry.setdefault("trainer_idle_s", entry["rollout_s"])
@@ -101,14 +104,7 @@ class StepLog(TrainerCallback):
         logs.update(rollout_log_metrics(entry, rollout.metrics))
         with self._path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
-        self.echo(
-            f"step {step:3d}/{args.max_steps}  reward {entry['reward_mean']:.3f}  correct {entry['correct_rate']:.0%}"
-            f"  valid calls {entry['valid_call_rate']:.0%}  rollout {entry['rollout_s']:.1f}s"
-            f"  train {entry['train_s']:.1f}s  sync {entry['weight_sync_s']:.1f}s"
-            f"  |dlogp| {entry.get('logprob_diff_sampler_max', float('nan')):.1e}"
-            + (f"  staleness<={entry['staleness_max']:.0f}  queue {entry['queue_groups']:.0f}"
-               if "staleness_max" in entry else "")
-        )
+        self.echo(progress_line(step, args.max_steps, entry, self.rollout.check_logprobs > 0))
 
 
 def rollout_log_metrics(entry: dict, rollout_keys: Iterable[str]) -> dict[str, float]:
@@ -163,9 +159,10 @@ def worker_spec(config: TrainConfig, addresses: Sequence[str], model_dir: str | 
 def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], None] = print) -> TrainRecord:
     """Train on ``rows`` (the dataset's, as ``preflight.checked_rows`` gave them)."""
     import torch
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from agentloop_grpc.common import model_store
+    from agentloop_grpc.integrations.trl.corrected_trainer import CorrectedGRPOTrainer
 
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -222,7 +219,7 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
             )
             # the Trainer's tracker callbacks read their settings from the environment, at init and at train begin
             with scoped_environ(trainer_environ(report_to, config.trackers, out)):
-                trainer = GRPOTrainer(
+                trainer = CorrectedGRPOTrainer(
                     model=model,
                     reward_funcs=[agentloop_reward],
                     args=args,
@@ -230,6 +227,8 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
                     processing_class=tokenizer,
                     rollout_func=rollout,
                     callbacks=[sync],
+                    correction=config.correction.resolved(config.mode),
+                    base_version=rollout.base_version,
                 )
                 trainer.remove_callback(PrinterCallback)  # its raw log dicts would drown the one line per step
                 trainer.add_callback(StepLog(rollout, sync, record, echo))
@@ -259,8 +258,10 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
         servers.close()
     write_csv(record.steps, out / "metrics.csv")
     first, last, ratio = reward_ratio(record.steps, config.compare_steps) if record.steps else (0.0, 0.0, 1.0)
-    record.summary = {"mode": config.mode, **summarize(record.steps, first, last, ratio, versions,
-                                                        time.monotonic() - started, config.compare_steps, transfer)}
+    correction = config.correction.resolved(config.mode)
+    record.summary = {"mode": config.mode, "correction": correction.mode if correction else "off",
+                      **summarize(record.steps, first, last, ratio, versions, time.monotonic() - started,
+                                  config.compare_steps, transfer)}
     (out / "summary.json").write_text(json.dumps(record.summary, indent=2) + "\n")
     from .report import write_report
 
@@ -298,6 +299,8 @@ def summarize(steps: list[dict], first: float, last: float, ratio: float, versio
         "logprob_diff_policy_mean": mean("logprob_diff_policy_mean"),
         "logprob_diff_policy_max": most("logprob_diff_policy_max"),
         "stale_tokens": sum(s.get("stale_tokens", 0) for s in steps),
+        "correction_ratio_mean": mean("correction/ratio_mean"),
+        "correction_ratio_max": most("correction/ratio_max"),
         "infrastructure_failures": sum(s.get("infrastructure_failures", 0) for s in steps),
         "infrastructure_causes": _causes(steps),
         "engine_weight_versions": versions,

@@ -19,9 +19,11 @@ with AsyncAgentLoopRollout(spec, rows, max_staleness=args.max_staleness) as roll
   engines stage the weights and swap them between two decode steps, requests in flight go on), or pause the
   engines with KEEP when ``keep=True``.
 
-The trainer's loss takes ``old_log_probs`` as the policy that sampled: with ``constrain_tool_calls`` the engine's
-logprobs are under the call grammar's mask (see ``logprob_check.py``), so its ratio then mixes in the mass the
-grammar removed; leave calls unconstrained for this trainer.
+The trainer's loss takes ``old_log_probs`` as the policy that sampled: its PPO ratio is clipped against the
+behaviour policy itself (AReaL's coupled objective), which is its staleness correction; the rollout correction's
+weights (``correction.py``, GRPOTrainer's path) would need its loss replaced. With ``constrain_tool_calls`` the
+engine's logprobs are under the call grammar's mask (see ``logprob_check.py``), so its ratio then mixes in the
+mass the grammar removed; leave calls unconstrained for this trainer.
 
 AsyncGRPOTrainer itself (trl 1.16) needs CUDA: it asks ``torch.cuda`` for the device's peak FLOPs when built, and
 its model's attention is the ``tree_fa3`` kernel fetched from the Hub by the ``kernels`` package (FlashAttention 3).

@@ -4,6 +4,9 @@
 - ``completion_ids``: every token after it (model turns, tool turns, template separators), as recorded;
 - ``logprobs``: the engine's logprob of each completion token (0.0 where the token is not the model's);
 - ``env_mask``: our response mask (1 = model token), which TRL multiplies into its loss mask;
+- ``agentloop_weight_versions``: the weight version that made each completion token (-1 where not the model's)
+  and ``agentloop_constrained``: whether the trajectory's tool calls were grammar-constrained, so its logprobs are
+  the masked distribution's (both for the rollout correction, ``corrected_trainer.py``);
 - extra fields, handed by TRL to the reward functions: ``agentloop_reward`` (our reward, computed in the rollout),
   ``agentloop_failed``, ``agentloop_infrastructure_failure`` and ``agentloop_sample_id``.
 
@@ -25,7 +28,8 @@ from agentloop_grpc.agent import Trajectory
 def trl_fields(trajectories: Sequence[Trajectory], placeholder_id: int) -> dict[str, list[Any]]:
     """The ``rollout_func`` output for ``trajectories`` (in the order of the prompts they came from)."""
     out: dict[str, list[Any]] = {
-        "prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
+        "prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "agentloop_weight_versions": [],
+        "agentloop_constrained": [],
         "agentloop_reward": [], "agentloop_failed": [], "agentloop_infrastructure_failure": [],
         "agentloop_sample_id": [],
     }
@@ -36,13 +40,16 @@ def trl_fields(trajectories: Sequence[Trajectory], placeholder_id: int) -> dict[
             out["completion_ids"].append(list(t.response_ids))
             out["logprobs"].append(list(t.response_logprobs))
             out["env_mask"].append(list(t.response_mask))
+            out["agentloop_weight_versions"].append(list(t.weight_versions))
         else:
             completion = list(t.response_ids) or [placeholder_id]
             out["completion_ids"].append(completion)
             out["logprobs"].append([0.0] * len(completion))
             out["env_mask"].append([0] * len(completion))
+            out["agentloop_weight_versions"].append([-1] * len(completion))
         out["agentloop_reward"].append(t.reward if trained else None)
         out["agentloop_failed"].append(t.failed)
+        out["agentloop_constrained"].append(t.constrained)
         out["agentloop_infrastructure_failure"].append(t.infrastructure_failure)
         out["agentloop_sample_id"].append(t.sample_id)
     return out

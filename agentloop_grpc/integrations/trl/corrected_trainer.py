@@ -1,0 +1,95 @@
+"""CorrectedGRPOTrainer: TRL's GRPOTrainer with the rollout correction (``correction.py``) on a ``rollout_func``.
+
+TRL (1.16) takes the ``rollout_func``'s ``logprobs`` as the sampling policy's but corrects with them only when it
+generates with vLLM itself (``use_vllm``), which a ``rollout_func`` of ours never sets: a group sampled at version
+v-1 and trained at v would be trained as if on-policy. This subclass does, after TRL made a step's batch:
+
+1. the trainer's recompute of every completion token under the weights it trains now (one forward pass without
+   gradients, as TRL's vLLM path does; reused when TRL made it itself), set as ``old_per_token_logps`` (the
+   proximal policy of the decoupled objective; with one update per rollout it equals the loss's own logprobs);
+2. the weights of ``correction`` from the recompute against the engine's logprobs, on model tokens
+   (``env_mask``), less a constrained trajectory's when ``correction.constrained`` is ``exclude``;
+3. the weights folded into per-token advantages, a (B, T) tensor, which TRL's loss takes as it is. For w >= 0,
+   -min(r A w, clip(r) A w) = w (-min(r A, clip(r) A)), so this is the loss TRL's own importance sampling makes,
+   for every loss type but vespo (whose gamma weight reads the sequence's ratio, not the advantage's size);
+4. the step's metrics (``correction/...``, by version lag from the ``agentloop_weight_versions`` field) into TRL's
+   logs, which reach its trackers and ``agentloop train``'s metrics.
+
+``correction=None``: GRPOTrainer, unchanged (no extra forward pass).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+
+from .correction import RolloutCorrection, correction_metrics, importance_weights
+
+
+class CorrectedGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer's arguments, and ``correction`` (None: none) and ``base_version`` (the engines' weight version
+    when training started: optimizer step s trains version ``base_version + s``, as ``AgentLoopRollout`` counts)."""
+
+    def __init__(self, *args: Any, correction: RolloutCorrection | None = None, base_version: int = 0,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.correction = correction
+        self.base_version = base_version
+        self._rolled: dict[str, list] | None = None
+        if self.rollout_func is not None:
+            # TRL keeps only the tensors it knows; the fields the weights need (versions, constrained) are kept here
+            inner = self.rollout_func
+
+            def recorded(prompts: list, trainer) -> dict[str, list]:
+                self._rolled = inner(prompts, trainer)
+                return self._rolled
+
+            self.rollout_func = recorded
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        rolled, self._rolled = self._rolled, None
+        if self.correction is None or rolled is None or self.model is None or not self.model.training:
+            return out
+        behaviour = out.get("sampling_per_token_logps")
+        if behaviour is None:
+            return out
+        completion_ids = out["completion_ids"]
+        length = completion_ids.size(1)
+        model_tokens = out["completion_mask"].bool()
+        if "tool_mask" in out:
+            model_tokens &= out["tool_mask"].bool()
+        corrected = model_tokens.clone()
+        if self.correction.constrained == "exclude" and "agentloop_constrained" in rolled:
+            constrained = torch.tensor(rolled["agentloop_constrained"], dtype=torch.bool, device=corrected.device)
+            corrected &= ~constrained.unsqueeze(1)
+        old = out.get("old_per_token_logps")
+        if old is None:
+            old = self._recompute(out, length)
+        weights = importance_weights(old, behaviour, corrected, self.correction)
+        out["old_per_token_logps"] = old
+        advantages = out["advantages"]
+        out["advantages"] = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights.weights
+        lag = None
+        if "agentloop_weight_versions" in rolled:
+            versions = torch.full(corrected.shape, -1, dtype=torch.long)
+            for row, made_by in enumerate(rolled["agentloop_weight_versions"]):
+                versions[row, : len(made_by)] = torch.tensor(made_by, dtype=torch.long)
+            lag = torch.where(versions >= 0, self.base_version + int(self.state.global_step) - versions, -1)
+            lag = lag.to(corrected.device)
+        for key, value in correction_metrics(weights, lag, self.correction).items():
+            self._metrics["train"][key].append(value)
+        excluded = model_tokens & ~corrected
+        self._metrics["train"]["correction/excluded_constrained_tokens"].append(float(excluded.sum()))
+        return out
+
+    def _recompute(self, out: dict, length: int) -> torch.Tensor:
+        """The trainer model's logprob of every completion token, under the weights it trains now."""
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1),
+                torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1), length,
+                batch_size=self.args.per_device_train_batch_size)
+        return logps
