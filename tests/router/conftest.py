@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from agentloop_grpc.engine_adapters.fake import FakeEngine
-from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.common import wire
 from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.engine_adapters.fake import FakeEngine
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
 from agentloop_grpc.v1 import generation_pb2
 

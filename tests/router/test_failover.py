@@ -8,8 +8,7 @@ import asyncio
 import grpc
 import pytest
 
-from agentloop_grpc.common.types import FinishReason
-from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.common.types import FinishReason, SamplingParams
 from agentloop_grpc.router import GenerateCall, GenerateResult, Router, RouterConfig
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 
@@ -29,7 +28,9 @@ async def _direct(address: str, prompt: list[int], tokens: int) -> list[int]:
     """Generate on one server without the router (the fake engine is deterministic for greedy requests)."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = generation_pb2_grpc.TokenGenerateStub(channel)
-        request = generation_pb2.GenerateRequest(request_id="direct", prompt_ids=prompt, sampling_params=sampling_proto(greedy(tokens)))
+        request = generation_pb2.GenerateRequest(
+            request_id="direct", prompt_ids=prompt, sampling_params=sampling_proto(greedy(tokens))
+        )
         return [t async for m in stub.Generate(request, timeout=60) for t in m.chunk.token_ids]
 
 

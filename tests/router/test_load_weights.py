@@ -31,6 +31,6 @@ async def test_a_path_no_server_can_read_fails_everywhere_and_changes_nothing(tm
     async with fake_servers(2) as servers, Router([address(s) for s in servers], FAST) as router:
         await router.fleet.wait_ready(2)
         result = await router.fleet.load_weights(str(tmp_path / "missing"))
-        with pytest.raises(InfrastructureError, match="(?s)2 of 2 failed.*INVALID_ARGUMENT.*missing"):
+        with pytest.raises(InfrastructureError, match=r"(?s)2 of 2 failed.*INVALID_ARGUMENT.*missing"):
             result.raise_for_errors()
         assert {s.lifecycle.weight_version for s in servers} == {0} and router.fleet.weight_version == 0

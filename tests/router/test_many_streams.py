@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
+from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 
 

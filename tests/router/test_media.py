@@ -18,7 +18,10 @@ from .test_routing import FAST
 
 SPAN = (5, 6) + (7,) * 16 + (5,)  # the fake takes any span; one shaped like Idefics3's 19 ids
 PROMPT = [10, 11, 12, *SPAN, 13, 14, *SPAN, 15]
-MEDIA = (MediaInput("image/png", png((255, 0, 0)), 3, len(SPAN)), MediaInput("image/png", png((0, 0, 255)), 24, len(SPAN)))
+MEDIA = (
+    MediaInput("image/png", png((255, 0, 0)), 3, len(SPAN)),
+    MediaInput("image/png", png((0, 0, 255)), 24, len(SPAN)),
+)
 BUDGET = 100
 
 

@@ -51,7 +51,7 @@ def test_deterministic_mode_ignores_load_and_is_stable() -> None:
     for session, address in placement.items():
         assert choose_server(session, address, loaded, config) == (address, Decision.STICKY)
     # removing one server moves only the sessions that were on it
-    smaller = {a: 0 for a in list(servers)[:-1]}
+    smaller = dict.fromkeys(list(servers)[:-1], 0)
     moved = [s for s, a in placement.items() if choose_server(s, a, smaller, config)[0] != a]
     assert moved and all(placement[s] == list(servers)[-1] for s in moved)
 

@@ -18,7 +18,12 @@ from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.router import (
-    GenerateCall, InfrastructureError, NoHealthyServerError, RequestError, Router, RouterConfig,
+    GenerateCall,
+    InfrastructureError,
+    NoHealthyServerError,
+    RequestError,
+    Router,
+    RouterConfig,
 )
 from agentloop_grpc.serving.metrics import ServerMetrics
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
@@ -59,7 +64,7 @@ async def test_session_sticks_to_its_server_and_reuses_its_cache() -> None:
         prompt = list(range(3, 100))
         first = await router.generate(GenerateCall("s1", prompt, params(8, temperature=0)))
         history = prompt + list(first.token_ids)
-        for turn in range(4):
+        for _ in range(4):
             history += [7, 8, 9]
             result = await router.generate(GenerateCall("s1", history, params(8, temperature=0)))
             assert result.servers == first.servers
@@ -72,7 +77,9 @@ async def test_session_sticks_to_its_server_and_reuses_its_cache() -> None:
 async def test_new_sessions_spread_to_least_loaded() -> None:
     async with fake_servers(2, token_latency_s=0.005) as servers, Router([address(s) for s in servers], FAST) as router:
         await router.fleet.wait_ready(2)
-        busy = [asyncio.create_task(router.generate(GenerateCall(f"busy{i}", [1, 2, 3], params(2000)))) for i in range(3)]
+        busy = [
+            asyncio.create_task(router.generate(GenerateCall(f"busy{i}", [1, 2, 3], params(2000)))) for i in range(3)
+        ]
         await _until(lambda: sum(e.in_flight for e in router.fleet.servers.values()) == 3)
         # three sessions in flight: one server has two of them, so the next new session goes to the other
         counts = {a: e.in_flight for a, e in router.fleet.servers.items()}
@@ -87,7 +94,10 @@ async def test_new_sessions_spread_to_least_loaded() -> None:
 
 async def test_overloaded_server_sheds_a_session_which_pays_one_miss() -> None:
     config = FAST.model_copy(update={"imbalance_min_gap": 2, "imbalance_ratio": 2.0})
-    async with fake_servers(2, token_latency_s=0.005) as servers, Router([address(s) for s in servers], config) as router:
+    async with (
+        fake_servers(2, token_latency_s=0.005) as servers,
+        Router([address(s) for s in servers], config) as router,
+    ):
         await router.fleet.wait_ready(2)
         prompt = list(range(3, 80))
         first = await router.generate(GenerateCall("mover", prompt, params(4, temperature=0)))
@@ -95,12 +105,11 @@ async def test_overloaded_server_sheds_a_session_which_pays_one_miss() -> None:
         # another client loads the session's server: the router sees it through GetLoad
         async with grpc.aio.insecure_channel(home) as channel:
             stub = generation_pb2_grpc.TokenGenerateStub(channel)
-            hogs = [
-                stub.Generate(generation_pb2.GenerateRequest(request_id=f"hog{i}", prompt_ids=[1, 2], sampling_params=sampling_proto(params(3000))))
-                for i in range(20)
-            ]
+            hog = {"prompt_ids": [1, 2], "sampling_params": sampling_proto(params(3000))}
+            hogs = [stub.Generate(generation_pb2.GenerateRequest(request_id=f"hog{i}", **hog)) for i in range(20)]
             await _until(lambda: router.fleet.servers[home].reported_load >= 20)
-            moved = await router.generate(GenerateCall("mover", prompt + list(first.token_ids) + [5], params(4, temperature=0)))
+            history = [*prompt, *first.token_ids, 5]
+            moved = await router.generate(GenerateCall("mover", history, params(4, temperature=0)))
             for hog in hogs:
                 hog.cancel()
         assert moved.servers[0] != home
@@ -336,7 +345,8 @@ async def test_no_healthy_server_is_an_infrastructure_error() -> None:
 async def test_discovery_file_and_prometheus_exposition(tmp_path: Path) -> None:
     async with fake_servers(2) as servers:
         discovery = tmp_path / "servers.json"
-        discovery.write_text(json.dumps({"servers": [{"address": address(s), "dp_rank": i} for i, s in enumerate(servers)]}))
+        entries = [{"address": address(s), "dp_rank": i} for i, s in enumerate(servers)]
+        discovery.write_text(json.dumps({"servers": entries}))
         async with Router.from_discovery_file(discovery, FAST) as router:
             await router.fleet.wait_ready(2)
             await router.generate(GenerateCall("m", [1, 2, 3], params(4)))

@@ -46,7 +46,7 @@ async def test_waiting_for_a_slot_ends_at_the_calls_deadline() -> None:
         await _until(lambda: router.fleet.endpoint(address(servers[0])).in_flight == 1)
         try:
             async with asyncio.timeout(30):  # without a bound the call waits until the holder's minutes-long call ends
-                with pytest.raises(InfrastructureError, match="deadline.*slot"):
+                with pytest.raises(InfrastructureError, match=r"deadline.*slot"):
                     await router.generate(GenerateCall("waiter", [1, 2, 3], params(4), timeout_s=0.2))
             assert not holder.done()
         finally:

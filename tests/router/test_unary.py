@@ -73,7 +73,8 @@ async def test_sigkill_mid_unary_generate_completes_elsewhere(server_processes) 
         await router.fleet.wait_ready(3)
         prompts = {f"traj{i}": [10 + i, 20 + i, 30 + i] for i in range(9)}
         greedy = params(30, temperature=0, logprobs=True)
-        tasks = {s: asyncio.create_task(router.generate(GenerateCall(s, prompt, greedy))) for s, prompt in prompts.items()}
+        calls = [GenerateCall(s, prompt, greedy) for s, prompt in prompts.items()]
+        tasks = {call.session_id: asyncio.create_task(router.generate(call)) for call in calls}
         await _until(lambda: all(e.in_flight for e in router.fleet.servers.values()))
         victim = server_processes[0]
         on_victim = [s for s in prompts if router.session_server(s) == victim.address]
