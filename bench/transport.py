@@ -32,6 +32,9 @@ throughput. These cases run only when vLLM is importable; --no-vllm skips them. 
 (HF_HUB_OFFLINE=1 for every process).
 
 Usage: python bench/transport.py [--calls 1500] [--repeats 5] [--vllm-calls 40] [--no-vllm]
+       [--cases router,ray] [--in-flight 1] [--vllm-only]
+--cases and --in-flight run a part of (a) to (d) while iterating (the ratios of the cases run are printed);
+--vllm-only runs (e) and (f) alone.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import importlib.util
 import os
 import re
@@ -282,7 +286,8 @@ async def _measure_vllm(name: str, call, plan: list[tuple[int, int]], repeat: in
     await _warm_up(call)
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
     for in_flight, calls in plan:
-        outcome = await drive(lambda i: call(f"{name}-{repeat}-{in_flight}-{i}"), calls, in_flight)
+        prefix = f"{name}-{repeat}-{in_flight}"
+        outcome = await drive(lambda i, prefix=prefix: call(f"{prefix}-{i}"), calls, in_flight)
         results.setdefault((name, in_flight), []).append(outcome)
         _print_run(repeat, name, in_flight, outcome, decimals=2)
     return results
@@ -442,8 +447,14 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def _transport_cases(calls: int, repeats: int) -> dict:
-    """(a) to (d) on the fake engine; Ray must be initialised. Stops its servers and actor before returning."""
+FAKE_CASES = ("router", "router_stream", "ray", "bare_grpc", "bare_stream")
+IN_FLIGHT = (1, 64)
+
+
+def _transport_cases(calls: int, repeats: int, names: tuple[str, ...] = FAKE_CASES,
+                     in_flights: tuple[int, ...] = IN_FLIGHT) -> dict:
+    """(a) to (d) on the fake engine (those in ``names``); Ray must be initialised. Stops its servers and actor
+    before returning."""
     import ray
 
     processes = []
@@ -457,14 +468,15 @@ def _transport_cases(calls: int, repeats: int) -> dict:
         actor = _ray_actor_class().options(max_concurrency=1000).remote()
         results: dict[tuple[str, int], list[dict[str, float]]] = {}
         for repeat in range(repeats):
-            for in_flight in (1, 64):
-                cases = [
-                    ("router", lambda: _bench_router(engine_address, calls, in_flight, True)),
-                    ("router_stream", lambda: _bench_router(engine_address, calls, in_flight, False)),
-                    ("ray", lambda: _bench_ray(actor, calls, in_flight)),
-                    ("bare_grpc", lambda: _bench_echo(echo_address, calls, in_flight)),
-                    ("bare_stream", lambda: _bench_stream(echo_address, calls, in_flight)),
-                ]
+            for in_flight in in_flights:
+                runs = {  # each made into a coroutine once its turn comes
+                    "router": functools.partial(_bench_router, engine_address, calls, in_flight, True),
+                    "router_stream": functools.partial(_bench_router, engine_address, calls, in_flight, False),
+                    "ray": functools.partial(_bench_ray, actor, calls, in_flight),
+                    "bare_grpc": functools.partial(_bench_echo, echo_address, calls, in_flight),
+                    "bare_stream": functools.partial(_bench_stream, echo_address, calls, in_flight),
+                }
+                cases = [(name, run) for name, run in runs.items() if name in names]
                 # every other repeat backwards: a host slowing down or speeding up within a repeat then favours
                 # no case (the paired ratios below compare cases of one repeat)
                 for name, run in cases if repeat % 2 == 0 else cases[::-1]:
@@ -511,8 +523,10 @@ def _print_transport_ratios(results: dict) -> None:
         ("router_stream_p50_over_bare_stream", "router_stream", "bare_stream", "p50_ms", 1.2),
     )
     lines = []
-    for in_flight in (1, 64):
+    for in_flight in IN_FLIGHT:
         for figure, name, baseline, key, target in figures:
+            if (name, in_flight) not in results or (baseline, in_flight) not in results:
+                continue  # a case left out (--cases, --in-flight)
             ratio, per_repeat = _paired_ratio(results, name, baseline, in_flight, key)
             print(f"{figure}_{in_flight} per repeat: {' '.join(f'{r:.2f}' for r in per_repeat)}")
             lines.append(f"RATIO {figure}_{in_flight} {ratio:.2f} target {target}")
@@ -550,6 +564,9 @@ def main() -> int:
         "--vllm-calls", type=int, default=40, help="vLLM cases: calls per run at 1 in flight (twice as many at 8)"
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM cases (e) and (f)")
+    parser.add_argument("--cases", default=",".join(FAKE_CASES), help="the fake-engine cases to run, comma-separated")
+    parser.add_argument("--in-flight", default=",".join(map(str, IN_FLIGHT)), help="1, 64 or both (comma-separated)")
+    parser.add_argument("--vllm-only", action="store_true", help="only the vLLM cases (e) and (f)")
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by the servers, Ray's workers and vLLM's processes
@@ -559,15 +576,23 @@ def main() -> int:
 
     import ray
 
+    names = tuple(name for name in args.cases.split(",") if name)
+    in_flights = tuple(int(n) for n in args.in_flight.split(","))
+    unknown = set(names) - set(FAKE_CASES) or set(in_flights) - set(IN_FLIGHT)
+    if unknown:
+        parser.error(f"unknown cases or in-flight counts: {sorted(unknown)}")
     skip_vllm = _vllm_skip_reason(args.no_vllm)
+    if args.vllm_only and skip_vllm is not None:
+        parser.error(f"--vllm-only, but the vLLM cases cannot run: {skip_vllm}")
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
-        results = _transport_cases(args.calls, args.repeats)
+        results = {} if args.vllm_only else _transport_cases(args.calls, args.repeats, names, in_flights)
         vllm_results = _vllm_cases(args.vllm_calls, args.repeats) if skip_vllm is None else {}
     finally:
         ray.shutdown()
 
-    _print_transport(results, args.calls, args.repeats)
+    if results:
+        _print_transport(results, args.calls, args.repeats)
     if skip_vllm is None:
         _print_vllm(vllm_results, args.vllm_calls, args.repeats)
     else:

@@ -65,7 +65,9 @@ def check_wire_bounds(sampling: SamplingParams, prefix: str = "sampling.") -> No
     if seed is not None and not _integer_in(seed, 0, UINT64_MAX):
         raise ValueError(f"{prefix}seed = {seed!r} must be an int in [0, 2**64 - 1] (uint64 on the wire)")
     for name in _INT32_FIELDS:
-        _check_int32(prefix + name, getattr(sampling, name))
+        value = getattr(sampling, name)
+        if not _integer_in(value, INT32_MIN, INT32_MAX):  # the name is built only for the error: every call checks
+            _check_int32(prefix + name, value)
     for index, token in enumerate(sampling.stop_token_ids):
         _check_int32(f"{prefix}stop_token_ids[{index}]", token)
 
@@ -78,6 +80,8 @@ def _check_int32(name: str, value: object) -> None:
 def _integer_in(value: object, low: int, high: int) -> bool:
     """Whether ``value`` is an integer as protobuf takes them (``__index__``, numpy's too; not a bool) in [low,
     high]."""
+    if type(value) is int:  # the common case, checked without operator.index
+        return low <= value <= high
     if isinstance(value, bool):
         return False
     try:

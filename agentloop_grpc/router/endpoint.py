@@ -81,7 +81,6 @@ class Endpoint:
         self._preemptions: int | None = None  # the count at the last report (None: no report yet)
         self._preempted_at = -float("inf")
         self._reported_at = 0.0  # when the last load report (poll answer or completion) arrived
-        self._load_gauge = metrics.server_load.labels(address)  # looked up once: completions set it often
         self.info: ServerInfo | None = None
         self._watch_task: asyncio.Task | None = None
         self._poll_task: asyncio.Task | None = None
@@ -90,9 +89,10 @@ class Endpoint:
         self._abandoned: set[grpc.aio.Call] = set()
         self._lost = False  # taken out for answering nothing, until it says SERVING again
         self._answered_at = 0.0
-        # the gauge reads the count when scraped: setting it on every begin and end cost each generate two lock
-        # round trips for a value read once per scrape at most
+        # the gauges read the counts when scraped: setting them on every begin, end and completion cost each
+        # generate three lock round trips for values read once per scrape at most
         metrics.in_flight.labels(address).set_function(lambda: self.in_flight)
+        metrics.server_load.labels(address).set_function(lambda: self.reported_load)
 
     def start(self) -> None:
         self._watch_task = asyncio.create_task(self._watch_health(delay_s=0.0), name=f"health-{self.address}")
@@ -106,9 +106,10 @@ class Endpoint:
                     await task
         self._set_healthy(False)
         await self.channel.close()
-        # the gauge keeps its last reading, not a reference to this closed endpoint (and its channel)
-        last = self.in_flight
-        self._metrics.in_flight.labels(self.address).set_function(lambda: last)
+        # the gauges keep their last readings, not a reference to this closed endpoint (and its channel)
+        in_flight, reported = self.in_flight, self.reported_load
+        self._metrics.in_flight.labels(self.address).set_function(lambda: in_flight)
+        self._metrics.server_load.labels(self.address).set_function(lambda: reported)
 
     async def take_slot(self, deadline: float) -> bool:
         """Take one of the call slots, waiting until ``deadline`` (``time.monotonic``) at most; whether one was
@@ -158,7 +159,6 @@ class Endpoint:
         self._preemptions = load.preemptions
         full = load.kv_cache_usage >= self._config.kv_pressure_usage
         self.pressured = full or now - self._preempted_at < self._config.load_poll_interval_s
-        self._load_gauge.set(self.reported_load)
 
     def abandoned(self, call: grpc.aio.Call) -> bool:
         """Whether ``call`` was cancelled because the server stopped answering, not by its caller's cancellation."""

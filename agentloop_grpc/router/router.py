@@ -62,6 +62,7 @@ class Router:
         self._sessions = StickySessions(self.config.max_sessions, self.config.session_ttl_s)
         # as an enum whatever the config holds: one copied with model_copy(update=...) may hold a plain string
         self._placement = Placement(self.config.placement)
+        self._sticky = self._placement in STICKY
         self._prefixes = PrefixIndex(self.config.prefix_index_blocks, self.config.prefix_block_tokens)
         self._indexed_version = 0
         self._sequence = itertools.count()  # round_robin's turn
@@ -69,11 +70,8 @@ class Router:
         self._no_end_sessions: set[str] = set()  # servers that answered EndSessions with UNIMPLEMENTED
         self._active: dict[str, dict[str, Endpoint]] = {}  # session -> request id -> endpoint
         self._background: set[asyncio.Task] = set()
-        # label lookups cost a lock and a validation each: every generate counts one decision
-        self._decision_counters = {decision: self.metrics.decisions.labels(decision.value) for decision in Decision}
-        self._attempt_counters = {
-            unary: self.metrics.attempts.labels("unary" if unary else "stream") for unary in (False, True)
-        }
+        self._decisions = self.metrics.decisions.counts  # every generate counts one decision and one attempt
+        self._attempts = self.metrics.attempts.counts
         self._request_id_prefix = uuid.uuid4().hex
         self._request_counter = itertools.count()
         self._grouped = (
@@ -149,21 +147,19 @@ class Router:
         session_id = call.session_id
         current = self._sessions.get(session_id)
         # most calls: a session on a routable server within the imbalance bound, judged without reading every load
-        sticky = None
-        if current is not None and not avoid and self._placement in STICKY:
-            sticky = fleet.sticky_loads(current)
-        if sticky is not None and keeps(*sticky, config):
+        sticky = fleet.sticky_loads(current) if current is not None and not avoid and self._sticky else None
+        if sticky is not None and keeps(sticky[0], sticky[1], config):
             address, decision = current, Decision.STICKY
         else:  # new, or moving, or judged over every routable load (servers held out, or this request's failed)
             loads = await fleet.routable_loads(min(deadline, time.monotonic() + config.no_server_wait_s), avoid)
-            if (self._placement in STICKY and current is not None and current in loads
+            if (self._sticky and current is not None and current in loads
                     and keeps(loads[current], min(loads.values()), config)):
                 address, decision = current, Decision.STICKY
             elif self._placement is Placement.CACHE_AWARE:
                 address, decision = await self._place(progress, current, loads, avoid)
             else:
                 address, decision = choose_server(session_id, current, loads, config, sequence=next(self._sequence))
-        self._decision_counters[decision].inc()
+        self._decisions[decision.value] += 1
         if decision is Decision.MOVED:
             log.debug("session %s moves to %s", session_id, address)
         self._sessions.remember(session_id, address, time.monotonic(), call.group_id)
@@ -393,7 +389,7 @@ class Router:
         endpoint.begin_request(call)
         progress.servers.append(endpoint.address)
         self._active.setdefault(progress.call.session_id, {})[attempt_id] = endpoint
-        self._attempt_counters[unary].inc()
+        self._attempts["unary" if unary else "stream"] += 1
 
     def _end_attempt(
         self, endpoint: Endpoint, progress: CallProgress, attempt_id: str, call: grpc.aio.Call, finished: bool
