@@ -13,7 +13,9 @@ proportion they were generated. A group still too stale when taken (its oldest t
 behind: an engine that served older weights) is dropped, counted, and replaced by a new admission.
 
 The stream is trainer-agnostic: ``next_group(index)`` makes the group's samples, ``run_group`` rolls them out (the
-manager's ``generate``, loops or an agent's sessions), and a consumer takes groups with ``take``.
+manager's ``generate``, loops or an agent's sessions), and a consumer takes groups with ``take``. The trainer's
+version and ``max_staleness`` are the run's ``VersionClock`` (version_clock.py), read here and never copied:
+whoever advances the clock calls ``wake`` so that admission sees it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 
 from agentloop_grpc.agent import Sample, Trajectory
 from agentloop_grpc.agent.manager import RolloutBatch
+
+from .version_clock import VersionClock
 
 
 def admission_limit(version: int, groups_per_step: int, max_staleness: int, discarded: int = 0) -> int:
@@ -72,20 +76,16 @@ class GroupStream:
         next_group: Callable[[int], Sequence[Sample]],
         run_group: Callable[[Sequence[Sample]], Awaitable[RolloutBatch]],
         groups_per_step: int,
-        max_staleness: int,
-        version: int = 0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: VersionClock,
+        timer: Callable[[], float] = time.monotonic,
     ) -> None:
         if groups_per_step < 1:
             raise ValueError("groups_per_step must be >= 1")
-        if max_staleness < 0:
-            raise ValueError("max_staleness must be >= 0")
         self.next_group, self.run_group = next_group, run_group
-        self.groups_per_step, self.max_staleness = groups_per_step, max_staleness
+        self.groups_per_step, self.clock = groups_per_step, clock
         self.counters = StreamCounters()
-        self._clock = clock
-        self._version = version
-        self._start_version = version
+        self._timer = timer
+        self._start_version = clock.version  # admission counts the trainer's versions from the stream's start
         self._discarded = 0
         self._finished: dict[int, FinishedGroup] = {}
         self._next_take = 0
@@ -95,28 +95,18 @@ class GroupStream:
         self._error: BaseException | None = None
         self._idle_since: float | None = None
 
-    @property
-    def version(self) -> int:
-        return self._version
-
     def limit(self) -> int:
         """Groups that may have been admitted by now (see ``admission_limit``; versions count from the start)."""
-        return admission_limit(self._version - self._start_version, self.groups_per_step, self.max_staleness,
-                               self._discarded)
+        return admission_limit(self.clock.version - self._start_version, self.groups_per_step,
+                               self.clock.max_staleness, self._discarded)
 
     async def start(self) -> None:
         self._changed = asyncio.Event()
-        self._idle_since = self._clock()
+        self._idle_since = self._timer()
         self._admitter = asyncio.create_task(self._admit())
 
-    def set_version(self, version: int) -> None:
-        """The trainer's weights are now ``version`` on the engines: more groups may start. Call on the loop."""
-        if version < self._version:
-            raise ValueError(f"versions only go up ({version} after {self._version})")
-        self._version = version
-        self._wake()
-
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """The clock moved (or a group was dropped): admit what may start now. Call on the stream's loop."""
         if self._changed is not None:
             self._changed.set()
 
@@ -133,7 +123,7 @@ class GroupStream:
 
     def _launch(self, index: int, samples: tuple[Sample, ...]) -> None:
         if self.counters.in_flight == 0 and self._idle_since is not None:
-            self.counters.engine_idle_s += self._clock() - self._idle_since
+            self.counters.engine_idle_s += self._timer() - self._idle_since
             self._idle_since = None
         self.counters.in_flight += 1
         task = asyncio.create_task(self._run(index, samples))
@@ -151,19 +141,15 @@ class GroupStream:
         finally:
             self.counters.in_flight -= 1
             if self.counters.in_flight == 0:
-                self._idle_since = self._clock()
-            self._wake()
-
-    def _too_stale(self, group: FinishedGroup) -> bool:
-        oldest = group.oldest_version
-        return oldest is not None and self._version - oldest > self.max_staleness
+                self._idle_since = self._timer()
+            self.wake()
 
     async def take(self, count: int) -> list[FinishedGroup]:
         """The next ``count`` groups in admission order (waiting for each; the wait counts as trainer idle). A
         group too stale by now is dropped and another admitted in its place."""
         assert self._changed is not None, "start() first"
         taken: list[FinishedGroup] = []
-        started = self._clock()
+        started = self._timer()
         try:
             while len(taken) < count:
                 if self._error is not None:
@@ -175,21 +161,21 @@ class GroupStream:
                     continue
                 self._next_take += 1
                 self.counters.waiting -= 1
-                if self._too_stale(group):
+                if self.clock.too_stale(group.oldest_version):
                     self.counters.dropped_stale += 1
                     self._discarded += 1
-                    self._wake()
+                    self.wake()
                     continue
                 taken.append(group)
         finally:
-            self.counters.trainer_wait_s += self._clock() - started
+            self.counters.trainer_wait_s += self._timer() - started
         return taken
 
     def engine_idle_s(self) -> float:
         """Seconds with no group in flight so far (engines idle: admission held them back)."""
         idle = self.counters.engine_idle_s
         if self.counters.in_flight == 0 and self._idle_since is not None:
-            idle += self._clock() - self._idle_since
+            idle += self._timer() - self._idle_since
         return idle
 
     async def close(self) -> None:

@@ -15,6 +15,7 @@ from agentloop_grpc.agent import Sample, Termination, Trajectory
 from agentloop_grpc.agent.manager import RolloutBatch
 from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.integrations.group_stream import GroupStream, admission_limit, oldest_version
+from agentloop_grpc.integrations.version_clock import VersionClock
 
 
 def _trajectory(sample: Sample, version: int, failed: bool = False) -> Trajectory:
@@ -49,7 +50,7 @@ class Simulated:
     async def run_group(self, samples) -> RolloutBatch:
         assert self.stream is not None
         index = int(samples[0].group_id)
-        version = self.stale_version.get(index, self.stream.version)
+        version = self.stale_version.get(index, self.stream.clock.version)
         self.running += 1
         self.most_running = max(self.most_running, self.running)
         try:
@@ -62,7 +63,9 @@ class Simulated:
 
 async def _train(sim: Simulated, steps: int, groups_per_step: int, max_staleness: int, train_s: float = 0.003,
                  base: int = 0):
-    stream = sim.stream = GroupStream(sim.next_group, sim.run_group, groups_per_step, max_staleness, base)
+    clock = VersionClock(max_staleness)
+    clock.start(base)
+    stream = sim.stream = GroupStream(sim.next_group, sim.run_group, groups_per_step, clock)
     await stream.start()
     trained = []  # (step, group)
     try:
@@ -70,7 +73,8 @@ async def _train(sim: Simulated, steps: int, groups_per_step: int, max_staleness
             for group in await stream.take(groups_per_step):
                 trained.append((step, group))
             await asyncio.sleep(train_s)
-            stream.set_version(base + step + 1)
+            clock.advance(base + step + 1)
+            stream.wake()
     finally:
         await stream.close()
     return stream, trained
@@ -137,7 +141,7 @@ def test_a_failed_rollout_is_raised_to_the_trainer():
         raise ConnectionError("no engine answers")
 
     async def main():
-        stream = GroupStream(Simulated().next_group, broken, 1, 1)
+        stream = GroupStream(Simulated().next_group, broken, 1, VersionClock(1))
         await stream.start()
         try:
             with pytest.raises(RuntimeError, match="no engine answers"):
@@ -156,6 +160,6 @@ def test_oldest_version_reads_model_tokens_of_trajectories_that_did_not_fail():
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="groups_per_step"):
-        GroupStream(Simulated().next_group, Simulated().run_group, 0, 1)
+        GroupStream(Simulated().next_group, Simulated().run_group, 0, VersionClock(1))
     with pytest.raises(ValueError, match="max_staleness"):
-        GroupStream(Simulated().next_group, Simulated().run_group, 1, -1)
+        VersionClock(-1)

@@ -9,10 +9,17 @@ import pytest
 
 from agentloop_grpc.agent import Sample
 from agentloop_grpc.integrations.trl.rollout_samples import rollout_samples
+from agentloop_grpc.integrations.version_clock import VersionClock
 
 from .test_trl_fields import failed, trajectory
 
 MESSAGES = ({"role": "user", "content": "What is 2 + 3?"},)
+
+
+def _clock(base: int) -> VersionClock:
+    clock = VersionClock()
+    clock.start(base)
+    return clock
 
 
 def _samples(n: int) -> list[Sample]:
@@ -21,7 +28,7 @@ def _samples(n: int) -> list[Sample]:
 
 def test_a_trajectory_becomes_a_sample_token_for_token():
     t = trajectory("s0", reward=1.0, weight_versions=(7, 7, 8, -1, -1, 8, 8))
-    (sample,), metrics = rollout_samples(_samples(1), [t], group_id=12, base_version=5)
+    (sample,), metrics = rollout_samples(_samples(1), [t], group_id=12, clock=_clock(5))
     assert sample.input_ids.tolist() == list(t.prompt_ids) + list(t.response_ids)
     assert sample.input_ids.dtype == np.int64 and sample.completion_mask.dtype == np.int64
     assert sample.completion_mask.tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
@@ -36,7 +43,7 @@ def test_a_trajectory_becomes_a_sample_token_for_token():
 def test_advantages_are_trls_over_the_trajectories_that_did_not_fail():
     group = [trajectory("s0", reward=1.0), trajectory("s1", reward=0.0), trajectory("s2", reward=1.0),
              failed("s3", infrastructure=True), failed("s4", infrastructure=False)]
-    samples, metrics = rollout_samples(_samples(5), group, group_id=0, base_version=0)
+    samples, metrics = rollout_samples(_samples(5), group, group_id=0, clock=_clock(0))
     assert len(samples) == 3  # the failed ones are no samples
     rewards = np.array([1.0, 0.0, 1.0])
     expected = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
@@ -47,7 +54,7 @@ def test_advantages_are_trls_over_the_trajectories_that_did_not_fail():
 
 
 def test_a_group_that_failed_whole_yields_nothing_but_its_count():
-    samples, metrics = rollout_samples(_samples(2), [failed("s0", True), failed("s1", True)], 3, 0)
+    samples, metrics = rollout_samples(_samples(2), [failed("s0", True), failed("s1", True)], 3, _clock(0))
     assert samples == [] and metrics["agentloop/infrastructure_failures_total"] == 2.0
 
 
@@ -55,7 +62,7 @@ class _Rollout:
     """What AgentLoopRolloutWorker asks of an AsyncAgentLoopRollout, over a real GroupStream whose groups fail to
     roll out (the worker's health logic is under test, not the loops)."""
 
-    base_version = 0
+    clock = VersionClock(1)
 
     def __init__(self, run_group) -> None:
         from agentloop_grpc.integrations.background_loop import BackgroundLoop
@@ -68,7 +75,7 @@ class _Rollout:
         from agentloop_grpc.integrations.group_stream import GroupStream
 
         async def open_():
-            stream = GroupStream(lambda i: _samples(group_size), self.run_group, groups_per_step, 1)
+            stream = GroupStream(lambda i: _samples(group_size), self.run_group, groups_per_step, self.clock)
             await stream.start()
             return stream
 

@@ -41,15 +41,15 @@ from typing import Any
 from agentloop_grpc.common.types import PauseMode
 
 from ..named_tensors import named_tensor
-from .async_rollout import AsyncAgentLoopRollout
+from .rollout import AgentLoopRollout
 from .rollout_samples import rollout_samples
 
 
 class AgentLoopRolloutWorker:
-    """TRL's ``RolloutWorkerProtocol`` over an ``AsyncAgentLoopRollout`` (see the module docstring).
+    """TRL's ``RolloutWorkerProtocol`` over an ``AgentLoopRollout`` (see the module docstring).
     ``groups_per_step``: groups one optimizer step trains (its samples / ``num_generations``)."""
 
-    def __init__(self, rollout: AsyncAgentLoopRollout, num_generations: int, groups_per_step: int) -> None:
+    def __init__(self, rollout: AgentLoopRollout, num_generations: int, groups_per_step: int) -> None:
         if num_generations < 1 or groups_per_step < 1:
             raise ValueError("num_generations and groups_per_step must be >= 1")
         self.rollout = rollout
@@ -68,7 +68,7 @@ class AgentLoopRolloutWorker:
         while True:
             [group] = await stream.take(1)
             samples, metrics = rollout_samples(group.samples, group.trajectories, group.index,
-                                               self.rollout.base_version)
+                                               self.rollout.clock)
             for sample in samples:
                 self.rollout_buffer.put_nowait(sample)  # unbounded: admission bounds what can be queued
             self.metrics_queue.put_nowait({**metrics, "agentloop/rollout_queue_groups": float(stream.counters.waiting)})
@@ -100,7 +100,7 @@ class AgentLoopRolloutWorker:
 class AgentLoopWeightTransfer:
     """TRL's ``WeightTransferProtocol`` through the rollout's manager (see the module docstring)."""
 
-    def __init__(self, rollout: AsyncAgentLoopRollout, keep: bool = False) -> None:
+    def __init__(self, rollout: AgentLoopRollout, keep: bool = False) -> None:
         self.rollout = rollout
         self.keep = keep
         self.sent = 0  # the trainer's model_version after the last send
@@ -117,7 +117,8 @@ class AgentLoopWeightTransfer:
 
     def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
         tensors = [named_tensor(name, tensor) for name, tensor in iterator]
-        self._run(self.rollout.manager.update_weights(tensors, self.rollout.base_version + self.sent + 1,
+        # the trainer's model_version counts its updates from 0: the clock's base is where they start
+        self._run(self.rollout.manager.update_weights(tensors, self.rollout.clock.base + self.sent + 1,
                                                       leave_out_unreachable=True))
         self.sent += 1
 
@@ -129,13 +130,13 @@ class AgentLoopWeightTransfer:
         """The rollout (and its manager) is the worker's to close."""
 
 
-async def _pause_keep(rollout: AsyncAgentLoopRollout) -> None:
+async def _pause_keep(rollout: AgentLoopRollout) -> None:
     control = rollout.manager.control
     assert control is not None  # a started manager has its Fleet
     (await control.pause(PauseMode.KEEP)).raise_for_errors()
 
 
-async def _resume(rollout: AsyncAgentLoopRollout) -> None:
+async def _resume(rollout: AgentLoopRollout) -> None:
     control = rollout.manager.control
     assert control is not None
     (await control.resume()).raise_for_errors()

@@ -14,15 +14,21 @@ each sample is a session of the session gateway served in this process over the 
 pushes, pauses and failover are the loops'), and the session's main chain is the sample's completion; TRL takes one
 completion per prompt, so the chains an agent forked are counted (``forked_chains``) and not trained on.
 
-Weights: ``push_weights`` sends the trainer model's parameters to every engine (Pause ABORT, UpdateWeights with
-``weight_version``, Resume) so the next rollout's tokens record the version that produced them;
-``WeightSyncCallback`` calls it after every optimizer step with ``global_step`` as the version (offset by the
-engines' version at start when they already had updates, so versions only go up).
+Fully-async (``max_staleness`` set; ``AsyncAgentLoopRollout``): the same rollout function over a streaming source
+(``streamed_groups.py``) instead of the step's prompts: training steps take finished groups of a ``GroupStream``
+that keeps the engines busy while the trainer trains, admitted while the trainer is at most ``max_staleness``
+versions ahead of them; evaluation still rolls out the prompts asked.
+
+Weights and versions: one ``VersionClock`` (version_clock.py) says which version step s's weights are (the engines'
+version at start plus the steps since the run's first one, so versions only go up, also on a resumed trainer);
+``push_weights`` sends the trainer model's parameters to every engine as that version, so the next tokens record
+it, and moves the clock, which the stream admits by; ``WeightSyncCallback`` calls it after every optimizer step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.metadata
 import json
 import logging
@@ -42,8 +48,11 @@ from agentloop_grpc.agent.spec import load_codec
 from ..background_loop import BackgroundLoop
 from ..external_agent import ExternalAgent
 from ..gateway_player import GatewayPlayer
+from ..group_stream import GroupStream
 from ..logprob_check import LogprobDiff, compare
+from ..version_clock import VersionClock
 from .fields import trl_fields
+from .streamed_groups import StreamedGroups
 from .weights import model_tensors
 
 #: TRL's rollout_func is experimental: the version this integration is tested with (the ``trl`` extra pins it).
@@ -93,6 +102,8 @@ class AgentLoopRollout:
         ready_timeout_s: float = 300.0,
         keep_steps: int = 16,
         agent: ExternalAgent | None = None,
+        max_staleness: int | None = None,
+        seed: int = 0,
     ) -> None:
         """``rows``: the dataset rows (``messages``, optional ``ground_truth``, ``tools``, ``tools_kwargs``,
         ``loop``, ``interaction``), as ``agentloop rollout`` reads them. ``default_loop``: the loop of rows that
@@ -101,7 +112,10 @@ class AgentLoopRollout:
         ``check_logprobs``: trajectories per step whose engine logprobs are compared with a recompute by the
         trainer's model (0: none). ``keep_steps``: rollouts kept in ``history`` (the oldest go first: a long run
         must not hold every trajectory it made). ``agent``: an agent of your own plays the samples (see the module
-        docstring); its program is checked here (AgentConfigError), before anything starts."""
+        docstring); its program is checked here (AgentConfigError), before anything starts. ``max_staleness``:
+        fully-async training (None: synchronous), the versions a trained group may lag the trainer (0: a step's
+        groups start only once the previous step's weights are on the engines); ``seed``: the stream's dataset
+        order."""
         self.spec = spec
         self.agent = agent if agent is None else trainer_sampling(agent, spec.loop)
         if agent is not None and agent.reward == "function" and spec.reward is None:
@@ -126,10 +140,12 @@ class AgentLoopRollout:
         self._manager: AgentLoopManager | None = None
         self._grammars = None
         self._calls = 0
+        self._forked_seen = 0
         self.placeholder_id = 0
-        #: The engines' weight version when the run started: step s's weights are version base_version + s (0
-        #: on fresh engines, so the version is the step); versions only go up, also across runs on one engine.
-        self.base_version = 0
+        #: The trainer's version, read by the rollouts, the stream and the weight pushes.
+        self.clock = VersionClock(max_staleness or 0)
+        self._streamed = None if max_staleness is None else StreamedGroups(
+            list(self._rows.values()), self._sample, self._run_group, self.clock, seed)
         self.history: deque[StepRecord] = deque(maxlen=keep_steps)
         #: The engines the last weight push left out (they did not answer).
         self.left_out: frozenset[str] = frozenset()
@@ -164,7 +180,7 @@ class AgentLoopRollout:
         await manager.control.wait_ready(min_servers=servers, timeout_s=self.ready_timeout_s)
         await manager.check_tokenizer()
         infos = list((await manager.control.server_info()).raise_for_errors().responses.values())
-        self.base_version = max(int(info.weight_version) for info in infos)
+        self.clock.start(max(int(info.weight_version) for info in infos))
         codec = await asyncio.to_thread(load_codec, self.spec.model_dir)
         tokenizer = codec.tokenizer
         self.placeholder_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -200,6 +216,7 @@ class AgentLoopRollout:
     def close(self) -> None:
         if self._loop is None:
             return
+        self.close_stream()
         if self._players is not None:  # the gateway first: it generates through the manager's Router
             self._loop.run(self._players.close())
         if self._manager is not None:
@@ -209,6 +226,11 @@ class AgentLoopRollout:
         self._loop = None
 
     @property
+    def base_version(self) -> int:
+        """The engines' weight version when the run started (the clock's base)."""
+        return self.clock.base
+
+    @property
     def manager(self) -> AgentLoopManager:
         if self._manager is None:
             raise RuntimeError("the rollout is not started (use it as a context manager, or call start())")
@@ -216,26 +238,83 @@ class AgentLoopRollout:
 
     # -- TRL's rollout_func -----------------------------------------------------------------------------------
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
-        """Roll out ``prompts`` (TRL's per-process slice, groups of ``num_generations`` identical prompts)."""
+        """Roll out ``prompts`` (TRL's per-process slice, groups of ``num_generations`` identical prompts), or,
+        fully-async and training, take as many finished groups of the stream."""
         if self._loop is None:
             self.start()
+        assert self._loop is not None  # started above
         training = trainer.model.training
         group_size = trainer.num_generations if training else trainer.num_generations_eval
         step = int(trainer.state.global_step)
-        samples = self.samples(prompts, group_size, f"s{step}.{self._calls}")
-        self._calls += 1
+        version = self.clock.version_of(step)
         started = time.monotonic()
-        forked = self._players.forked_chains if self._players is not None else 0
-        batch = self._loop.run(self.manager.generate(samples, player=self._players, rows=self.rows_of(samples)))
-        record = StepRecord(step, batch.trajectories, time.monotonic() - started)
-        record.metrics = step_metrics(batch.trajectories, batch.metrics, self.base_version + step)
-        if self._players is not None:
-            record.metrics["forked_chains"] = float(self._players.forked_chains - forked)
-        if self.check_logprobs and training:
+        if self._streamed is not None and training:
+            if group_size < 1 or len(prompts) % group_size:
+                raise ValueError(f"{len(prompts)} prompts do not split into groups of num_generations={group_size}")
+            stream = self._streamed.stream or self.open_stream(group_size, len(prompts) // group_size)
+            self._advance_to(version)  # the trainer is at this step: its groups may start
+            groups = self._loop.run(stream.take(len(prompts) // group_size))
+            trajectories = tuple(t for g in groups for t in g.trajectories)
+            rollout = RolloutMetrics.of(trajectories, time.monotonic() - started)
+            extra = self._streamed.metrics(trajectories, version)
+            offered = {t.sample_id: s.tools for g in groups for s, t in zip(g.samples, g.trajectories, strict=True)}
+            checked: int | None = version  # on the tokens the trainer's weights made (older ones differ by design)
+        else:
+            samples = self.samples(prompts, group_size, f"s{step}.{self._calls}")
+            self._calls += 1
+            batch = self._loop.run(self.manager.generate(samples, player=self._players, rows=self.rows_of(samples)))
+            trajectories, rollout, extra, checked = batch.trajectories, batch.metrics, {}, None
             offered = {sample.sample_id: sample.tools for sample in samples}
-            record.metrics.update(self._check_logprobs(trainer, batch.trajectories, offered))
+        record = StepRecord(step, trajectories, time.monotonic() - started)
+        record.metrics = {**step_metrics(trajectories, rollout, version), **extra}
+        if self._players is not None:
+            record.metrics["forked_chains"] = float(self._players.forked_chains - self._forked_seen)
+            self._forked_seen = self._players.forked_chains
+        if self.check_logprobs and training:
+            record.metrics.update(self._check_logprobs(trainer, trajectories, offered, checked))
         self.history.append(record)
-        return trl_fields(batch.trajectories, self.placeholder_id)
+        return trl_fields(trajectories, self.placeholder_id)
+
+    def _sample(self, row: Mapping[str, Any], sample_id: str, group_id: str) -> Sample:
+        return row_sample(row, sample_id, group_id, self.default_loop, self.ground_truth_kwargs)
+
+    async def _run_group(self, samples: Sequence[Sample]):
+        return await self.manager.generate(samples, player=self._players, rows=self.rows_of(samples))
+
+    # -- the stream (fully-async) -----------------------------------------------------------------------------
+    @property
+    def stream(self) -> GroupStream | None:
+        """The open stream of groups (None before ``open_stream`` or the first training call, or synchronous)."""
+        return None if self._streamed is None else self._streamed.stream
+
+    def open_stream(self, group_size: int, groups_per_step: int) -> GroupStream:
+        """Start the stream of groups of ``group_size`` (admitting ``groups_per_step`` per trainer version, from
+        the clock's version now); a consumer drives it on this rollout's loop (``advance``, ``take``)."""
+        if self._streamed is None:
+            raise RuntimeError("a synchronous rollout has no stream (set max_staleness)")
+        self.start()
+        assert self._loop is not None  # started
+        return self._loop.run(self._streamed.open(group_size, groups_per_step))
+
+    def close_stream(self) -> None:
+        """Stop admitting and cancel the groups still rolling out (the manager stays up)."""
+        if self._streamed is not None and self._loop is not None:
+            self._loop.run(self._streamed.close())
+
+    def submit(self, coroutine) -> concurrent.futures.Future:
+        """Start ``coroutine`` on this rollout's loop (where the stream lives) without waiting."""
+        if self._loop is None:
+            coroutine.close()
+            raise RuntimeError("the rollout is not started")
+        return self._loop.submit(coroutine)
+
+    def advance(self, trained_versions: int) -> None:
+        """The engines now hold the trainer's weights after ``trained_versions`` updates of this run."""
+        self._advance_to(self.clock.base + trained_versions)
+
+    def _advance_to(self, version: int) -> None:
+        if self._loop is not None:
+            self._loop.run(_advance(self.clock, self.stream, version))
 
     def rows_of(self, samples: Sequence[Sample]) -> list[Mapping[str, Any]]:
         """Each sample's dataset row (what an agent of your own gets, with the sample's fields)."""
@@ -285,13 +364,14 @@ class AgentLoopRollout:
     # -- weights ----------------------------------------------------------------------------------------------
     def push_weights(self, model, step: int) -> float:
         """Send ``model``'s trainable parameters to every engine that answers as the weights of optimizer step
-        ``step`` (version ``base_version + step``; those that do not are in ``left_out``); return the seconds it
+        ``step`` (the clock's version of that step; those that do not are in ``left_out``); return the seconds it
         took."""
         started = time.monotonic()
         tensors = model_tensors(model)
+        version = self.clock.version_of(step)
         # an engine that died is left out (the Router has failed its work over): training goes on with the others
-        self.left_out = self._loop.run(self.manager.update_weights(tensors, self.base_version + step,
-                                                                   leave_out_unreachable=True))
+        self.left_out = self._loop.run(self.manager.update_weights(tensors, version, leave_out_unreachable=True))
+        self._advance_to(version)
         return time.monotonic() - started
 
     def engine_versions(self) -> dict[str, int]:
@@ -300,6 +380,12 @@ class AgentLoopRollout:
         if not infos.responses:
             infos.raise_for_errors()
         return {address: int(info.weight_version) for address, info in infos.responses.items()}
+
+
+async def _advance(clock: VersionClock, stream: GroupStream | None, version: int) -> None:
+    """On the rollout's loop, where the stream reads the clock: move it, and wake the stream when it moved."""
+    if clock.advance(version) and stream is not None:
+        stream.wake()
 
 
 def trainer_sampling(agent: ExternalAgent, loop: AgentLoopConfig) -> ExternalAgent:

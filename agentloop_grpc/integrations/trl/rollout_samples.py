@@ -25,11 +25,13 @@ from agentloop_grpc.agent import Sample, Trajectory
 from agentloop_grpc.agent.metrics import infrastructure_causes
 
 from ..group_stream import oldest_version
+from ..version_clock import VersionClock
 
 
 def rollout_samples(samples: Sequence[Sample], trajectories: Sequence[Trajectory], group_id: int,
-                    base_version: int) -> tuple[list[Any], dict[str, float]]:
-    """(``RolloutSample``s, metrics for the trainer's metrics queue) of one group."""
+                    clock: VersionClock) -> tuple[list[Any], dict[str, float]]:
+    """(``RolloutSample``s, metrics for the trainer's metrics queue) of one group; a sample's ``model_version`` is
+    its oldest token's version as the trainer counts it (updates of this run, ``clock``)."""
     import numpy as np
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
@@ -51,7 +53,7 @@ def rollout_samples(samples: Sequence[Sample], trajectories: Sequence[Trajectory
                                                        zip(t.response_logprobs, t.response_mask, strict=True)],
                                      dtype=np.float32),
             advantage=(t.reward - mean) / (std + 1e-8),
-            model_version=version - base_version,
+            model_version=clock.steps_since_start(version),
             group_id=group_id,
             metrics={"reward": float(t.reward), "reward_std": std},
             enqueued_at=now,
