@@ -35,10 +35,10 @@ does (its total is input + cache read + cache creation). The engine's token ids 
 object (in ``message_delta`` when streamed), which Anthropic's clients keep as an unknown field. A finish on a stop
 string is reported as ``end_turn``: ChatReply does not say which stop string matched.
 
-Streaming. Nothing is written before the first item of the stream arrives, so an error the gateway raises before
-the turn starts is an HTTP error, not an event. TextDeltas become one text block as they come; the final ChatReply
-closes it (adding what of ``content`` was not streamed) and adds a block per tool call, its input sent whole as one
-``input_json_delta``. The message id is made here (``msg_...``), as the stream's id is needed before the ChatReply
+Streaming (the rules are reply_events.py's; ``MessagesStream`` writes its events). Nothing is written before the
+turn starts, so an error the gateway raises before then is an HTTP error, not an event. The text is one block as it
+comes; a block per tool call follows, its input sent whole as one ``input_json_delta``; a failure after the start is
+``event: error``. The message id is made here (``msg_...``), as the stream's id is needed before the ChatReply
 carrying the gateway's id arrives.
 """
 
@@ -46,12 +46,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from .anthropic_input import read_messages, read_tool_choice, read_tools, system_text
 from .config import GatewayLimits
 from .exchange import ChatReply, ChatRequest, FinishReason, GatewayError, TextDelta, ToolChoice, agentloop_extension
+from .reply_events import Failed, Finished, ReplyEvent, Started, TextClosed, TextOpened, ToolCall
 from .wire import sse
 from .wire_checks import TOP, Fields, reading, refuse
 
@@ -177,93 +177,50 @@ class AnthropicMessages:
             "agentloop": agentloop_extension(reply),
         }
 
-    async def events(self, request: ChatRequest, stream: AsyncIterator[TextDelta | ChatReply]) -> AsyncIterator[bytes]:
-        items = aiter(stream)
-        # 1. the first item before any event: an error now is the request's HTTP error, raised to the gateway
-        item = await anext(items, None)
-        if item is None:  # the gateway's bug, not the client's
-            raise RuntimeError("the reply stream ended without a ChatReply")
-        yield _event(
-            {
-                "type": "message_start",
-                "message": {
-                    "id": f"msg_{uuid.uuid4().hex}",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": request.model,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": {"input_tokens": 0, "output_tokens": 0},
-                },
-            }
-        )
-        # 2. text as it comes, in block 0 (opened by the first non-empty delta)
-        streamed: list[str] = []
-        try:
-            while isinstance(item, TextDelta):
-                if item.text:
-                    if not streamed:
-                        yield _event(
-                            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-                        )
-                    streamed.append(item.text)
-                    yield _event(
-                        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": item.text}}
-                    )
-                item = await anext(items, None)
-        except GatewayError as error:  # the 200 and message_start are sent: the error can only be an event now
-            yield _event(self.error(error))
-            return
-        if item is None:
-            raise RuntimeError("the reply stream ended without a ChatReply")
-        # 3. the final reply: the text it holds beyond what streamed, its calls, why it stopped and the usage
-        sent = "".join(streamed)
-        if item.content.startswith(sent) and len(item.content) > len(sent):
-            if not streamed:
-                yield _event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
-            streamed.append(item.content[len(sent) :])
-            yield _event(
-                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": streamed[-1]}}
-            )
-        index = 0
-        if streamed:
-            yield _event({"type": "content_block_stop", "index": 0})
-            index = 1
-        for call in item.tool_calls:
-            yield _event(
-                {
-                    "type": "content_block_start",
-                    "index": index,
-                    "content_block": {
-                        "type": "tool_use",
-                        "id": call["id"],
-                        "name": call["function"]["name"],
-                        "input": {},
-                    },
-                }
-            )
-            yield _event(
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {"type": "input_json_delta", "partial_json": json.dumps(_input(call))},
-                }
-            )
-            yield _event({"type": "content_block_stop", "index": index})
-            index += 1
-        yield _event(
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": _STOP_REASONS[item.finish_reason], "stop_sequence": None},
-                "usage": _usage(item),
-                "agentloop": agentloop_extension(item),
-            }
-        )
-        yield _event({"type": "message_stop"})
+    def writer(self, request: ChatRequest) -> MessagesStream:
+        return MessagesStream(request)
 
     def error(self, error: GatewayError) -> dict[str, Any]:
         return {"type": "error", "error": {"type": _ERROR_TYPES.get(error.kind, "api_error"), "message": error.message}}
 
 
 ANTHROPIC_MESSAGES = AnthropicMessages()
+
+
+class MessagesStream:
+    """A stream's events as Anthropic's: ``message_start``, the text block (index 0) and a ``tool_use`` block per call
+    (its input whole in one ``input_json_delta``), ``message_delta`` and ``message_stop``. A failed stream ends with
+    ``event: error`` (which the anthropic SDK raises as an APIStatusError)."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.request = request
+
+    def write(self, event: ReplyEvent) -> bytes:
+        match event:
+            case Started():
+                return _event({"type": "message_start", "message": {
+                    "id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
+                    "model": self.request.model, "content": [], "stop_reason": None, "stop_sequence": None,
+                    "usage": {"input_tokens": 0, "output_tokens": 0}}})
+            case TextOpened():
+                block = {"type": "text", "text": ""}
+                return _event({"type": "content_block_start", "index": 0, "content_block": block})
+            case TextDelta(text=text) if text:
+                delta = {"type": "text_delta", "text": text}
+                return _event({"type": "content_block_delta", "index": 0, "delta": delta})
+            case TextClosed():
+                return _event({"type": "content_block_stop", "index": 0})
+            case ToolCall(block=block, call=call):
+                start = {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": {}}
+                arguments = {"type": "input_json_delta", "partial_json": json.dumps(_input(call))}
+                return (_event({"type": "content_block_start", "index": block, "content_block": start})
+                        + _event({"type": "content_block_delta", "index": block, "delta": arguments})
+                        + _event({"type": "content_block_stop", "index": block}))
+            case Finished(reply=reply):
+                return _event({"type": "message_delta",
+                               "delta": {"stop_reason": _STOP_REASONS[reply.finish_reason], "stop_sequence": None},
+                               "usage": _usage(reply), "agentloop": agentloop_extension(reply)}) + _event(
+                    {"type": "message_stop"})
+            case Failed(error=error):
+                return _event(ANTHROPIC_MESSAGES.error(error))
+        return b""  # an empty delta, logprobs: the API has no place for them

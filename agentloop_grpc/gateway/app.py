@@ -30,9 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .anthropic_messages import ANTHROPIC_MESSAGES
-from .exchange import ChatReply, GatewayError, TextDelta
+from .exchange import ChatReply, GatewayError
 from .openai_chat import OPENAI_CHAT
 from .openai_responses import OPENAI_RESPONSES
+from .reply_events import sse_frames
 from .request_body import read_json
 from .service import SessionGateway
 from .sessions import BAD_SESSION_ID, SessionSpec, is_session_id
@@ -80,12 +81,13 @@ def create_app(gateway: SessionGateway, user_token: str | None = None, admin_tok
                     assert isinstance(reply, ChatReply)
                     metrics.requests.labels(fmt.name, "200").inc()
                     return JSONResponse(fmt.reply(reply))
-                first = await anext(events)  # errors before the first event are an HTTP status, not an event
+                frames = sse_frames(fmt.writer(chat), events)
+                first = await anext(frames)  # errors before the turn starts are an HTTP status, not an event
             except GatewayError as error:
                 metrics.requests.labels(fmt.name, str(error.status)).inc()
                 return _error_response(fmt, error)
             metrics.requests.labels(fmt.name, "200").inc()
-            return StreamingResponse(fmt.events(chat, _prepend(first, events)), media_type="text/event-stream",
+            return StreamingResponse(_prepend(first, frames), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 
     @app.post("/sessions/{session_id}/v1/chat/completions")
@@ -205,9 +207,8 @@ def _error_response(fmt: WireFormat, error: GatewayError) -> JSONResponse:
     return JSONResponse(fmt.error(error), status_code=error.status, headers=headers)
 
 
-async def _prepend(first: TextDelta | ChatReply,
-                   rest: AsyncGenerator[TextDelta | ChatReply, None]) -> AsyncIterator[TextDelta | ChatReply]:
+async def _prepend(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
     async with contextlib.aclosing(rest):  # a client that leaves ends the turn now, not when it is collected
         yield first
-        async for event in rest:
-            yield event
+        async for frame in rest:
+            yield frame

@@ -25,6 +25,7 @@ from agentloop_grpc.common.media import ImageError, MediaInput
 
 from .exchange import GatewayError
 from .history import Canonical, canonical, template_view, tools_key
+from .prompt_encoder import PromptEncoder
 from .turn import TurnOutput
 
 #: The loop name gateway trajectories carry.
@@ -69,12 +70,12 @@ class Chain:
     thinking: bool | None = None
 
     @classmethod
-    def start(cls, index: int, codec: ChatCodec, sample_id: str, group_id: str,
+    def start(cls, index: int, encoder: PromptEncoder, sample_id: str, group_id: str,
               messages: tuple[dict[str, Any], ...], tools: tuple[dict[str, Any], ...]) -> tuple[Chain, PendingTurn]:
         view = template_view(messages)
         try:
             rendered, pictures = read_images(view)
-            prompt = codec.prompt(rendered, list(tools), pictures)
+            prompt = encoder.prompt(rendered, list(tools), pictures)
         except ImageError as error:
             raise GatewayError(str(error), param="messages") from None
         builder = TrajectoryBuilder(sample_id, LOOP, prompt.ids, group_id=group_id, media=list(prompt.media))

@@ -10,18 +10,21 @@ ids of the turn in ``agentloop.token_ids``.
 
 Streaming: ``delta.content`` as the text decodes. A turn offered tools streams the content its parser says no call
 can change (with Hermes, the text before ``<tool_call>``); the rest of the content and the calls (each in one
-``tool_calls`` delta) come once the turn is parsed, since a half-written call cannot be told from text.
+``tool_calls`` delta) come once the turn is parsed, since a half-written call cannot be told from text. The rules are
+reply_events.py's; ``ChatStream`` writes its events as chunks.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import time
+import uuid
 from typing import Any
 
 from .config import GatewayLimits
 from .exchange import ChatReply, ChatRequest, GatewayError, TextDelta, TokenLogprob, agentloop_extension
 from .openai_errors import openai_error
+from .reply_events import Failed, Finished, Logprobs, ReplyEvent, Started, ToolCall
 from .wire import sse
 from .wire_checks import TOP, Fields, check_tools, hosted_tool, image_part, reading
 
@@ -93,48 +96,47 @@ class OpenAIChat:
             "agentloop": agentloop_extension(reply),
         }
 
-    async def events(self, request: ChatRequest, stream: AsyncIterator[TextDelta | ChatReply]) -> AsyncIterator[bytes]:
-        head: dict[str, Any] = {"object": "chat.completion.chunk", "model": request.model}
-        streamed = False
-        sent = ""  # the content the deltas held: the reply's content starts with it
-        first = True
-        try:
-            async for event in stream:
-                if isinstance(event, TextDelta):
-                    delta: dict[str, Any] = {"content": event.text}
-                    if first:
-                        delta["role"], first = "assistant", False
-                    choice = {"index": 0, "delta": delta, "finish_reason": None,
-                              "logprobs": {"content": _logprobs(event.logprobs)} if event.logprobs else None}
-                    streamed, sent = True, sent + event.text
-                    yield sse(json.dumps({**head, "id": "", "created": 0, "choices": [choice]}))
-                    continue
-                reply = event
-                ids = {"id": reply.id, "created": reply.created, "model": reply.model}
-                opening: dict[str, Any] = {}
-                if first:
-                    opening["role"] = "assistant"
-                if reply.content[len(sent):]:  # all of it, or what a turn offered tools held back for its calls
-                    opening["content"] = reply.content[len(sent):]
-                if opening or reply.tool_calls:
-                    if reply.tool_calls:
-                        opening["tool_calls"] = [{"index": i, **c} for i, c in enumerate(reply.tool_calls)]
-                    choice = {"index": 0, "delta": opening, "finish_reason": None,
-                              "logprobs": {"content": _logprobs(reply.logprobs)}
-                              if reply.logprobs and not streamed else None}
-                    yield sse(json.dumps({**head, **ids, "choices": [choice]}))
-                end = {"index": 0, "delta": {}, "finish_reason": reply.finish_reason, "logprobs": None}
-                yield sse(json.dumps({**head, **ids, "choices": [end], "agentloop": agentloop_extension(reply)}))
-                yield sse(json.dumps({**head, **ids, "choices": [], "usage": _usage(reply)}))
-        except GatewayError as error:
-            yield sse(json.dumps(self.error(error)))
-        yield sse("[DONE]")
+    def writer(self, request: ChatRequest) -> ChatStream:
+        return ChatStream(request)
 
     def error(self, error: GatewayError) -> dict[str, Any]:
         return openai_error(error)
 
 
 OPENAI_CHAT = OpenAIChat()
+
+
+class ChatStream:
+    """A stream's events as ``chat.completion.chunk`` objects, all with the stream's id, ending in ``[DONE]``; a failed
+    stream ends with OpenAI's error object (which the openai SDK raises as an APIError) and no ``[DONE]``."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+                     "created": int(time.time()), "model": request.model}
+
+    def write(self, event: ReplyEvent) -> bytes:
+        match event:
+            case Started():
+                return self._chunk({"role": "assistant", "content": ""})
+            case TextDelta(text=text, logprobs=logprobs):
+                return self._chunk({"content": text}, logprobs)
+            case Logprobs(logprobs=logprobs):
+                return self._chunk({"content": ""}, logprobs)
+            case ToolCall(index=index, call=call):
+                return self._chunk({"tool_calls": [{"index": index, **call}]})
+            case Finished(reply=reply):
+                end = {"index": 0, "delta": {}, "finish_reason": reply.finish_reason, "logprobs": None}
+                return (sse(json.dumps({**self.head, "choices": [end], "agentloop": agentloop_extension(reply)}))
+                        + sse(json.dumps({**self.head, "choices": [], "usage": _usage(reply)}))
+                        + sse("[DONE]"))
+            case Failed(error=error):
+                return sse(json.dumps(openai_error(error)))
+        return b""  # TextOpened, TextClosed: a chunk has no blocks to open or close
+
+    def _chunk(self, delta: dict[str, Any], logprobs: tuple[TokenLogprob, ...] = ()) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": None,
+                  "logprobs": {"content": _logprobs(logprobs)} if logprobs else None}
+        return sse(json.dumps({**self.head, "choices": [choice]}))
 
 
 def _refuse_unsupported(f: Fields) -> None:

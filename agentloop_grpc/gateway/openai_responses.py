@@ -38,14 +38,14 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from .config import GatewayLimits
 from .exchange import ChatReply, ChatRequest, GatewayError, TextDelta, TokenLogprob
 from .openai_errors import openai_error
+from .reply_events import Failed, Finished, ReplyEvent, Started, TextClosed, TextOpened, ToolCall
 from .responses_input import STATELESS, read_input, read_tool_choice, read_tools
-from .responses_output import output_items, output_logprob, response_object
+from .responses_output import function_call_item, output_items, output_logprob, response_object
 from .wire import sse
 from .wire_checks import TOP, Fields, reading, refuse
 
@@ -59,6 +59,8 @@ _MAX_TOKENS = 2**31 - 1
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 #: The API knows about ten ``include`` values; more is no client's request.
 _MAX_INCLUDE = 64
+#: GatewayError.kind -> a failed Response's ``error.code`` (the API's codes: the request's fault or the server's).
+_FAILED_CODES = {"rate_limit": "rate_limit_exceeded", "invalid_request": "invalid_prompt"}
 
 
 class OpenAIResponses:
@@ -116,120 +118,82 @@ class OpenAIResponses:
         created = reply.created or int(time.time())
         return response_object(rid, created, reply.model, None, output_items(rid, reply), reply)
 
-    async def events(self, request: ChatRequest, stream: AsyncIterator[TextDelta | ChatReply]) -> AsyncIterator[bytes]:
-        # 1. The first item before the first event: a GatewayError there is still the app's HTTP error.
-        items = aiter(stream)
-        first = await anext(items, None)
-        rid = f"resp_{uuid.uuid4().hex}"
-        created_at = int(time.time())
-        sequence = itertools.count()
-
-        def event(kind: str, **fields: Any) -> bytes:
-            return sse(json.dumps({"type": kind, **fields, "sequence_number": next(sequence)}), event=kind)
-
-        started = response_object(rid, created_at, request.model, request, [], None)
-        yield event("response.created", response=started)
-        yield event("response.in_progress", response=started)
-
-        # 2. Text as it streams: the message item opens with the first delta.
-        message_id = f"msg_{rid.removeprefix('resp_')}"
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        opened = False
-
-        def open_message() -> list[bytes]:
-            item = {"id": message_id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
-            return [
-                event("response.output_item.added", output_index=0, item=item),
-                event("response.content_part.added", item_id=message_id, output_index=0, content_index=0, part=part),
-            ]
-
-        def delta(text: str, logprobs: tuple[TokenLogprob, ...]) -> bytes:
-            return event(
-                "response.output_text.delta",
-                item_id=message_id,
-                output_index=0,
-                content_index=0,
-                delta=text,
-                logprobs=[output_logprob(lp, with_bytes=False) for lp in logprobs],
-            )
-
-        final: ChatReply | None = None
-        sent = ""  # the text the deltas held: the reply's content starts with it
-        try:
-            item: TextDelta | ChatReply | None = first
-            while item is not None:
-                if isinstance(item, ChatReply):
-                    final = item
-                    break
-                if item.text and not opened:
-                    for frame in open_message():
-                        yield frame
-                    opened = True
-                if opened:
-                    sent += item.text
-                    yield delta(item.text, item.logprobs)
-                item = await anext(items, None)
-        except GatewayError as error:
-            yield event("error", code=error.kind, message=error.message, param=error.param)
-            return
-        if final is None:
-            yield event("error", code="infrastructure", message="the engine's stream ended without a reply", param=None)
-            return
-
-        # 3. The text's closing events, then each tool call whole (a turn offered tools parses its calls at the end,
-        # and streamed only the content before them).
-        # An opened message is closed even if the reply's content came out empty (the client would wait for it).
-        output = output_items(rid, final, message=opened)
-        index = 0
-        if output and output[0]["type"] == "message":
-            if not opened:
-                for frame in open_message():
-                    yield frame
-                yield delta(final.content, final.logprobs)
-            elif final.content[len(sent):]:  # what a turn offered tools held back until its calls were parsed
-                yield delta(final.content[len(sent):], ())
-            message = output[0]
-            text_part = message["content"][0]
-            yield event(
-                "response.output_text.done",
-                item_id=message_id,
-                output_index=0,
-                content_index=0,
-                text=final.content,
-                logprobs=[output_logprob(lp, with_bytes=False) for lp in final.logprobs],
-            )
-            yield event(
-                "response.content_part.done", item_id=message_id, output_index=0, content_index=0, part=text_part
-            )
-            yield event("response.output_item.done", output_index=0, item=message)
-            index = 1
-        for call in output[index:]:
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**call, "arguments": "", "status": "in_progress"},
-            )
-            yield event(
-                "response.function_call_arguments.delta",
-                item_id=call["id"],
-                output_index=index,
-                delta=call["arguments"],
-            )
-            yield event(
-                "response.function_call_arguments.done",
-                item_id=call["id"],
-                output_index=index,
-                arguments=call["arguments"],
-            )
-            yield event("response.output_item.done", output_index=index, item=call)
-            index += 1
-
-        # 4. The whole response, as the non-streamed reply would be (but with this stream's id and the request echoed).
-        done = response_object(rid, created_at, final.model, request, output, final)
-        yield event(f"response.{done['status']}", response=done)
+    def writer(self, request: ChatRequest) -> ResponsesStream:
+        return ResponsesStream(request)
 
     def error(self, error: GatewayError) -> dict[str, Any]:
         return openai_error(error)
+
+
+class ResponsesStream:
+    """A stream's events as the Responses API's: ``response.created`` and ``response.in_progress``, the message item
+    and its text part, each function call item, then ``response.completed`` (``response.incomplete`` when cut by
+    length). A failed stream ends with an ``error`` event and then ``response.failed`` (the response, status
+    ``failed``, its ``error`` set): the one names the failure, the other ends the response for a client waiting
+    for its last lifecycle event."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.request = request
+        self.rid = f"resp_{uuid.uuid4().hex}"
+        self.message_id = f"msg_{self.rid.removeprefix('resp_')}"
+        self.created_at = int(time.time())
+        self._sequence = itertools.count()
+
+    def write(self, event: ReplyEvent) -> bytes:
+        match event:
+            case Started():
+                started = response_object(self.rid, self.created_at, self.request.model, self.request, [], None)
+                return self._event("response.created", response=started) + self._event(
+                    "response.in_progress", response=started)
+            case TextOpened():
+                item = {"id": self.message_id, "type": "message", "role": "assistant", "status": "in_progress",
+                        "content": []}
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                return self._event("response.output_item.added", output_index=0, item=item) + self._event(
+                    "response.content_part.added", item_id=self.message_id, output_index=0, content_index=0,
+                    part=part)
+            case TextDelta(text=text, logprobs=logprobs):
+                return self._event("response.output_text.delta", item_id=self.message_id, output_index=0,
+                                   content_index=0, delta=text, logprobs=_stream_logprobs(logprobs))
+            case TextClosed(reply=reply):
+                message = output_items(self.rid, reply, message=True)[0]
+                return (
+                    self._event("response.output_text.done", item_id=self.message_id, output_index=0,
+                                content_index=0, text=reply.content, logprobs=_stream_logprobs(reply.logprobs))
+                    + self._event("response.content_part.done", item_id=self.message_id, output_index=0,
+                                  content_index=0, part=message["content"][0])
+                    + self._event("response.output_item.done", output_index=0, item=message)
+                )
+            case ToolCall(index=index, block=block, call=call):
+                item = function_call_item(self.rid, index, call)
+                return (
+                    self._event("response.output_item.added", output_index=block,
+                                item={**item, "arguments": "", "status": "in_progress"})
+                    + self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=block,
+                                  delta=item["arguments"])
+                    + self._event("response.function_call_arguments.done", item_id=item["id"],
+                                  output_index=block, arguments=item["arguments"])
+                    + self._event("response.output_item.done", output_index=block, item=item)
+                )
+            case Finished(reply=reply, text_block=text_block):
+                # the whole response, as the non-streamed reply (with this stream's id and the request echoed)
+                done = response_object(self.rid, self.created_at, reply.model, self.request,
+                                       output_items(self.rid, reply, message=text_block), reply)
+                return self._event(f"response.{done['status']}", response=done)
+            case Failed(error=error):
+                failed = {**response_object(self.rid, self.created_at, self.request.model, self.request, [], None),
+                          "status": "failed", "error": {"code": _FAILED_CODES.get(error.kind, "server_error"),
+                                                        "message": error.message}}
+                return self._event("error", code=error.kind, message=error.message, param=error.param) + self._event(
+                    "response.failed", response=failed)
+        return b""  # Logprobs outside a text: output_text.done tells every token's
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        return sse(json.dumps({"type": kind, **fields, "sequence_number": next(self._sequence)}), event=kind)
+
+
+def _stream_logprobs(logprobs: tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
+    return [output_logprob(lp, with_bytes=False) for lp in logprobs]
 
 
 # --- the fields checked and ignored ---

@@ -24,18 +24,20 @@ def output_items(rid: str, reply: ChatReply, *, message: bool = False) -> list[d
         output.append(
             {"id": f"msg_{base}", "type": "message", "role": "assistant", "status": status, "content": [text]}
         )
-    for i, call in enumerate(reply.tool_calls):
-        output.append(
-            {
-                "id": f"fc_{base}_{i}",
-                "type": "function_call",
-                "call_id": call["id"],
-                "name": call["function"]["name"],
-                "arguments": call["function"]["arguments"],
-                "status": "completed",
-            }
-        )
+    output += [function_call_item(rid, i, call) for i, call in enumerate(reply.tool_calls)]
     return output
+
+
+def function_call_item(rid: str, index: int, call: dict[str, Any]) -> dict[str, Any]:
+    """The reply's call ``index`` as a ``function_call`` output item."""
+    return {
+        "id": f"fc_{rid.removeprefix('resp_')}_{index}",
+        "type": "function_call",
+        "call_id": call["id"],
+        "name": call["function"]["name"],
+        "arguments": call["function"]["arguments"],
+        "status": "completed",
+    }
 
 
 def response_object(

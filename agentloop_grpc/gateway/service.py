@@ -32,7 +32,9 @@ from .chain import Chain, PendingTurn
 from .config import ForcedSampling, GatewayConfig
 from .exchange import ChatReply, ChatRequest, FinishReason, GatewayError, TextDelta
 from .history import match, tools_key
+from .lease import TurnLease
 from .metrics import GatewayMetrics
+from .prompt_encoder import PromptEncoder
 from .sessions import Fork, Session, SessionSpec, SessionTable
 from .turn import TurnOutput, TurnRun, TurnSpec, token_logprobs
 
@@ -59,6 +61,7 @@ class SessionGateway:
         self._codecs: dict[bool | None, ChatCodec] = {None: codec}
         if codec.thinking_switch:
             self._codecs |= {True: codec.with_thinking(True), False: codec.with_thinking(False)}
+        self._encoders = {mode: PromptEncoder(c) for mode, c in self._codecs.items()}
         self._fields_seen: set[str] = set()
 
     @property
@@ -147,67 +150,46 @@ class SessionGateway:
         if self.paused and self.config.when_paused == "retry":
             raise GatewayError("the engines are paused for a weight update; retry", status=503, kind="unavailable",
                                retry_after_s=self.config.retry_after_s)
-        session.in_flight += 1
-        chain: Chain | None = None
-        new_chain = committed = released = False
-
-        def release() -> None:
-            """The request is answered: its session may be finished and its chain take the next turn (before the
-            reply is handed on, so a client that reads it and finishes at once finds nothing in flight)."""
-            nonlocal released
-            if released:
-                return
-            released = True
-            session.in_flight -= 1
-            if chain is not None:
-                chain.busy = False
-                # a new chain whose first turn never completed (refused, or its client left) records nothing
-                if new_chain and not committed and chain.ended is None and chain in session.chains:
-                    session.chains.remove(chain)
-
-        try:
-            # 2. the chain this request appends to, or a new one (listed at once: a request beside it forks)
-            chain, pending, new_chain = self._place(session, request, thinking)
-            chain.busy = True
-            if new_chain:
-                session.chains.append(chain)
-            # 3. sampling, within the chain's budget and the room its context has left
-            forced = session.spec.sampling or self.config.sampling
-            left = min(chain.budget_left(forced.response_budget) - pending.tokens(), self._room(chain, pending))
-            if left <= 0:
-                if not new_chain:
-                    chain.ended = Termination.LENGTH
-                empty = self._empty_reply(request, chain, new_chain)
-                release()
-                yield empty
-                return
-            spec = self._turn_spec(session, chain, pending, request, left, forced)
-            # 4. the turn
-            started = time.monotonic()
-            out: TurnOutput | None = None
-            async for event in TurnRun(self.router, self.codec, spec, frozenset(self._stop_ids)).run():
-                if isinstance(event, TurnOutput):
-                    out = event
-                elif request.stream:
-                    yield event
-            assert out is not None
-            # 5. the reply, and the turn committed
-            reply = self._reply(request, chain, pending, new_chain, out, time.monotonic() - started,
-                                forced=spec.structured_output is not None)
-            committed = True
-            self.metrics.turns.inc()
-            release()
-            yield reply
-        except InfrastructureError as error:
-            if chain is not None:  # kept, failed: the record says the engines lost it, and it is never trained on
-                chain.fail(f"the engines failed the turn: {error}", infrastructure=True, cause=error.cause)
-            self.metrics.infrastructure_failures.inc()
-            raise GatewayError(f"the engines could not serve the turn ({error})", status=502,
-                               kind="infrastructure") from None
-        except RequestError as error:
-            raise GatewayError(f"the engine refused the request: {error.details}", status=400) from None
-        finally:
-            release()
+        with TurnLease(session) as lease:
+            try:
+                # 2. the chain this request appends to, or a new one (listed at once: a request beside it forks)
+                chain, pending, new_chain = self._place(session, request, thinking)
+                lease.hold(chain, new_chain)
+                # 3. sampling, within the chain's budget and the room its context has left
+                forced = session.spec.sampling or self.config.sampling
+                left = min(chain.budget_left(forced.response_budget) - pending.tokens(), self._room(chain, pending))
+                if left <= 0:
+                    if not new_chain:
+                        chain.ended = Termination.LENGTH
+                    empty = self._empty_reply(request, chain, new_chain)
+                    lease.release()
+                    yield empty
+                    return
+                spec = self._turn_spec(session, chain, pending, request, left, forced)
+                # 4. the turn
+                started = time.monotonic()
+                out: TurnOutput | None = None
+                async for event in TurnRun(self.router, self.codec, spec, frozenset(self._stop_ids)).run():
+                    if isinstance(event, TurnOutput):
+                        out = event
+                    elif request.stream:
+                        yield event
+                assert out is not None
+                # 5. the reply, and the turn committed
+                reply = self._reply(request, chain, pending, new_chain, out, time.monotonic() - started,
+                                    forced=spec.structured_output is not None)
+                lease.commit()
+                self.metrics.turns.inc()
+                lease.release()
+                yield reply
+            except InfrastructureError as error:
+                if lease.chain is not None:  # kept, failed: the record says the engines lost it, never trained on
+                    lease.chain.fail(f"the engines failed the turn: {error}", infrastructure=True, cause=error.cause)
+                self.metrics.infrastructure_failures.inc()
+                raise GatewayError(f"the engines could not serve the turn ({error})", status=502,
+                                   kind="infrastructure") from None
+            except RequestError as error:
+                raise GatewayError(f"the engine refused the request: {error.details}", status=400) from None
 
     def _note_ignored(self, session: Session, names: tuple[str, ...]) -> None:
         """Recorded in the session (its JSON), counted by name, and logged the first time this gateway sees one."""
@@ -249,7 +231,7 @@ class SessionGateway:
             reason = reason or why  # the latest chain's reason is the one recorded
         index = session.next_chain
         session.next_chain += 1
-        chain, pending = Chain.start(index, self._codecs[thinking], session.chain_sample_id(index),
+        chain, pending = Chain.start(index, self._encoders[thinking], session.chain_sample_id(index),
                                      session.spec.group_id, request.messages, request.tools)
         chain.thinking = thinking
         if reason is not None:

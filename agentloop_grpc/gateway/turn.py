@@ -83,15 +83,21 @@ class TurnRun:
         self._shown_tokens = 0  # tokens whose logprobs were already yielded
 
     async def run(self) -> AsyncIterator[TextDelta | TurnOutput]:
-        spec, out = self.spec, self.out
+        spec = self.spec
         call = GenerateCall(
             session_id=spec.session_key, prompt_ids=spec.prompt_ids, sampling=spec.sampling,
             structured_output=spec.structured_output, timeout_s=spec.timeout_s, media=spec.media,
             group_id=spec.group_id, max_resumes=spec.max_resumes,
         )
         result = None
-        # final_only when nothing streams: the engine sends every token in one message
-        events = self.router.stream(call, final_only=not spec.stream_text and not spec.stop_strings)
+        if not spec.stream_text and not spec.stop_strings:
+            # nothing to see before the end: generate() takes the unary RPC where the turn fits one message
+            result = await self.router.generate(call)
+            self._add_all(result)
+            async for last in self._ended(result):
+                yield last
+            return
+        events = self.router.stream(call)
         async with contextlib.aclosing(events):
             async for event in events:
                 if isinstance(event, GenerateResult):
@@ -102,6 +108,12 @@ class TurnRun:
                     break
                 if spec.stream_text and (delta := self._delta(final=False)) is not None:
                     yield delta
+        async for last in self._ended(result):
+            yield last
+
+    async def _ended(self, result: GenerateResult | None) -> AsyncIterator[TextDelta | TurnOutput]:
+        """The last text (when streamed) and the whole turn."""
+        spec, out = self.spec, self.out
         if out.stop_string is not None:
             out.finish_reason = FinishReason.STOP
         elif result is None:
@@ -115,6 +127,13 @@ class TurnRun:
         if spec.stream_text and (delta := self._delta(final=True)) is not None:
             yield delta
         yield out
+
+    def _add_all(self, result: GenerateResult) -> None:
+        out = self.out
+        out.token_ids = list(result.token_ids)
+        out.logprobs = list(result.logprobs) if result.logprobs else [0.0] * len(result.token_ids)
+        out.top_logprobs = list(result.top_logprobs) if result.top_logprobs else [()] * len(result.token_ids)
+        out.weight_versions = list(result.weight_versions)
 
     def _add(self, chunk: TokenChunk) -> None:
         out = self.out

@@ -4,11 +4,11 @@ as its server-sent events, and an error in its own error shape."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from .config import GatewayLimits
-from .exchange import ChatReply, ChatRequest, GatewayError, TextDelta
+from .exchange import ChatReply, ChatRequest, GatewayError
+from .reply_events import StreamWriter
 
 
 class WireFormat(Protocol):
@@ -23,10 +23,9 @@ class WireFormat(Protocol):
         """The non-streamed response body."""
         ...
 
-    def events(self, request: ChatRequest, stream: AsyncIterator[TextDelta | ChatReply]) -> AsyncIterator[bytes]:
-        """Server-sent events, each one whole ``event:``/``data:`` frame ending in a blank line: TextDeltas as they
-        come, then what the format sends at the end from the final ChatReply (its tool calls, finish reason, usage).
-        A GatewayError raised by ``stream`` after the first event is written as the format's error event."""
+    def writer(self, request: ChatRequest) -> StreamWriter:
+        """What writes one streamed reply's events (reply_events.py) as the format's server-sent events, each one
+        whole ``event:``/``data:`` frame ending in a blank line."""
         ...
 
     def error(self, error: GatewayError) -> dict[str, Any]:

@@ -18,9 +18,13 @@ from agentloop_grpc.gateway.server import serve_app
 from agentloop_grpc.gateway.service import SessionGateway
 from agentloop_grpc.router import Router, RouterConfig
 
-from ..agent.conftest import TextScript, codec, scripted_engine  # noqa: F401 - codec is a fixture
+# fixtures of other folders the gateway's tests take, registered here rather than imported by each test module
+from ..agent.conftest import TextScript, codec, scripted_engine
+from ..agent.test_embedded_rollout import embedded_server
+from ..router.conftest import server_processes
+from ..security.conftest import pki
 
-__all__ = ["GatewayHarness", "codec", "scripted_gateway"]
+__all__ = ["GatewayHarness", "codec", "embedded_server", "pki", "scripted_gateway", "server_processes"]
 
 
 @dataclass
@@ -60,15 +64,16 @@ class GatewayHarness:
 async def scripted_gateway(
     codec: ChatCodec, replies: Sequence[str] | Callable[[str], str], config: GatewayConfig | None = None,
     user_token: str | None = None, admin_token: str | None = None, engine: dict | None = None,
-    tls: tuple[str, str] | None = None,
+    tls: tuple[str, str] | None = None, gateway_class: type[SessionGateway] = SessionGateway,
 ) -> AsyncIterator[GatewayHarness]:
-    """``tls``: (certificate, key) files to serve HTTPS with."""
+    """``tls``: (certificate, key) files to serve HTTPS with; ``gateway_class``: a SessionGateway that misbehaves on
+    purpose, for the app's answer to it."""
     script = TextScript(codec, replies)
     async with AsyncExitStack() as stack:
         address = await stack.enter_async_context(scripted_engine(script, **(engine or {})))
         router = await stack.enter_async_context(Router([address], RouterConfig(no_server_wait_s=1)))
         await router.fleet.wait_ready()
-        gateway = SessionGateway(router, codec, config or GatewayConfig())
+        gateway = gateway_class(router, codec, config or GatewayConfig())
         url = await stack.enter_async_context(serve_app(create_app(gateway, user_token, admin_token),
                                                         certificate=tls and tls[0], private_key=tls and tls[1],
                                                         limits=gateway.config.limits))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import anthropic
@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 from agentloop_grpc.gateway.anthropic_messages import ANTHROPIC_MESSAGES, AnthropicMessages
 from agentloop_grpc.gateway.config import GatewayLimits
 from agentloop_grpc.gateway.exchange import ChatReply, ChatRequest, GatewayError, TextDelta
+from agentloop_grpc.gateway.reply_events import sse_frames
 
 FMT = ANTHROPIC_MESSAGES
 LIMITS = GatewayLimits()
@@ -67,7 +68,7 @@ def make_reply(**fields: Any) -> ChatReply:
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 
 
-async def items(*parts: TextDelta | ChatReply | Exception) -> AsyncIterator[TextDelta | ChatReply]:
+async def items(*parts: TextDelta | ChatReply | Exception) -> AsyncGenerator[TextDelta | ChatReply, None]:
     for part in parts:
         if isinstance(part, Exception):
             raise part
@@ -76,7 +77,12 @@ async def items(*parts: TextDelta | ChatReply | Exception) -> AsyncIterator[Text
 
 async def frames(*parts: TextDelta | ChatReply | Exception, request: ChatRequest | None = None) -> list[bytes]:
     request = request or ChatRequest(messages=({"role": "user", "content": "hi"},), model="m", stream=True)
-    return [frame async for frame in FMT.events(request, items(*parts))]
+    return _split(b"".join([frame async for frame in sse_frames(FMT.writer(request), items(*parts))]))
+
+
+def _split(stream: bytes) -> list[bytes]:
+    """A stream's bytes as its frames (a writer may send several in one write)."""
+    return [frame + b"\n\n" for frame in stream.split(b"\n\n")[:-1]]
 
 
 def decode(frame: bytes) -> tuple[str, dict[str, Any]]:

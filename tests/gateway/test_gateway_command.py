@@ -9,7 +9,7 @@ import subprocess
 
 import openai
 
-from ..router.conftest import AGENTLOOP, ServerProcess, server_processes  # noqa: F401 - a fixture
+from ..router.conftest import AGENTLOOP, ServerProcess
 
 
 def start_gateway(*args: str) -> tuple[subprocess.Popen, str]:

@@ -17,7 +17,6 @@ from agentloop_grpc.gateway.service import SessionGateway
 from agentloop_grpc.router import Router
 
 from ..agent.conftest import local_tools
-from ..agent.test_embedded_rollout import embedded_server  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from agentloop_grpc.gateway.server import serve_app
 from agentloop_grpc.gateway.service import SessionGateway
 from agentloop_grpc.router import GenerateResult, Router
 
-from ..router.conftest import AGENTLOOP, ServerProcess, server_processes  # noqa: F401 - a fixture
+from ..router.conftest import AGENTLOOP, ServerProcess
 from ..router.test_failover import BUDGET, FAST, assert_resumed
 
 pytestmark = pytest.mark.fault

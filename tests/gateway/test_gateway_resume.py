@@ -21,7 +21,7 @@ async def test_an_aborted_turn_resumes_with_its_tokens_and_a_seed_of_its_own(cod
             httpx.AsyncClient(base_url=g.url, timeout=60) as http:
         turn = asyncio.create_task(http.post("/sessions/r1/v1/chat/completions", json={
             "model": "m", "messages": [{"role": "user", "content": "Count."}], "seed": 11, "max_tokens": 200}))
-        while not g.script.requests:  # noqa: ASYNC110 - the script records what the engine got: no event
+        while not g.script.requests:  # the script records what the engine got: no event to wait on
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.1)  # some tokens decoded
         (await g.router.fleet.pause(PauseMode.ABORT)).raise_for_errors()

@@ -10,7 +10,6 @@ import pytest
 
 from agentloop_grpc.gateway.config import ForcedSampling, GatewayConfig
 
-from ..security.conftest import pki  # noqa: F401 - a fixture
 from .conftest import scripted_gateway
 
 QUESTION = [{"role": "user", "content": "Hi?"}]

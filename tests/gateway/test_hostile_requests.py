@@ -179,7 +179,7 @@ async def test_forced_sampling_and_the_response_budget_hold_whatever_the_agent_a
         history += [second.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "More."}]
         third = await client.chat.completions.create(model="m", messages=history)
         assert third.choices[0].finish_reason == "length" and third.usage.completion_tokens == 0
-        session, (t,) = await g.gateway.finish("b1")
+        _session, (t,) = await g.gateway.finish("b1")
     # the first turn's 16, the user turn's delta, and the second turn to the budget's end exactly
     assert len(t.response_ids) == 30 and t.termination.value == "length" and t.assistant_turns == 2
 

@@ -5,7 +5,7 @@ httpx2, the HTTP library it is built on, its own client and stream machinery).""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import httpx2
@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 from agentloop_grpc.gateway.config import GatewayLimits
 from agentloop_grpc.gateway.exchange import ChatReply, ChatRequest, GatewayError, TextDelta, TokenLogprob
 from agentloop_grpc.gateway.openai_responses import OPENAI_RESPONSES, OpenAIResponses
+from agentloop_grpc.gateway.reply_events import sse_frames
 
 LIMITS = GatewayLimits()
 PNG = (
@@ -483,7 +484,7 @@ def test_the_sdk_client_reads_the_reply() -> None:
 # --- streams ---
 
 
-async def _stream(*items: TextDelta | ChatReply | GatewayError) -> AsyncIterator[TextDelta | ChatReply]:
+async def _stream(*items: TextDelta | ChatReply | GatewayError) -> AsyncGenerator[TextDelta | ChatReply, None]:
     for item in items:
         if isinstance(item, GatewayError):
             raise item
@@ -491,7 +492,8 @@ async def _stream(*items: TextDelta | ChatReply | GatewayError) -> AsyncIterator
 
 
 async def _frames(request: ChatRequest, *items: TextDelta | ChatReply | GatewayError) -> list[bytes]:
-    return [frame async for frame in OPENAI_RESPONSES.events(request, _stream(*items))]
+    stream = b"".join([frame async for frame in sse_frames(OPENAI_RESPONSES.writer(request), _stream(*items))])
+    return [frame + b"\n\n" for frame in stream.split(b"\n\n")[:-1]]  # a writer may send several in one write
 
 
 def _decode(frames: list[bytes]) -> list[dict[str, Any]]:
@@ -601,13 +603,16 @@ async def test_a_stream_with_only_tool_calls_or_cut_by_length() -> None:
 async def test_an_error_mid_stream_is_an_error_event_and_the_end() -> None:
     failure = GatewayError("engines failed", status=502, kind="infrastructure")
     events = _decode(await _frames(REQUEST, TextDelta("It"), failure, make_reply()))
-    assert events[-1] == {
+    assert events[-2] == {
         "type": "error",
         "code": "infrastructure",
         "message": "engines failed",
         "param": None,
-        "sequence_number": len(events) - 1,
+        "sequence_number": len(events) - 2,
     }
+    failed = Response.model_validate(events[-1]["response"])
+    assert events[-1]["type"] == "response.failed" and failed.status == "failed"
+    assert failed.error is not None and (failed.error.code, failed.error.message) == ("server_error", "engines failed")
     assert not any(event["type"] == "response.completed" for event in events)
 
 
