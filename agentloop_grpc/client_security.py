@@ -9,7 +9,9 @@ accepts its admin token wherever it accepts the user token).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from pydantic import ConfigDict, Field, model_validator
@@ -70,22 +72,30 @@ class _Tokens:
 
 # One subclass per call kind, each adding the header to its kind's calls (a stream's messages are not read).
 class _UnaryUnary(_Tokens, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation, client_call_details, request):
+    async def intercept_unary_unary(
+        self, continuation: Callable[..., Any], client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
         return await continuation(self.details(client_call_details, request), request)
 
 
 class _UnaryStream(_Tokens, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, client_call_details, request):
+    async def intercept_unary_stream(
+        self, continuation: Callable[..., Any], client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
         return await continuation(self.details(client_call_details, request), request)
 
 
 class _StreamUnary(_Tokens, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+    async def intercept_stream_unary(
+        self, continuation: Callable[..., Any], client_call_details: grpc.aio.ClientCallDetails, request_iterator: Any
+    ) -> Any:
         return await continuation(self.details(client_call_details, None), request_iterator)
 
 
 class _StreamStream(_Tokens, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+    async def intercept_stream_stream(
+        self, continuation: Callable[..., Any], client_call_details: grpc.aio.ClientCallDetails, request_iterator: Any
+    ) -> Any:
         return await continuation(self.details(client_call_details, None), request_iterator)
 
 

@@ -25,10 +25,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.types import SamplingParams  # noqa: E402
-from agentloop_grpc.router import GenerateCall, Router, RouterConfig  # noqa: E402
-from sessions import next_prompt, opening  # noqa: E402
+from sessions import next_prompt, opening
+
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.router import GenerateCall, Router, RouterConfig
 
 SESSIONS = 32
 TURNS = 6

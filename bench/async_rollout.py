@@ -34,20 +34,25 @@ from contextlib import AsyncExitStack
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import psutil  # noqa: E402
+import psutil
 
-from agentloop_grpc.agent import (  # noqa: E402
-    AgentLoopConfig, AgentLoopWorker, LoopContext, LoopRegistry, Sample, SamplingConfig,
+from agentloop_grpc.agent import (
+    AgentLoopConfig,
+    AgentLoopWorker,
+    LoopContext,
+    LoopRegistry,
+    Sample,
+    SamplingConfig,
 )
-from agentloop_grpc.agent.spec import load_codec  # noqa: E402
-from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
-from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig  # noqa: E402
-from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
-from agentloop_grpc.router import GenerateCall, GenerateResult, Router, RouterConfig  # noqa: E402
-from agentloop_grpc.tools.client import InProcessToolClient  # noqa: E402
-from agentloop_grpc.tools.instances import InstanceManager  # noqa: E402
-from agentloop_grpc.tools.config import ToolLimits  # noqa: E402
-from agentloop_grpc.tools.tool import FunctionTool  # noqa: E402
+from agentloop_grpc.agent.spec import load_codec
+from agentloop_grpc.engine_adapters.factory import make_adapter
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
+from agentloop_grpc.engine_adapters.server import create_server, start_adapter
+from agentloop_grpc.router import GenerateCall, GenerateResult, Router, RouterConfig
+from agentloop_grpc.tools.client import InProcessToolClient
+from agentloop_grpc.tools.config import ToolLimits
+from agentloop_grpc.tools.instances import InstanceManager
+from agentloop_grpc.tools.tool import FunctionTool
 
 TOKEN_LATENCY_S = 0.004
 PREFILL_S_PER_TOKEN = 0.00002
@@ -123,6 +128,8 @@ class Lockstep:
         self.finished: set[str] = set()
         self.turn_of: dict[str, int] = {}
         self.changed = asyncio.Condition()
+        # the event loop holds a task only weakly: each marking task is kept here until it has run
+        self.marking: set[asyncio.Future] = set()
 
     def _ready(self, turn: int) -> bool:
         return (self.arrived.get(turn, set()) | self.finished) >= self.sessions
@@ -145,7 +152,9 @@ class Lockstep:
                 self.finished.add(trajectory.sample_id)
                 self.changed.notify_all()
 
-        asyncio.ensure_future(mark())
+        task = asyncio.ensure_future(mark())
+        self.marking.add(task)
+        task.add_done_callback(self.marking.discard)
 
 
 def _samples(plan: Plan) -> list[Sample]:
@@ -157,7 +166,8 @@ def _serve_engine(plan: Plan, engine_config: FakeEngineConfig, ports: multiproce
     """The engine's process: the fake engine scripted by ``plan``, served on loopback until ``stop`` is set."""
 
     async def serve() -> None:
-        engine = make_adapter("fake", engine_config.model_copy(update={"script": ScriptedModel(load_codec(None), plan)}))
+        script = ScriptedModel(load_codec(None), plan)
+        engine = make_adapter("fake", engine_config.model_copy(update={"script": script}))
         server = await create_server(engine, "127.0.0.1:0")
         await start_adapter(server)
         ports.put(server.port)
@@ -209,7 +219,7 @@ async def _run(codec, plan: Plan, mode: str, engine_config: FakeEngineConfig, co
 
 async def _concurrent(codec, n: int) -> dict[str, float]:
     plan = Plan(n, seed=7, max_turns=3, tool_median_s=0.0)
-    plan.turns = {s: 3 for s in plan.turns}
+    plan.turns = dict.fromkeys(plan.turns, 3)
     plan.lengths = {(s, k): 16 for s in plan.turns for k in range(3)}
     plan.latency = {(s, k): 0.0 for s in plan.turns for k in range(2)}
     gc.collect()

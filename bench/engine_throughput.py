@@ -28,13 +28,12 @@ from concurrent.futures import ProcessPoolExecutor
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would fill bench/RESULTS.md
 
-import torch  # noqa: E402
+import torch
 
-from agentloop_grpc.common import model_store  # noqa: E402
-
-from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
-from agentloop_grpc.engine_adapters.protocol import EngineAdapter  # noqa: E402
-from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams  # noqa: E402
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
+from agentloop_grpc.engine_adapters.factory import make_adapter
+from agentloop_grpc.engine_adapters.protocol import EngineAdapter
 
 NEW_TOKENS = 64
 REPEATS = 3

@@ -44,7 +44,7 @@ def fake_servers(count: int, config: FakeEngineConfig,
             process = context.Process(target=_serve, args=(share, config.model_dump_json(), queue, stop), daemon=True)
             process.start()
             started.append((process, queue))
-        yield [a for _, queue in started for a in queue.get(timeout=300)], [p.pid for p, _ in started]
+        yield [a for _, queue in started for a in queue.get(timeout=300)], [p.pid for p, _ in started if p.pid]
     finally:
         stop.set()
         for process, _ in started:

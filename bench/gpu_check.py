@@ -176,7 +176,8 @@ def greedy(tokens: int) -> SamplingParams:
 
 async def _timed(engine: EngineLifecycle, request: GenerateRequest) -> tuple[float, list[int]]:
     """(seconds to the first token, the tokens) of one request."""
-    start, first, tokens = time.perf_counter(), None, []
+    start, first = time.perf_counter(), None
+    tokens: list[int] = []
     async for event in engine.generate(request):
         if isinstance(event, TokenChunk):
             first = first if first is not None else time.perf_counter() - start
@@ -291,8 +292,9 @@ def contract(folder: Path, device: str, sizes: Sizes, scratch: Path) -> dict[str
     if not xml.is_file():
         output = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         raise RuntimeError(f"pytest wrote no report (exit {done.returncode}):\n{output}")
-    suite = ET.parse(xml).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    root = ET.parse(xml).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    assert suite is not None, f"{xml} holds no testsuite"
     failures = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
                 if case.find("failure") is not None or case.find("error") is not None]
     counts = {name: int(suite.get(name, 0)) for name in ("tests", "failures", "errors", "skipped")}

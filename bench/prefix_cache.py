@@ -20,12 +20,13 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agentloop_grpc.common import model_store  # noqa: E402
+from sessions import next_prompt, opening
 
-from agentloop_grpc.engine_adapters.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
-from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
-from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams  # noqa: E402
-from sessions import next_prompt, opening  # noqa: E402
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
+from agentloop_grpc.engine_adapters.embedded import EmbeddedEngineConfig
+from agentloop_grpc.engine_adapters.embedded.engine import EmbeddedEngine
+from agentloop_grpc.engine_adapters.factory import make_adapter
 
 SESSIONS = 32
 TURNS = 6

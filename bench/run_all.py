@@ -72,7 +72,8 @@ def _machine() -> str:
         memory = int(Path("/proc/meminfo").read_text().split()[1]) / 1024**2
     except OSError:
         memory = 0.0
-    return f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    return (f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}")
 
 
 def main() -> int:

@@ -183,8 +183,9 @@ def _cases(trajectories: int, repeats: int) -> dict[tuple[str, int], list[dict[s
             for in_flight in IN_FLIGHT:
                 count = trajectories * (1 if in_flight == 1 else 4)  # a similar time per run at either count
                 cases = [
-                    ("verl_calls", lambda: _verl_calls(balancer, count, in_flight)),
-                    ("verl_on_agentloop", lambda: asyncio.run(_on_agentloop(addresses, count, in_flight))),
+                    ("verl_calls", lambda count=count, in_flight=in_flight: _verl_calls(balancer, count, in_flight)),
+                    ("verl_on_agentloop",
+                     lambda count=count, in_flight=in_flight: asyncio.run(_on_agentloop(addresses, count, in_flight))),
                 ]
                 for name, run in cases if repeat % 2 == 0 else cases[::-1]:
                     outcome = run()

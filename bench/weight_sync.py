@@ -37,15 +37,20 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agentloop_grpc.agent.weight_transfer import (  # noqa: E402
-    CollectiveTransfer, PathTransfer, StreamTransfer, WeightTransfer,
+import itertools
+
+from agentloop_grpc.agent.weight_transfer import (
+    CollectiveTransfer,
+    PathTransfer,
+    StreamTransfer,
+    WeightTransfer,
 )
-from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.types import PauseMode  # noqa: E402
-from agentloop_grpc.engine_adapters.checkpoint import read_checkpoint  # noqa: E402
-from agentloop_grpc.launch.launcher import agentloop_command  # noqa: E402
-from agentloop_grpc.router import Fleet  # noqa: E402
-from agentloop_grpc.v1 import generation_pb2  # noqa: E402
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import PauseMode
+from agentloop_grpc.engine_adapters.checkpoint import read_checkpoint
+from agentloop_grpc.launch.launcher import agentloop_command
+from agentloop_grpc.router import Fleet
+from agentloop_grpc.v1 import generation_pb2
 
 REPEATS = 3
 SERVERS = 2
@@ -118,7 +123,7 @@ async def around(fleet: Fleet, update) -> tuple[Window, Window]:
 
     def window(begin: float) -> Window:
         inside = [[t for t in own if begin <= t < begin + WINDOW_S] for own in stamps]
-        stalls = [max((b - a for a, b in zip(own, own[1:])), default=WINDOW_S) for own in inside]
+        stalls = [max((b - a for a, b in itertools.pairwise(own)), default=WINDOW_S) for own in inside]
         return Window(sum(len(own) for own in inside), statistics.median(stalls))
 
     endpoints = list(fleet.servers.values())

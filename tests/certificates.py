@@ -1,5 +1,6 @@
-"""Real X.509 certificates for tests: a CA (``authority``) and certificates it signs (``leaf``), written as PEM files;
-used by the TLS tests on loopback (tests/security) and by the cluster's certificates naming its nodes (tests/cluster)."""
+"""Real X.509 certificates for tests: a CA (``authority``) and certificates it signs (``leaf``), written as PEM
+files; used by the TLS tests on loopback (tests/security) and by the cluster's certificates naming its nodes
+(tests/cluster)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ def init_ray(**kwargs) -> bool:
         return False
     try:
         ray.init(**kwargs)
-    except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception for this one case
+    except Exception as error:
         if _STARTUP_TIMEOUT not in str(error):
             raise
         ray.shutdown()

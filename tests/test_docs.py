@@ -93,11 +93,12 @@ def test_page_links_stay_in_the_repository_and_exist(name):
 
 
 def _imports(tree: ast.AST) -> list[tuple[str, str | None]]:
-    found = []
+    found: list[tuple[str, str | None]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(alias.name, None) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
+            assert node.module is not None, "a docs program is a script: it has no `from . import`"
             found += [(node.module, alias.name) for alias in node.names]
     return found
 

@@ -76,7 +76,8 @@ COVERED: dict[str, tuple[Covered, ...]] = {
     "make test": (Covered(".ci/run", "", ("make test",)),),
     # the gateway command over a running engine server, answering the openai SDK at a session's base URL
     "agentloop gateway --engines 127.0.0.1:50051 --port 8100": (
-        Covered("tests/gateway/test_gateway_command.py", "test_the_gateway_command_serves_sessions_and_stops_on_sigterm",
+        Covered("tests/gateway/test_gateway_command.py",
+                "test_the_gateway_command_serves_sessions_and_stops_on_sigterm",
                 ('start_gateway("--engines"', 'base_url=f"{url}/sessions/c1/v1"')),
     ),
     # the wheel built from this checkout, installed in a clean venv, then the quickstart's fake server and a client

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -78,12 +78,12 @@ class PromptIds(Sequence[int]):
     @overload
     def __getitem__(self, index: slice) -> tuple[int, ...]: ...
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int | slice) -> int | tuple[int, ...]:
         if isinstance(index, slice):
             return tuple(self._ids[index].tolist())
         return self._ids[index]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self._ids)
 
     def __eq__(self, other: object) -> bool:
@@ -100,5 +100,5 @@ class PromptIds(Sequence[int]):
     def __repr__(self) -> str:
         return f"PromptIds({self._ids.tolist()!r})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[bytes], PromptIds], tuple[bytes]]:
         return PromptIds.from_raw, (self._raw,)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 PREFIX = "sha256:"
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer: Any) -> str:
     """A digest of the vocabulary and special tokens: equal fingerprints tokenize alike."""
     digest = hashlib.sha256()
     digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())

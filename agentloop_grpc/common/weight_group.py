@@ -25,7 +25,8 @@ import datetime
 import os
 import socket
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,9 @@ from .addresses import local_address_towards
 from .weight_layout import DEFAULT_TIMEOUT_S, BucketLayout, WeightGroupError, WeightGroupSpec
 
 
-def _process_group(store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float, local: str):
+def _process_group(
+    store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float, local: str
+) -> Any:  # a c10d backend: torch's stubs declare none of its collectives
     """The group's process group; gloo's sockets on ``local`` (this host's address as the peers reach it)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":
@@ -47,7 +50,7 @@ def _process_group(store: dist.Store, rank: int, world_size: int, backend: str, 
     return dist.ProcessGroupGloo(store, rank, world_size, gloo)
 
 
-def _gloo_device(local: str):
+def _gloo_device(local: str) -> Any:
     """Gloo's device: bound to ``local``, or to the interface ``GLOO_SOCKET_IFNAME`` names when it is set. (Gloo's
     default device binds the address this host's name resolves to, often 127.0.0.1: peers elsewhere cannot reach
     it, and a group across machines never forms.)"""
@@ -64,7 +67,14 @@ def _device(backend: str) -> torch.device:
 
 
 class _Group:
-    def __init__(self, group, rank: int, backend: str, address: str, store: dist.Store | None = None) -> None:
+    def __init__(
+        self,
+        group: Any,
+        rank: int,
+        backend: str,
+        address: str,
+        store: dist.Store | None = None,
+    ) -> None:
         self._group = group
         self._store = store  # the leader's rendezvous lives as long as the group
         self.rank = rank
@@ -87,7 +97,7 @@ class _Group:
     def _broadcast(self, piece: torch.Tensor) -> None:
         self._run(lambda: self._group.broadcast([piece], _FROM_RANK_0))
 
-    def _run(self, collective) -> None:
+    def _run(self, collective: Callable[[], Any]) -> None:
         try:
             collective().wait()
         except RuntimeError as error:  # a rank left, or the timeout passed

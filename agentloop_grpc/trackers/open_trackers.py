@@ -44,7 +44,7 @@ class Trackers:
     def __enter__(self) -> Trackers:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
@@ -22,7 +22,7 @@ class TrainerSampleTables(TrainerCallback):
         self.names, self.tensorboard_dir, self.rows = tuple(names), tensorboard_dir, rows
         self._board: TensorBoardTracker | None = None
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         if not logs or "loss" not in logs:
             return  # the closing summary log, or a log before any step
         rows = self.rows()
@@ -50,6 +50,6 @@ class TrainerSampleTables(TrainerCallback):
             if mlflow.active_run() is not None:  # the Trainer's MLflow callback started it at train begin
                 mlflow.log_table(samples_columns(rows), artifact_file=samples_file(step))
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._board is not None:
             self._board.close()

@@ -82,7 +82,7 @@ async def _serve(client_reader: asyncio.StreamReader, client_writer: asyncio.Str
         pumps = [asyncio.create_task(_pump(client_reader, server_writer, link, "up")),
                  asyncio.create_task(_pump(server_reader, client_writer, link, "down"))]
         # one side failing (a reset) ends both; a clean end of one direction lets the other finish
-        done, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
+        _done, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)

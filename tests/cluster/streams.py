@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import sys
 import time
@@ -121,7 +122,7 @@ class Streams:
 
     def longest_gap_s(self, session: str) -> float:
         times = [t for t, _ in self.arrivals[session]]
-        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
     async def report(self, reference: Router) -> dict:
         return {

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import grpc
 import pytest
@@ -115,7 +115,9 @@ def _vllm_target():
     return _real_engine_target("vllm", make_adapter("vllm", config))
 
 
-_BUILDERS: dict[str, Callable[[], object]] = {"embedded": _embedded_target, "fake": _fake_target, "vllm": _vllm_target}
+_BUILDERS: dict[str, Callable[[], AbstractAsyncContextManager[ContractTarget]]] = {
+    "embedded": _embedded_target, "fake": _fake_target, "vllm": _vllm_target,
+}
 
 
 def _adapters() -> list[str]:

@@ -31,8 +31,8 @@ class ContractTarget:
     sample_tensor: engine_pb2.TensorChunk
     #: The ids of one image's span in a prompt: the model's expansion of any picture (empty: it takes none).
     image_tokens: tuple[int, ...] = ()
-    generate: generation_pb2_grpc.TokenGenerateStub = field(init=False)
-    control: engine_pb2_grpc.EngineControlStub = field(init=False)
+    generate: generation_pb2_grpc.TokenGenerateAsyncStub = field(init=False)
+    control: engine_pb2_grpc.EngineControlAsyncStub = field(init=False)
     health: health_pb2_grpc.HealthStub = field(init=False)
 
     def __post_init__(self) -> None:
@@ -47,7 +47,8 @@ class ContractTarget:
         return await self.generate.GetLoad(generation_pb2.GetLoadRequest(), timeout=10)
 
     async def health_status(self, service: str = "") -> int:
-        response = await self.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = await self.health.Check(request, timeout=10)  # type: ignore[attr-defined]  # typeshed's HealthStub declares no methods
         return response.status
 
     async def reset(self) -> None:
@@ -140,10 +141,11 @@ async def generate_error(target: ContractTarget, req: generation_pb2.GenerateReq
     raise AssertionError("Generate succeeded but an error status was expected")
 
 
-async def read_rest(call) -> list[generation_pb2.GenerateResponse]:
+async def read_rest(call: grpc.aio.UnaryStreamCall) -> list[generation_pb2.GenerateResponse]:
     """Read a stream to its end with ``read()`` (grpc forbids mixing read() with async iteration on one call)."""
     messages = []
     while (message := await call.read()) is not grpc.aio.EOF:
+        assert isinstance(message, generation_pb2.GenerateResponse)
         messages.append(message)
     return messages
 

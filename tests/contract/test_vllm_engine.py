@@ -46,7 +46,8 @@ async def _embedded_greedy(engine, prompt: list[int], max_new_tokens: int) -> tu
     from agentloop_grpc.common.types import GenerateRequest, SamplingParams, TokenChunk
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, logprobs=True)
-    tokens, logprobs = [], []
+    tokens: list[int] = []
+    logprobs: list[float] = []
     async for event in engine.generate(GenerateRequest(f"emb-{len(prompt)}-{prompt[3]}", tuple(prompt), params)):
         if isinstance(event, TokenChunk):
             tokens += event.token_ids

@@ -39,7 +39,10 @@ def make(prompt, structured: StructuredOutput | None = None, **sampling) -> Gene
 
 
 async def run(engine, request: GenerateRequest) -> Result:
-    tokens, logprobs, top, versions = [], [], [], set()
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    top: list[tuple[tuple[int, float], ...]] = []
+    versions: set[int] = set()
     async for event in engine.generate(request):
         if isinstance(event, GenerateComplete):
             return Result(tokens, logprobs, top, event, versions)

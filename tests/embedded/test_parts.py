@@ -133,7 +133,9 @@ def test_prefix_cache_keys_and_compares_blocks_by_their_images() -> None:
 def test_image_features_are_cut_by_prefill_chunk() -> None:
     features = ImageFeatures(torch.tensor([3, 4, 5, 9]), torch.arange(8.0).reshape(4, 2))
     assert features.within(0, 3) is None
-    where, rows = features.within(4, 10)
+    cut = features.within(4, 10)
+    assert cut is not None
+    where, rows = cut
     assert where.tolist() == [0, 1, 5] and rows.tolist() == [[2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
 
 

@@ -8,7 +8,6 @@ features and so the logprobs, which is what these tests check.
 
 from __future__ import annotations
 
-
 import grpc
 import pytest
 

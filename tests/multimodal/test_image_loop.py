@@ -11,8 +11,17 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from agentloop_grpc.agent import AgentLoopConfig, AgentLoopWorker, LoopContext, LoopRegistry, Sample, Termination
-from agentloop_grpc.agent import read_parquet, to_batch, write_parquet
+from agentloop_grpc.agent import (
+    AgentLoopConfig,
+    AgentLoopWorker,
+    LoopContext,
+    LoopRegistry,
+    Sample,
+    Termination,
+    read_parquet,
+    to_batch,
+    write_parquet,
+)
 from agentloop_grpc.agent.spec import load_codec
 from agentloop_grpc.common.media import decode_image
 from agentloop_grpc.engine_adapters.fake import FakeEngine

@@ -14,30 +14,32 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
 
-from omegaconf import OmegaConf  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap  # noqa: E402
-from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop  # noqa: E402
-from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: E402
-from verl.tools.base_tool import BaseTool  # noqa: E402
-from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse  # noqa: E402
-from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
-from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.llm_server import LLMServerClient
 
-from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.media import ImageExpander, MediaInput, decode_image, encode_png  # noqa: E402
-from agentloop_grpc.common.types import SamplingParams  # noqa: E402
-from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
-from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
-from agentloop_grpc.integrations.verl.client import AgentloopLLMClient  # noqa: E402
-from agentloop_grpc.integrations.verl.picture_spans import PictureSpans  # noqa: E402
-from agentloop_grpc.router import GenerateCall, Router  # noqa: E402
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.media import ImageExpander, MediaInput, decode_image, encode_png
+from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.engine_adapters.factory import make_adapter
+from agentloop_grpc.engine_adapters.server import create_server, start_adapter
+from agentloop_grpc.integrations.verl.client import AgentloopLLMClient
+from agentloop_grpc.integrations.verl.picture_spans import PictureSpans
+from agentloop_grpc.router import GenerateCall, Router
 
-from .tiny_vlm import IMAGE_SEQ_LEN  # noqa: E402
+from .tiny_vlm import IMAGE_SEQ_LEN
 
 ROLLOUT = {"prompt_length": 256, "response_length": 128, "full_determinism": False,
            "multi_turn": {"max_user_turns": 2, "max_assistant_turns": 3, "max_parallel_calls": 1,
@@ -96,6 +98,16 @@ def _starts(ids: list[int], span: list[int]) -> list[int]:
     return [i for i in range(len(ids)) if ids[i:i + len(span)] == span]
 
 
+def _recorded(seen: list, answer: Callable[[Any], list[int]]) -> Callable[[Any], list[int]]:
+    """A fake engine's script that keeps each request it answers."""
+
+    def script(request: Any) -> list[int]:
+        seen.append(request)
+        return answer(request)
+
+    return script
+
+
 async def _fake(script=None):
     server = await create_server(make_adapter("fake", {"vocab_size": 50_000, "script": script}), "127.0.0.1:0")
     await start_adapter(server)
@@ -107,8 +119,8 @@ def _pixels(item) -> bytes:
 
 
 async def test_verls_single_turn_loop_sends_its_picture_at_the_span_its_processor_expanded(tiny_vlm, processor):
-    seen = []
-    server, address = await _fake(lambda request: seen.append(request) or [5, 6, 7])
+    seen: list = []
+    server, address = await _fake(_recorded(seen, lambda request: [5, 6, 7]))
     client = AgentloopLLMClient(CONFIG, servers=[address], model_path=str(tiny_vlm))
     try:
         loop = SingleTurnAgentLoop(
@@ -132,8 +144,8 @@ async def test_verls_single_turn_loop_sends_its_picture_at_the_span_its_processo
 
 async def test_verls_tool_loop_sends_the_tools_picture_with_the_next_turn(tiny_vlm, processor):
     call_ids = processor.tokenizer.encode(CALL, add_special_tokens=False)
-    seen = []
-    server, address = await _fake(lambda request: seen.append(request) or (call_ids if not request.media else [5]))
+    seen: list = []
+    server, address = await _fake(_recorded(seen, lambda request: call_ids if not request.media else [5]))
     client = AgentloopLLMClient(CONFIG, servers=[address], model_path=str(tiny_vlm))
     try:
         loop = ToolAgentLoop(
@@ -161,9 +173,9 @@ async def test_verls_tool_loop_sends_the_tools_picture_with_the_next_turn(tiny_v
 
 
 async def test_the_engines_tokens_depend_on_the_picture_and_bytes_go_as_they_are(tiny_vlm, processor):
-    seen = []
+    seen: list = []
     server, address = await _fake()
-    recorder, recorder_address = await _fake(lambda request: seen.append(request) or [5])
+    recorder, recorder_address = await _fake(_recorded(seen, lambda request: [5]))
     text = processor.tokenizer.encode("Say what you see:", add_special_tokens=False)
     prompt = [*text, *_span(processor), *text]
     jpeg = io.BytesIO()

@@ -10,17 +10,17 @@ import pytest
 
 pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
 
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from verl import DataProto  # noqa: E402
-from verl.utils.import_utils import load_class_from_fqn  # noqa: E402
+import torch
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.utils.import_utils import load_class_from_fqn
 
-from agentloop_grpc.common.media import ImageExpander, decode_image  # noqa: E402
-from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
-from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
-from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
+from agentloop_grpc.common.media import ImageExpander, decode_image
+from agentloop_grpc.engine_adapters.factory import make_adapter
+from agentloop_grpc.engine_adapters.server import create_server, start_adapter
+from agentloop_grpc.integrations.background_loop import BackgroundLoop
 
-from .pictures import png  # noqa: E402
+from .pictures import png
 
 MANAGER = "agentloop_grpc.integrations.verl.manager.AgentloopAgentLoopManager"
 PROMPT_LENGTH, RESPONSE_LENGTH = 256, 16
@@ -62,7 +62,7 @@ def test_the_managers_batch_carries_each_rows_pictures_for_verls_actor(tiny_vlm,
         "dummy_tensor": torch.zeros(2, 1), "raw_prompt": np.array([picture, text], dtype=object),
         "agent_name": np.array(["single_turn_agent"] * 2, dtype=object), "uid": np.array(["a", "b"], dtype=object),
     }, meta_info={"validate": True})
-    manager = load_class_from_fqn(MANAGER).create(config=config, llm_client=None)
+    manager = load_class_from_fqn(MANAGER).create(config=config, llm_client=None)  # type: ignore[attr-defined]  # verl types it `type`
     try:
         output = manager.generate_sequences(rows)
     finally:

@@ -10,6 +10,7 @@ as transformers' own processor and model see them. Prompts are built by the mode
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -33,7 +34,7 @@ TAIL = "What is in this picture? Describe it in one word. " * 12 + "<|im_end|>\n
 
 
 @pytest.fixture(scope="module")
-async def served(tiny_vlm) -> ContractTarget:
+async def served(tiny_vlm) -> AsyncIterator[ContractTarget]:
     from agentloop_grpc.engine_adapters.factory import make_adapter
     from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 
@@ -108,7 +109,7 @@ async def test_greedy_tokens_and_logprobs_equal_a_transformers_recompute(served,
 
 
 async def test_another_picture_gives_other_logprobs(served, vlm) -> None:
-    red_inputs, ids, starts = _prompt(vlm[1], [RED])
+    _red_inputs, ids, starts = _prompt(vlm[1], [RED])
     assert _prompt(vlm[1], [BLUE])[1] == ids  # the same ids: only the pixels differ
     red = await collect(served, _with_media(_greedy(served, ids), [RED], starts))
     blue = await collect(served, _with_media(_greedy(served, ids), [BLUE], starts))
@@ -116,7 +117,7 @@ async def test_another_picture_gives_other_logprobs(served, vlm) -> None:
 
 
 async def test_prefix_cache_never_mixes_pictures(served, vlm) -> None:
-    inputs, ids, starts = _prompt(vlm[1], [RED])
+    _inputs, ids, starts = _prompt(vlm[1], [RED])
     assert 128 < starts[0] and starts[0] + SPAN < 256 < len(ids) - 1  # blocks: text | image | text after it
     await served.control.FlushCache(engine_pb2.FlushCacheRequest(), timeout=30)
     cold = await collect(served, _with_media(_greedy(served, ids), [RED], starts))

@@ -45,8 +45,13 @@ def chat_template(text_template: str) -> str:
 def build_tiny_vlm(text_checkpoint: Path, out: Path, seed: int = 0) -> Path:
     """Write the checkpoint (weights, config, processor with tokenizer and chat template) to ``out``."""
     import torch
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration,
-                              Idefics3Processor)
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3Processor,
+    )
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
     tokenizer = AutoTokenizer.from_pretrained(text_checkpoint)

@@ -94,10 +94,10 @@ def _link_packages(source: Path, target: Path, keep: frozenset[str]) -> None:
         if names <= keep:
             (target / top).symlink_to(source / top)
             continue
-        for file in files[top]:
-            if (source / file).is_file() and not (target / file).exists():
-                (target / file).parent.mkdir(parents=True, exist_ok=True)
-                (target / file).symlink_to(source / file)
+        for path in files[top]:
+            if (source / path).is_file() and not (target / path).exists():
+                (target / path).parent.mkdir(parents=True, exist_ok=True)
+                (target / path).symlink_to(source / path)
 
 
 def _offline(*args: str | Path, **kwargs) -> subprocess.CompletedProcess:

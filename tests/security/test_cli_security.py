@@ -46,8 +46,9 @@ def test_binding_every_interface_without_a_token_warns_what_is_exposed(command: 
     line, err = first_lines([*AGENTLOOP, *command, "--host", "127.0.0.1", "--port", "0"])
     assert "listening on" in line and "WARNING" not in err
     # client certificates authenticate callers too
-    line, err = first_lines([*AGENTLOOP, *command, "--host", "0.0.0.0", "--port", "0", "--tls-cert", str(pki.server_cert),
-                             "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca)])
+    line, err = first_lines([*AGENTLOOP, *command, "--host", "0.0.0.0", "--port", "0",
+                             "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
+                             "--tls-client-ca", str(pki.ca)])
     assert "listening on" in line and "WARNING" not in err
 
 

@@ -9,13 +9,13 @@ from contextlib import asynccontextmanager
 import grpc
 import pytest
 
+from agentloop_grpc.channels import open_channel
+from agentloop_grpc.client_security import ClientSecurity
+from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
-from agentloop_grpc.common.types import SamplingParams
 from agentloop_grpc.router import GenerateCall, Router, RouterConfig
-from agentloop_grpc.channels import open_channel
-from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.serving.server_security import ServerSecurity
 from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError
 from agentloop_grpc.tools.config import load_config
@@ -54,7 +54,8 @@ async def refused(address: str, security: ClientSecurity | None) -> grpc.StatusC
 async def test_tls_server_is_reached_only_by_clients_that_trust_its_ca(pki: Pki) -> None:
     async with engine_server(ServerSecurity(cert_file=str(pki.server_cert), key_file=str(pki.server_key))) as server:
         address = f"127.0.0.1:{server.port}"
-        assert (await server_info(address, ClientSecurity(ca_file=str(pki.ca)))).state == engine_pb2.ENGINE_STATE_RUNNING
+        info = await server_info(address, ClientSecurity(ca_file=str(pki.ca)))
+        assert info.state == engine_pb2.ENGINE_STATE_RUNNING
         # by host name too (the certificate names localhost and 127.0.0.1)
         assert (await server_info(f"localhost:{server.port}", ClientSecurity(ca_file=str(pki.ca)))).model_id
         assert await refused(address, None) == grpc.StatusCode.UNAVAILABLE  # plaintext to a TLS port

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import ray
 
-from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
 from agentloop_grpc.engine_adapters.factory import make_adapter
+from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
 from agentloop_grpc.engine_adapters.sglang import ActorNaming, SglangEngineConfig, deploy_tp_group
 
 from ..ray_start import init_ray

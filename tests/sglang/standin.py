@@ -1,11 +1,11 @@
 """StandInSglEngine: a STAND-IN for ``sgl.Engine`` (tests only; SGLang's kernels need a GPU this machine lacks).
 
 It has the surface the SGLang adapter's actor uses, with SGLang 0.5.23's names and signatures (cited in
-``agentloop_grpc/engine_adapters/sglang/api.py``): ``async_generate(input_ids=..., sampling_params={...}, return_logprob=...,
-logprob_start_len=..., top_logprobs_num=..., stream=True, rid=...)`` streaming dicts shaped like SGLang's
-(``output_ids`` and ``meta_info`` with ``output_token_logprobs`` / ``output_top_logprobs`` as (logprob, id, text)
-tuples, cumulative unless ``incremental_streaming_output``; ``finish_reason`` dicts), and a ``tokenizer_manager``
-with ``abort_request``, ``pause_generation``, ``continue_generation``, ``flush_cache``,
+``agentloop_grpc/engine_adapters/sglang/api.py``): ``async_generate(input_ids=..., sampling_params={...},
+return_logprob=..., logprob_start_len=..., top_logprobs_num=..., stream=True, rid=...)`` streaming dicts shaped like
+SGLang's (``output_ids`` and ``meta_info`` with ``output_token_logprobs`` / ``output_top_logprobs`` as
+(logprob, id, text) tuples, cumulative unless ``incremental_streaming_output``; ``finish_reason`` dicts), and a
+``tokenizer_manager`` with ``abort_request``, ``pause_generation``, ``continue_generation``, ``flush_cache``,
 ``release/resume_memory_occupation``, ``update_weights_from_tensor``, ``update_weights_from_disk``, ``get_loads``,
 ``config_value``, ``context_len``, ``model_config``, ``tokenizer``. Its request objects are stand-ins with SGLang's
 field names.

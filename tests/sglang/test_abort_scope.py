@@ -40,15 +40,15 @@ async def test_abort_cancels_the_stream_but_not_the_calls_it_made() -> None:
     streamer = ray.remote(_Streamer).options(num_cpus=0).remote()
     await streamer.__ray_ready__.remote()
     sink = ray.remote(_Sink).options(num_cpus=0).remote()
-    stream = streamer.stream.options(num_returns="streaming").remote(sink)
+    stream = streamer.stream.options(num_returns="streaming").remote(sink)  # type: ignore[attr-defined]  # Ray's stubs type an actor's methods as plain functions
     await stream.__anext__()
     _InFlight(request=None, stream=stream).abort()
     with pytest.raises((ray.exceptions.TaskCancelledError, StopAsyncIteration)):
         for _ in range(1000):
             await (await stream.__anext__())
     async with asyncio.timeout(30):
-        while not await sink.seen.remote():
+        while not await sink.seen.remote():  # type: ignore[attr-defined]  # Ray's stubs type an actor's methods as plain functions
             await asyncio.sleep(0.05)
-    assert await sink.seen.remote() == ["sent by the stream"]
+    assert await sink.seen.remote() == ["sent by the stream"]  # type: ignore[attr-defined]  # Ray's stubs type an actor's methods as plain functions
     for actor in (sink, streamer):
         ray.kill(actor)

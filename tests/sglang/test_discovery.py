@@ -78,7 +78,8 @@ async def test_missing_group_is_a_clear_error_and_the_server_stays_not_serving()
         with pytest.raises(TpGroupError, match=r"is missing in Ray namespace .*'nobody-dp0-tp0', 'nobody-dp0-tp1'"):
             await start_adapter(server)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            stub = health_pb2_grpc.HealthStub(channel)
+            health = await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)  # type: ignore[attr-defined]  # typeshed's HealthStub declares no methods
         assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
     finally:
         await server.stop(grace_s=0)
@@ -100,7 +101,7 @@ async def test_actor_under_a_wrong_name_is_refused() -> None:
         .remote(TpRank(naming, 1, 0, 2), {}, STANDIN_API)
     )
     try:
-        with pytest.raises(TpGroupError, match="'swapped-dp0-tp1' reports .*expected TP rank 1 of 2"):
+        with pytest.raises(TpGroupError, match=r"'swapped-dp0-tp1' reports .*expected TP rank 1 of 2"):
             await find_tp_group(_config(naming, tp_size=2))
     finally:
         for actor in actors:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentloop_grpc.engine_adapters.sglang.outputs import OutputReader, StreamEnd
 from agentloop_grpc.common.types import FinishReason
+from agentloop_grpc.engine_adapters.sglang.outputs import OutputReader, StreamEnd
 
 TOKENS = [5, 6, 7, 8, 9]
 
@@ -35,7 +35,7 @@ def test_both_streaming_modes_give_the_same_deltas(incremental: bool) -> None:
     deltas = [reader.read(o) for o in _outputs(incremental, [1, 0, 3, 1], {"type": "length", "length": 5})]
     assert [d.token_ids for d in deltas] == [(5,), (), (6, 7, 8), (9,)]
     assert [lp for d in deltas for lp in d.logprobs] == pytest.approx([-0.1 * t for t in TOKENS])
-    assert [alts for d in deltas for alts in d.top_logprobs][0] == ((5, pytest.approx(-0.5)), (0, -9.0))
+    assert next(alts for d in deltas for alts in d.top_logprobs) == ((5, pytest.approx(-0.5)), (0, -9.0))
     assert deltas[-1].end == StreamEnd(FinishReason.LENGTH, prompt_tokens=12, cached_tokens=4)
     assert all(d.end is None for d in deltas[:-1])
 

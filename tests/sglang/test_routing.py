@@ -117,6 +117,7 @@ async def test_abort_reaches_the_engine(target: ContractTarget, group) -> None:
     req = request(target, max_new_tokens=400, ignore_eos=True)
     call = target.generate.Generate(req, timeout=60)
     first = await call.read()
+    assert isinstance(first, generation_pb2.GenerateResponse)
     aborted = await target.generate.Abort(generation_pb2.AbortRequest(request_ids=[req.request_id]), timeout=10)
     assert list(aborted.aborted_request_ids) == [req.request_id]
     rest = await read_rest(call)

@@ -25,14 +25,14 @@ from pydantic import ValidationError
 
 pytest.importorskip("mcp", reason="the mcp extra is not installed (make setup installs it)")
 
-from agentloop_grpc.common.jail import probe_cached  # noqa: E402
-from agentloop_grpc.tools.client import GrpcToolClient  # noqa: E402
-from agentloop_grpc.tools.config import ToolServerConfig  # noqa: E402
-from agentloop_grpc.tools.mcp_world import JAILED_DIR  # noqa: E402
-from agentloop_grpc.tools.result import ToolErrorKind  # noqa: E402
-from agentloop_grpc.tools.server import ToolServer, create_tool_server  # noqa: E402
+from agentloop_grpc.common.jail import probe_cached
+from agentloop_grpc.tools.client import GrpcToolClient
+from agentloop_grpc.tools.config import ToolServerConfig
+from agentloop_grpc.tools.mcp_world import JAILED_DIR
+from agentloop_grpc.tools.result import ToolErrorKind
+from agentloop_grpc.tools.server import ToolServer, create_tool_server
 
-from .conftest import serving  # noqa: E402
+from .conftest import serving
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -24,12 +24,12 @@ import pytest
 
 pytest.importorskip("mcp", reason="the mcp extra is not installed (make setup installs it)")
 
-from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError, ToolRequestError  # noqa: E402
-from agentloop_grpc.tools.config import ToolServerConfig  # noqa: E402
-from agentloop_grpc.tools.result import ToolErrorKind  # noqa: E402
-from agentloop_grpc.tools.server import ToolServer, create_tool_server  # noqa: E402
+from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError, ToolRequestError
+from agentloop_grpc.tools.config import ToolServerConfig
+from agentloop_grpc.tools.result import ToolErrorKind
+from agentloop_grpc.tools.server import ToolServer, create_tool_server
 
-from .conftest import serving  # noqa: E402
+from .conftest import serving
 
 HERE = Path(__file__).resolve().parent
 TEST_SERVER = [sys.executable, str(HERE / "mcp_test_server.py")]

@@ -42,7 +42,8 @@ async def test_no_network_even_to_loopback() -> None:
     try:
         async with tool_server() as (_, client):
             py = await client.create_instance("python", "t")
-            result = await _run(client, py, f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)")
+            connect = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)"
+            result = await _run(client, py, connect)
             assert result.error_kind is ToolErrorKind.EXCEPTION
             assert "ConnectionRefusedError" in result.content or "OSError" in result.content
             dns = await _run(client, py, "import socket\nsocket.getaddrinfo('pypi.org', 443)")

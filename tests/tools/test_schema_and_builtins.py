@@ -29,7 +29,8 @@ def test_schema_is_inferred_from_annotations_defaults_and_docstring() -> None:
     props = schema["properties"]
     assert props["query"] == {"type": "string", "description": "What to look for."}
     assert props["limit"] == {"type": "integer", "description": "How many results.", "default": 5}
-    assert props["fields"] == {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}], "default": None}
+    list_of_strings = {"type": "array", "items": {"type": "string"}}
+    assert props["fields"] == {"anyOf": [list_of_strings, {"type": "null"}], "default": None}
     assert props["mode"] == {"type": "string", "enum": ["fast", "exact"], "default": "fast"}
     assert props["weight"]["type"] == "number" and props["strict"]["type"] == "boolean"
     assert schema["additionalProperties"] is False

@@ -92,7 +92,7 @@ async def test_a_call_queued_until_near_its_deadline_is_refused_as_overload_not_
     async with gated_server("near", running=1, queued=5, timeout_s=4.0) as (server, client, metrics):
         calc = await client.create_instance("calculator", "queued")
         async with slots_held(server, "near"):
-            with pytest.raises(ToolServerOverloadedError, match="^tool server overloaded: Execute refused"):
+            with pytest.raises(ToolServerOverloadedError, match=r"^tool server overloaded: Execute refused"):
                 await client.execute(calc, json.dumps({"expression": "6*7"}))
             assert metrics.value("agentloop_server_requests_total", method="Execute", code="RESOURCE_EXHAUSTED") >= 1
             assert server.instances.queued_executions == 0
@@ -103,7 +103,7 @@ async def test_the_in_process_client_reports_a_full_manager_as_overload_not_a_re
     client = InProcessToolClient(InstanceManager(build_tools(load_config(BUILTIN)), ToolLimits(max_instances=1)))
     try:
         await client.create_instance("calculator", "t")
-        with pytest.raises(ToolServerOverloadedError, match="(?s)tool server overloaded: create .*1 tool instances"):
+        with pytest.raises(ToolServerOverloadedError, match=r"(?s)tool server overloaded: create .*1 tool instances"):
             await client.create_instance("calculator", "t")
     finally:
         await client.close()

@@ -21,8 +21,10 @@ AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
 
 @pytest.mark.slow
 async def test_a_stopped_tool_server_fails_calls_in_seconds_not_at_the_deadline() -> None:
-    server = subprocess.Popen([*AGENTLOOP, "tools", "serve", "--config", "agentloop_grpc/tools/builtin.yaml", "--port", "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen(
+        [*AGENTLOOP, "tools", "serve", "--config", "agentloop_grpc/tools/builtin.yaml", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
     client = None
     try:
         address = server.stdout.readline().split("listening on ", 1)[1].split()[0]
@@ -68,7 +70,7 @@ async def test_a_call_safe_to_repeat_is_sent_again_after_unavailable_and_execute
     # the transient of a server that resumes (the first call after SIGCONT may land on a transport whose keepalive
     # gives up while the server catches up, as the test above saw under load): an instance is still made, while an
     # Execute that may have run is never repeated
-    servicer = _DropsTheFirstCall()
+    servicer = _DropsTheFirstCall()  # type: ignore[abstract]  # the client under test calls only the two it defines
     server = grpc.aio.server()
     tool_pb2_grpc.add_ToolExecuteServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -10,12 +10,17 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agentloop_grpc.tools.client import (GrpcToolClient, InProcessToolClient, ToolInfrastructureError,
-                                         ToolRequestError, ToolServerOverloadedError)
+from agentloop_grpc.tools.client import (
+    GrpcToolClient,
+    InProcessToolClient,
+    ToolInfrastructureError,
+    ToolRequestError,
+    ToolServerOverloadedError,
+)
 from agentloop_grpc.tools.config import ToolServerConfig, build_tools, load_config
 from agentloop_grpc.tools.instances import InstanceManager
-from agentloop_grpc.tools.server import create_tool_server
 from agentloop_grpc.tools.result import ToolErrorKind
+from agentloop_grpc.tools.server import create_tool_server
 from agentloop_grpc.v1 import tool_pb2
 
 from .conftest import BUILTIN, children, tool_server
@@ -69,12 +74,12 @@ async def test_schema_violations_are_tool_errors_the_model_reads(tools, argument
 
 
 async def test_caller_errors_and_lost_instances_are_told_apart(tools) -> None:
-    with pytest.raises(ToolRequestError, match="NOT_FOUND.*no tool named 'nope'"):
+    with pytest.raises(ToolRequestError, match=r"NOT_FOUND.*no tool named 'nope'"):
         await tools.create_instance("nope", "t")
     with pytest.raises(ToolRequestError, match="ground_truth"):
         await tools.create_instance("check_answer", "t", {})
     calc = await tools.create_instance("calculator", "t")
-    with pytest.raises(ToolRequestError, match="INVALID_ARGUMENT.*not JSON"):
+    with pytest.raises(ToolRequestError, match=r"INVALID_ARGUMENT.*not JSON"):
         await tools.execute(calc, "{not json")
     await tools.release(calc)
     with pytest.raises(ToolInfrastructureError, match="NOT_FOUND"):
@@ -98,7 +103,7 @@ async def test_the_instance_limit_answers_resource_exhausted_which_lasting_to_th
         try:
             await client.create_instance("python", "t")
             calc = await client.create_instance("calculator", "t")
-            with pytest.raises(ToolServerOverloadedError, match="(?s)CreateInstance.*RESOURCE_EXHAUSTED.*instances"):
+            with pytest.raises(ToolServerOverloadedError, match=r"(?s)CreateInstance.*RESOURCE_EXHAUSTED.*instances"):
                 await impatient.create_instance("calculator", "t")
             await client.release(calc)
             assert await impatient.create_instance("calculator", "t")  # a freed place is taken
@@ -175,7 +180,7 @@ async def test_ids_over_the_bound_are_invalid_argument_and_not_echoed(tools) -> 
             await call
         assert len(str(raised.value)) < 500
     for call in (tools.calc_reward(huge), tools.release(huge)):
-        with pytest.raises(ToolRequestError, match="INVALID_ARGUMENT.*instance_id is 100000 bytes"):
+        with pytest.raises(ToolRequestError, match=r"INVALID_ARGUMENT.*instance_id is 100000 bytes"):
             await call
 
 
@@ -197,13 +202,15 @@ async def test_a_call_burning_cpu_stalls_neither_health_nor_other_calls() -> Non
         started = time.monotonic()
         burning = asyncio.create_task(client.execute(spinner, json.dumps({"seconds": 30})))
         await asyncio.sleep(1.0)  # measured from before: a stalled server stalls this process's loop too
-        health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=60)
+        stub = health_pb2_grpc.HealthStub(channel)
+        health = await stub.Check(health_pb2.HealthCheckRequest(), timeout=60)  # type: ignore[attr-defined]  # typeshed's HealthStub declares no methods
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         assert time.monotonic() - started < 6
         assert (await client.execute(calc, json.dumps({"expression": "6 * 7"}))).content == "42"
         assert time.monotonic() - started < 12
         result = await burning
-        assert result.error_kind is ToolErrorKind.TIMEOUT and result.content == "spin ran longer than 3 s and was stopped"
+        assert result.error_kind is ToolErrorKind.TIMEOUT
+        assert result.content == "spin ran longer than 3 s and was stopped"
         assert time.monotonic() - started < 15
     finally:
         await channel.close()

@@ -50,7 +50,7 @@ async def test_a_tool_reads_the_state_sent_with_its_call(served) -> None:
 async def test_a_tool_that_wants_the_state_refuses_a_call_without_it(served) -> None:
     client, address = served
     instance = await client.create_instance("whoami", "t")
-    with pytest.raises(ToolRequestError, match="INVALID_ARGUMENT.*loop_state"):
+    with pytest.raises(ToolRequestError, match=r"INVALID_ARGUMENT.*loop_state"):
         await client.execute(instance, json.dumps({"question": "?"}))
     async with grpc.aio.insecure_channel(address) as channel:  # a state whose messages are not an array
         stub = tool_pb2_grpc.ToolExecuteStub(channel)

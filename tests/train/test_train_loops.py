@@ -63,7 +63,7 @@ def test_a_default_loop_under_loops_is_accepted():
 def test_a_training_agent_scores_by_its_session_the_run_has_no_reward_function():
     agent = {"callable": "my_agents:play"}
     assert TrainConfig.model_validate({**BASE, "agent": agent}).agent.callable == "my_agents:play"
-    with pytest.raises(ValidationError, match="agent.reward: function needs a reward function"):
+    with pytest.raises(ValidationError, match=r"agent\.reward: function needs a reward function"):
         TrainConfig.model_validate({**BASE, "agent": {**agent, "reward": "function"}})
 
 

@@ -9,11 +9,11 @@ import grpc
 import pytest
 
 from agentloop_grpc.common.errors import EngineOverloadedError
+from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
 from agentloop_grpc.engine_adapters.fake import FakeEngine, StepClock
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
 from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 
 from .hash_seeds import outputs_under_hash_seeds

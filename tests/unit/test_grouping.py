@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agentloop_grpc.engine_adapters.grouping import TokenGrouper, merge_chunks
 from agentloop_grpc.common.types import TokenChunk
+from agentloop_grpc.engine_adapters.grouping import TokenGrouper, merge_chunks
 
 
 def chunk(*tokens: int, version: int = 0) -> TokenChunk:

@@ -41,7 +41,8 @@ class RecordingFake(FakeEngine):
         await super().abort(request_ids)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        async with contextlib.aclosing(super().generate(request)) as events:
+        # the adapter protocol declares AsyncIterator; the implementation is an async generator, which aclosing needs
+        async with contextlib.aclosing(super().generate(request)) as events:  # type: ignore[type-var]
             async for event in events:
                 if isinstance(event, GenerateComplete) and self.drop_completion:
                     return

@@ -9,7 +9,13 @@ import pytest
 from PIL import Image
 
 from agentloop_grpc.common.media import (
-    IMAGE_MIME_TYPES, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, ImageError, MediaInput, check_spans, decode_image,
+    IMAGE_MIME_TYPES,
+    MAX_IMAGE_BYTES,
+    MAX_IMAGE_PIXELS,
+    ImageError,
+    MediaInput,
+    check_spans,
+    decode_image,
 )
 
 from ..multimodal.pictures import png_claiming
@@ -29,14 +35,16 @@ def test_each_mime_type_decodes_to_rgb(mime_type: str) -> None:
     data = _encoded(Image.new("RGB", (40, 30), RED), IMAGE_MIME_TYPES[mime_type])
     image = decode_image(data, mime_type)
     assert (image.mode, image.size) == ("RGB", (40, 30))
-    red, green, blue = image.getpixel((20, 15))
+    pixel = image.getpixel((20, 15))
+    assert isinstance(pixel, tuple)
+    red, green, blue = pixel
     assert red > 200 and green < 60 and blue < 60  # JPEG and WEBP are lossy
 
 
 def test_a_gif_gives_its_first_frame() -> None:
     frames = [Image.new("RGB", (8, 8), colour) for colour in (RED, BLUE)]
     data = _encoded(frames[0], "GIF", save_all=True, append_images=frames[1:])
-    assert Image.open(io.BytesIO(data)).n_frames == 2
+    assert Image.open(io.BytesIO(data)).n_frames == 2  # type: ignore[attr-defined]  # PIL declares it per format
     assert decode_image(data, "image/gif").getpixel((4, 4)) == RED
 
 

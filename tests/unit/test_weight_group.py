@@ -3,6 +3,7 @@ over a real gloo group (threads of this process)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import torch
@@ -22,7 +23,7 @@ def test_the_layout_aligns_every_tensor_and_cuts_the_bytes_into_bounded_pieces()
     pieces = list(layout.pieces())
     assert pieces[0][0] == 0 and pieces[-1][1] == layout.total_bytes == ends[-1]
     assert all(end - start <= 1 << 20 for start, end in pieces) and len(pieces) == 2  # d is 1.68 MB
-    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
 
 
 def test_a_leader_broadcasts_to_every_member_and_a_refusal_moves_nothing() -> None:

