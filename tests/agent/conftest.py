@@ -4,20 +4,19 @@ built-in tools, and a Router in between."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-
-import asyncio
 
 import pytest
 
 from agentloop_grpc.agent import AgentLoopConfig, ChatCodec, LoopContext, LoopRegistry
 from agentloop_grpc.agent.interaction import RetryOnWrongAnswer
 from agentloop_grpc.agent.spec import load_codec
+from agentloop_grpc.common.types import GenerateRequest
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
-from agentloop_grpc.common.types import GenerateRequest
 from agentloop_grpc.router import GenerateCall, GenerateResult, Router, RouterConfig
 from agentloop_grpc.tools.builtin.calculator import calculator
 from agentloop_grpc.tools.builtin.check_answer import CheckAnswer
@@ -55,7 +54,8 @@ class TextScript:
         # a resumed generation (after an abort) continues the reply from the tokens the prompt already has
         opener = self.codec.encode("<|im_start|>assistant\n")
         prompt = list(request.prompt_ids)
-        starts = [i + len(opener) for i in range(len(prompt) - len(opener) + 1) if prompt[i : i + len(opener)] == opener]
+        starts = [i + len(opener) for i in range(len(prompt) - len(opener) + 1)
+                  if prompt[i : i + len(opener)] == opener]
         produced = prompt[starts[-1]:] if starts else []
         return ids[len(produced):] if produced and ids[: len(produced)] == produced else ids
 

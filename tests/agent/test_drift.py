@@ -66,7 +66,8 @@ async def test_summary_table_report_and_parquet_explain_the_counts(codec, tmp_pa
         "tokenization": {"count": 2, "example": {"sample_id": "split", **dataclasses.asdict(drifted.drift)}},
         "text": {"count": 1, "example": {"sample_id": "text", **dataclasses.asdict(text.drift)}},
     }
-    assert drift_summary([clean]) == {"tokenization": {"count": 0, "example": None}, "text": {"count": 0, "example": None}}
+    assert drift_summary([clean]) == {"tokenization": {"count": 0, "example": None},
+                                      "text": {"count": 0, "example": None}}
     record = RunRecord(tmp_path, trajectories, RolloutMetrics.of(trajectories, 1.0))
     summary = summarize(record)
     assert summary["drifted_trajectories"] == 3 and summary["drift"]["tokenization"]["count"] == 2

@@ -9,7 +9,13 @@ from contextlib import AsyncExitStack
 import pytest
 
 from agentloop_grpc.agent import (
-    AgentLoopConfig, AgentLoopWorker, LoopContext, LoopRegistry, Sample, SamplingConfig, Termination,
+    AgentLoopConfig,
+    AgentLoopWorker,
+    LoopContext,
+    LoopRegistry,
+    Sample,
+    SamplingConfig,
+    Termination,
 )
 from agentloop_grpc.agent.manager import update_weights_mid_rollout
 from agentloop_grpc.common.types import NamedTensor

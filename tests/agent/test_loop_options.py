@@ -89,7 +89,7 @@ def test_a_dataset_row_carries_its_sampling():
     row = {"messages": list(QUESTION), "sampling": {"temperature": 0.0, "top_p": 0.5}}
     sample = row_sample(row, "r/0", "r")
     assert sample.sampling == SamplingConfig(temperature=0.0, top_p=0.5)
-    with pytest.raises(ValueError, match="sampling.temperature"):
+    with pytest.raises(ValueError, match=r"sampling.temperature"):
         row_sample({**row, "sampling": {"temperature": -1}}, "r/0", "r")
 
 

@@ -14,14 +14,14 @@ import pytest
 
 pytest.importorskip("mcp", reason="the mcp extra is not installed (make setup installs it)")
 
-from agentloop_grpc.agent import AgentLoopWorker, Sample  # noqa: E402
-from agentloop_grpc.agent.metrics import RolloutMetrics  # noqa: E402
-from agentloop_grpc.rollout.report_data import error_causes  # noqa: E402
-from agentloop_grpc.tools.client import GrpcToolClient  # noqa: E402
-from agentloop_grpc.tools.config import ToolServerConfig  # noqa: E402
-from agentloop_grpc.tools.server import create_tool_server  # noqa: E402
+from agentloop_grpc.agent import AgentLoopWorker, Sample
+from agentloop_grpc.agent.metrics import RolloutMetrics
+from agentloop_grpc.rollout.report_data import error_causes
+from agentloop_grpc.tools.client import GrpcToolClient
+from agentloop_grpc.tools.config import ToolServerConfig
+from agentloop_grpc.tools.server import create_tool_server
 
-from .conftest import call, loop_context  # noqa: E402
+from .conftest import call, loop_context
 
 pytestmark = pytest.mark.fault
 

@@ -18,7 +18,8 @@ from .conftest import TextScript, scripted_engine
 
 
 def info(**fields) -> ServerInfo:
-    defaults = dict(engine_kind="embedded", model_id="m", vocab_size=49_152, state=engine_pb2.ENGINE_STATE_RUNNING)
+    defaults = {"engine_kind": "embedded", "model_id": "m", "vocab_size": 49_152,
+                "state": engine_pb2.ENGINE_STATE_RUNNING}
     return server_info(engine_pb2.GetServerInfoResponse(**{**defaults, **fields}))
 
 

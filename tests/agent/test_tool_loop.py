@@ -82,7 +82,7 @@ async def test_malformed_call_is_answered_and_counted(codec):
     async with loop_context(codec, replies) as (_, loops, _s):
         t = await loops.get("tool").run(Sample(sample_id="s", messages=QUESTION))
     assert t.malformed_tool_calls == 1 and t.tool_errors == 1 and t.assistant_turns == 2
-    error = [m for m in t.messages if m["role"] == "tool"][0]["content"]
+    error = next(m for m in t.messages if m["role"] == "tool")["content"]
     assert error.startswith("Error: the tool call could not be parsed: the call is not valid JSON")
     assert t.termination is Termination.NO_TOOL_CALL
 
@@ -109,7 +109,7 @@ async def test_long_tool_responses_are_truncated_on_the_configured_side(codec):
         config = AgentLoopConfig(max_tool_response_chars=60, tool_response_truncation=side)
         async with loop_context(codec, [call("calculator", expression="10**300"), "ok"], config) as (_, loops, _s):
             t = await loops.get("tool").run(Sample(sample_id=f"s-{side}", messages=QUESTION))
-        content = [m["content"] for m in t.messages if m["role"] == "tool"][0]
+        content = next(m["content"] for m in t.messages if m["role"] == "tool")
         assert len(content) == 60 and len(digits) > 60 and check(content), (side, content)
 
 
@@ -237,7 +237,7 @@ async def _pause_abort_midway(ctx, sample, tokens_first: int):
 
 async def test_an_aborted_generation_resumes_from_its_tokens(codec):
     reply = "one two three four five six seven eight nine ten " * 3
-    async with loop_context(codec, [reply], engine={"token_latency_s": 0.01}) as (ctx, loops, script):
+    async with loop_context(codec, [reply], engine={"token_latency_s": 0.01}) as (ctx, _loops, script):
         t, watched = await _pause_abort_midway(ctx, Sample(sample_id="s", messages=QUESTION, loop="single_turn"), 5)
     # the Router resumed it: one call, two engine requests, the second carrying the first's tokens
     assert [(r.finish_reason.value, r.resumes) for r in watched.results] == [("stop", 1)]
@@ -250,7 +250,7 @@ async def test_an_aborted_generation_resumes_from_its_tokens(codec):
 async def test_resume_can_be_turned_off(codec):
     reply = "one two three four five six seven eight nine ten " * 3
     config = AgentLoopConfig(resume_on_abort=False)
-    async with loop_context(codec, [reply], config, engine={"token_latency_s": 0.01}) as (ctx, loops, _s):
+    async with loop_context(codec, [reply], config, engine={"token_latency_s": 0.01}) as (ctx, _loops, _s):
         t, _ = await _pause_abort_midway(ctx, Sample(sample_id="s", messages=QUESTION, loop="single_turn"), 5)
     assert t.failed and "resume_on_abort is off" in t.error and not t.infrastructure_failure
 

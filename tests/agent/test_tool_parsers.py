@@ -7,8 +7,15 @@ from __future__ import annotations
 import pytest
 
 from agentloop_grpc.agent import (
-    AgentLoopConfig, GptOssParser, HermesParser, Llama3JsonParser, LoopContext, Qwen3CoderParser, Sample,
-    Termination, make_parser,
+    AgentLoopConfig,
+    GptOssParser,
+    HermesParser,
+    Llama3JsonParser,
+    LoopContext,
+    Qwen3CoderParser,
+    Sample,
+    Termination,
+    make_parser,
 )
 from agentloop_grpc.agent.parsers import stop_token_ids
 from agentloop_grpc.tools.builtin.calculator import calculator
@@ -158,7 +165,8 @@ def test_gpt_oss_malformed_and_cut_off_calls_are_errors(text, reason):
 
 # -- settled content (what a streamed turn offered tools sends before it ends) ------------------------------------
 
-HERMES_TURN = '  Let me add those.\n\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>'
+HERMES_TURN = ('  Let me add those.\n\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n'
+               '</tool_call>')
 SETTLED = [
     (HermesParser(), HERMES_TURN, "Let me add those."),
     (HermesParser(), HERMES_TURN + "\nDone, and <tool_call>{bad", "Let me add those."),  # text after, a bad call
@@ -295,7 +303,7 @@ async def test_a_formats_stop_token_ends_the_turn_and_its_callsegments(codec):
     reply = ('<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{"expression": "2+3"}'
              "<|endoftext|>ignored")
     parser = _HarmonyEndingOnEndOfText()
-    async with loop_context(codec, [reply, "5"], parser=parser) as (ctx, loops, script):
+    async with loop_context(codec, [reply, "5"], parser=parser) as (_ctx, loops, script):
         t = await loops.get("tool").run(Sample(sample_id="s1", messages=QUESTION, tools=("calculator",)))
     assert script.requests[0].sampling.stop_token_ids == (0,)
     assert t.tool_calls == 1 and t.tool_errors == 0 and t.messages[-2]["content"] == "5"

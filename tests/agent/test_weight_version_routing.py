@@ -8,10 +8,10 @@ from contextlib import AsyncExitStack
 import pytest
 
 from agentloop_grpc.agent import AgentLoopManager, WorkerSpec
+from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.engine_adapters.fake import FakeEngine
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import EngineServer, create_server, start_adapter
-from agentloop_grpc.common.types import NamedTensor
 
 from ..router.conftest import free_port
 from ..router.test_routing import _until

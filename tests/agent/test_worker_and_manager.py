@@ -10,14 +10,14 @@ import pytest
 from agentloop_grpc.agent import AgentLoopManager, AgentLoopWorker, Sample, Termination, WorkerSpec
 from agentloop_grpc.agent.loop_player import split
 from agentloop_grpc.agent.reward import Outcome
+from agentloop_grpc.common.types import EngineState
 from agentloop_grpc.router import Router, RouterConfig
 from agentloop_grpc.tools.client import GrpcToolClient
-from agentloop_grpc.common.types import EngineState
 
+from ..ray_start import init_ray
 from ..router.conftest import free_port
 from ..tools.conftest import tool_server
-from ..ray_start import init_ray
-from .conftest import call, loop_context, scripted_engine, TextScript
+from .conftest import TextScript, call, loop_context, scripted_engine
 
 QUESTION = ({"role": "user", "content": "What is 2 + 3?"},)
 
@@ -48,7 +48,8 @@ async def test_one_broken_sample_never_fails_the_batch(codec):
             Sample(sample_id="ok-2", messages=QUESTION),
         ]
         done: list[str] = []
-        result = await AgentLoopWorker(loops, max_concurrency=2).run(samples, on_done=lambda t: done.append(t.sample_id))
+        worker = AgentLoopWorker(loops, max_concurrency=2)
+        result = await worker.run(samples, on_done=lambda t: done.append(t.sample_id))
     assert [t.sample_id for t in result] == [s.sample_id for s in samples] and sorted(done) == sorted(
         s.sample_id for s in samples)
     by_id = {t.sample_id: t for t in result}
@@ -93,7 +94,7 @@ async def test_async_and_sync_rewards_run_as_each_trajectory_ends(codec):
     def slow_prompt(text: str) -> str:
         return "short" if "quick" in text else "a much longer answer " * 20
 
-    async with loop_context(codec, slow_prompt, reward=reward) as (ctx, loops, _s):
+    async with loop_context(codec, slow_prompt, reward=reward) as (_ctx, loops, _s):
         samples = [Sample(sample_id="slow", messages=({"role": "user", "content": "slow one"},), loop="single_turn"),
                    Sample(sample_id="quick", messages=({"role": "user", "content": "quick one"},), loop="single_turn")]
         result = await AgentLoopWorker(loops).run(samples)

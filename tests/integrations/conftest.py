@@ -9,13 +9,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from collections.abc import Iterator  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from importlib import resources  # noqa: E402
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
 
-import pytest  # noqa: E402
+import pytest
 
-from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
+from agentloop_grpc.integrations.background_loop import BackgroundLoop
 
 
 @contextmanager

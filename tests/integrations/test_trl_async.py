@@ -73,8 +73,7 @@ def test_trls_async_grpo_trainer_trains_on_our_worker_and_weight_transfer(own_se
     import datasets
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
-    from trl.experimental.async_grpo import async_grpo_trainer
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer
 
     from agentloop_grpc.common import model_store
     from agentloop_grpc.integrations.trl.async_worker import AgentLoopRolloutWorker, AgentLoopWeightTransfer

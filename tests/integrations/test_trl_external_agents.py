@@ -109,7 +109,7 @@ def test_the_gateway_samples_as_the_trainer_assumes_unless_told_otherwise():
     assert AgentLoopRollout(spec, ROWS, agent=agent).agent.gateway.sampling.top_p == 1.0
     forced = ExternalAgent(callable=f"{PATH}:tool_agent", gateway={"sampling": {"temperature": 0.0}})
     assert AgentLoopRollout(spec, ROWS, agent=forced).agent.gateway.sampling.temperature == 0.0
-    with pytest.raises(ValueError, match="agent.reward: function scores with spec.reward"):
+    with pytest.raises(ValueError, match=r"agent.reward: function scores with spec.reward"):
         AgentLoopRollout(spec, ROWS, agent=ExternalAgent(callable=f"{PATH}:tool_agent", reward="function"))
 
 

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from agentloop_grpc.agent import Termination, Trajectory
+from agentloop_grpc.agent import Termination, Trajectory, WorkerSpec
 from agentloop_grpc.integrations.trl import agentloop_reward, prompt_key, trl_fields
 from agentloop_grpc.integrations.trl.rollout import AgentLoopRollout
-from agentloop_grpc.agent import WorkerSpec
 
 PAD = 2
 
 
 def trajectory(sample_id: str, reward: float = 1.0, **overrides) -> Trajectory:
-    fields = dict(
-        sample_id=sample_id, loop="tool", group_id="g", prompt_ids=(10, 11, 12),
-        response_ids=(20, 21, 2, 30, 31, 40, 2),  # model turn, tool turn (mask 0), model turn
-        response_mask=(1, 1, 1, 0, 0, 1, 1),
-        response_logprobs=(-0.5, -0.25, -0.125, 0.0, 0.0, -1.0, -0.0625),
-        weight_versions=(3, 3, 3, -1, -1, 3, 3),
-        reward=reward, termination=Termination.STOP,
-    )
+    fields = {
+        "sample_id": sample_id, "loop": "tool", "group_id": "g", "prompt_ids": (10, 11, 12),
+        "response_ids": (20, 21, 2, 30, 31, 40, 2),  # model turn, tool turn (mask 0), model turn
+        "response_mask": (1, 1, 1, 0, 0, 1, 1),
+        "response_logprobs": (-0.5, -0.25, -0.125, 0.0, 0.0, -1.0, -0.0625),
+        "weight_versions": (3, 3, 3, -1, -1, 3, 3),
+        "reward": reward, "termination": Termination.STOP,
+    }
     fields.update(overrides)
     return Trajectory(**fields)
 
@@ -49,7 +48,8 @@ def test_failed_trajectories_are_unscorable_and_fully_masked():
                    weight_versions=())
     out = trl_fields([trajectory("ok", reward=0.0), partial, empty], PAD)
     assert out["agentloop_reward"] == [0.0, None, None]
-    assert out["env_mask"][1] == [0] * len(partial.response_ids) and out["completion_ids"][1] == list(partial.response_ids)
+    assert out["env_mask"][1] == [0] * len(partial.response_ids)
+    assert out["completion_ids"][1] == list(partial.response_ids)
     # TRL needs a non-empty prompt and completion per row: one masked placeholder token
     assert out["prompt_ids"][2] == [PAD] and out["completion_ids"][2] == [PAD] and out["env_mask"][2] == [0]
     assert out["agentloop_infrastructure_failure"] == [False, True, False]
@@ -93,7 +93,8 @@ def test_conflicting_rows_for_one_prompt_are_refused():
     with pytest.raises(ValueError, match="same prompt"):
         _rollout([ROWS[0], {**ROWS[0], "ground_truth": "4"}])
     _rollout([ROWS[0], {**ROWS[0], "id": "r1-again"}])  # the same row twice is fine
-    assert prompt_key([{"role": "user", "content": "x", "tool_calls": None}]) == prompt_key([{"content": "x", "role": "user"}])
+    assert prompt_key([{"role": "user", "content": "x", "tool_calls": None}]) == prompt_key(
+        [{"content": "x", "role": "user"}])
 
 
 def test_the_replayed_call_grammar_is_the_runs_tool_call_format() -> None:

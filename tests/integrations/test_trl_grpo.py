@@ -10,7 +10,12 @@ import torch
 from agentloop_grpc.agent import AgentLoopConfig, SamplingConfig, Termination, Trajectory, WorkerSpec
 from agentloop_grpc.integrations.logprob_check import recompute_logprobs
 from agentloop_grpc.integrations.trl import (
-    AgentLoopRollout, AsyncAgentLoopRollout, WeightSyncCallback, agentloop_reward, prompt_dataset, trl_fields,
+    AgentLoopRollout,
+    AsyncAgentLoopRollout,
+    WeightSyncCallback,
+    agentloop_reward,
+    prompt_dataset,
+    trl_fields,
 )
 from agentloop_grpc.rollout.arithmetic import dataset_rows
 
@@ -145,7 +150,8 @@ def test_a_dead_tool_server_mid_run_fails_trajectories_as_infrastructure(own_ser
         )
         trainer.train()
     [record] = rollout.history
-    assert all(t.failed and t.infrastructure_failure for t in record.trajectories), [(t.termination, t.error) for t in record.trajectories]
+    causes = [(t.termination, t.error) for t in record.trajectories]
+    assert all(t.failed and t.infrastructure_failure for t in record.trajectories), causes
     assert record.metrics["infrastructure_failures"] == 2
     # no tokens in the loss: position_in_group would have moved the weights had any been trained on
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters() if n in before)

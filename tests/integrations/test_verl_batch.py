@@ -10,15 +10,15 @@ import pytest
 
 pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
 
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn  # noqa: E402
+import torch
+from omegaconf import OmegaConf
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
 
-from agentloop_grpc.agent import Sample, Termination  # noqa: E402
-from agentloop_grpc.agent.spec import load_codec  # noqa: E402
-from agentloop_grpc.integrations.verl.batch import TENSORS, FailedTrajectoriesError, to_dataproto  # noqa: E402
+from agentloop_grpc.agent import Sample, Termination
+from agentloop_grpc.agent.spec import load_codec
+from agentloop_grpc.integrations.verl.batch import TENSORS, FailedTrajectoriesError, to_dataproto
 
-from ..agent.conftest import call, loop_context  # noqa: E402
+from ..agent.conftest import call, loop_context
 
 QUESTION = ({"role": "user", "content": "What is 2 + 3?"},)
 
@@ -66,7 +66,7 @@ async def test_verls_grpo_advantage_and_policy_loss_run_on_it() -> None:
     trajectories, codec = await _trajectories()
     data = to_dataproto(trajectories, pad_token_id=codec.tokenizer.pad_token_id or 0)
     mask = data.batch["response_mask"]
-    advantages, returns = compute_grpo_outcome_advantage(
+    advantages, _returns = compute_grpo_outcome_advantage(
         token_level_rewards=data.batch["rm_scores"], response_mask=mask, index=data.non_tensor_batch["uid"],
     )
     assert not advantages[mask == 0].any()  # nothing is credited to tool or padding tokens
@@ -102,6 +102,6 @@ async def test_input_columns_and_reward_extra_info_are_carried_and_failures_refu
         to_dataproto(trajectories, pad, reward_extra=[{"acc": 1.0}] + [{}] * (len(trajectories) - 1))
     broken = dataclasses.replace(trajectories[1], termination=Termination.ERROR, error="engine gone",
                                  infrastructure_failure=True)
-    with pytest.raises(FailedTrajectoriesError, match="1 of 5 trajectories failed.*q0/1: engine gone") as failed:
+    with pytest.raises(FailedTrajectoriesError, match=r"1 of 5 trajectories failed.*q0/1: engine gone") as failed:
         to_dataproto([trajectories[0], broken, *trajectories[2:]], pad)
     assert failed.value.failures == (("q0/1", "engine gone"),)

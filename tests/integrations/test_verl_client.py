@@ -16,21 +16,21 @@ import pytest
 
 pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
 
-from omegaconf import OmegaConf  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
-from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop  # noqa: E402
-from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+from verl.utils.dataset.rl_dataset import RLHFDataset
 
-from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.types import PauseMode, SamplingParams  # noqa: E402
-from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
-from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig  # noqa: E402
-from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
-from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
-from agentloop_grpc.integrations.verl import sampling_from_verl  # noqa: E402
-from agentloop_grpc.integrations.verl.client import AgentloopFullyAsyncLLMClient, AgentloopLLMClient  # noqa: E402
-from agentloop_grpc.router import Fleet, GenerateCall, NoHealthyServerError, Router, RouterConfig  # noqa: E402
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import PauseMode, SamplingParams
+from agentloop_grpc.engine_adapters.factory import make_adapter
+from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
+from agentloop_grpc.engine_adapters.server import create_server, start_adapter
+from agentloop_grpc.integrations.background_loop import BackgroundLoop
+from agentloop_grpc.integrations.verl import sampling_from_verl
+from agentloop_grpc.integrations.verl.client import AgentloopFullyAsyncLLMClient, AgentloopLLMClient
+from agentloop_grpc.router import Fleet, GenerateCall, NoHealthyServerError, Router, RouterConfig
 
 CONFIG = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 256, "response_length": 24}}})
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
@@ -216,7 +216,7 @@ def test_a_client_used_from_a_second_event_loop_says_to_close_it_first() -> None
     try:
         assert len(asyncio.run(generate(close=True)).token_ids) == 2  # one event loop per call, as verl's
         assert len(asyncio.run(generate(close=False)).token_ids) == 2  # auto_await does from sync code
-        with pytest.raises(RuntimeError, match="another event loop: await client.close"):
+        with pytest.raises(RuntimeError, match=r"another event loop: await client.close"):
             asyncio.run(generate(close=False))
     finally:
         loop.run(server.stop(grace_s=1))

@@ -18,33 +18,33 @@ import pytest
 
 pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import torch  # noqa: E402
-import yaml  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from pydantic import ValidationError  # noqa: E402
-from verl import DataProto  # noqa: E402
-from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager  # noqa: E402
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn  # noqa: E402
-from verl.trainer.ppo.metric_utils import compute_data_metrics  # noqa: E402
-from verl.trainer.ppo.reward import extract_reward  # noqa: E402
-from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
-from verl.utils.import_utils import load_class_from_fqn  # noqa: E402
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import yaml
+from omegaconf import OmegaConf
+from pydantic import ValidationError
+from verl import DataProto
+from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
+from verl.trainer.ppo.metric_utils import compute_data_metrics
+from verl.trainer.ppo.reward import extract_reward
+from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+from verl.utils.import_utils import load_class_from_fqn
 
-from agentloop_grpc.agent.parsers import HermesParser  # noqa: E402
-from agentloop_grpc.agent.reward import Outcome, Score  # noqa: E402
-from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.types import SamplingParams, StructuredOutput  # noqa: E402
-from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
-from agentloop_grpc.integrations.verl.batch import FailedTrajectoriesError  # noqa: E402
-from agentloop_grpc.integrations.verl.manager import LoopSettings, samples_from  # noqa: E402
-from agentloop_grpc.router import GenerateCall, Router  # noqa: E402
-from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError  # noqa: E402
-from agentloop_grpc.tools.config import ToolServerConfig  # noqa: E402
-from agentloop_grpc.tools.server import create_tool_server  # noqa: E402
+from agentloop_grpc.agent.parsers import HermesParser
+from agentloop_grpc.agent.reward import Outcome, Score
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import SamplingParams, StructuredOutput
+from agentloop_grpc.integrations.background_loop import BackgroundLoop
+from agentloop_grpc.integrations.verl.batch import FailedTrajectoriesError
+from agentloop_grpc.integrations.verl.manager import LoopSettings, samples_from
+from agentloop_grpc.router import GenerateCall, Router
+from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError
+from agentloop_grpc.tools.config import ToolServerConfig
+from agentloop_grpc.tools.server import create_tool_server
 
-from .test_verl_tools import VERL_YAML  # noqa: E402
+from .test_verl_tools import VERL_YAML
 
 MANAGER = "agentloop_grpc.integrations.verl.manager.AgentloopAgentLoopManager"
 N = 2  # rollout.n
@@ -297,7 +297,7 @@ def token_reward(outcome: Outcome) -> Score:
 
 
 def test_our_reward_function_scores_when_set(servers, tool_server) -> None:
-    engine, _, loop, _ = servers
+    engine, _, _loop, _ = servers
     config = verl_config(engine, tool_server[0])
     config.actor_rollout_ref.rollout.custom.agentloop.loops.reward = {"path": f"{__name__}:token_reward"}
     config.actor_rollout_ref.rollout.custom.agentloop.loops.loop.max_new_tokens_per_turn = 8
@@ -363,8 +363,8 @@ def test_an_infrastructure_failure_raises_naming_the_trajectories(servers, tmp_p
                                                   llm_client=None)
     try:
         loop.run(doomed.stop(grace_s=0))  # the tool server dies after the workers listed its tools
-        with pytest.raises(FailedTrajectoriesError, match="1 of 1 trajectories failed.*u0/0: CreateInstance: "
-                                                          "UNAVAILABLE") as failed:
+        with pytest.raises(FailedTrajectoriesError, match=r"1 of 1 trajectories failed.*u0/0: CreateInstance: "
+                                                          r"UNAVAILABLE") as failed:
             manager.generate_sequences(rows)
         assert [sample_id for sample_id, _ in failed.value.failures] == ["u0/0"]
     finally:
@@ -416,13 +416,13 @@ def test_verl_rows_become_samples_and_bad_rows_are_refused_by_name() -> None:
     assert samples_from(rows(reward_model={"ground_truth": ["a", 1]}), "tool_agent")[0].ground_truth == '["a", 1]'
     with pytest.raises(ValueError, match="row 0: agent_name 'react_agent' has no agentloop loop"):
         samples_from(rows(agent_name="react_agent"), "single_turn_agent")
-    with pytest.raises(ValueError, match="tools_kwargs.submit_answer.execute_kwargs has no equivalent"):
+    with pytest.raises(ValueError, match=r"tools_kwargs.submit_answer.execute_kwargs has no equivalent"):
         samples_from(rows(tools_kwargs={"submit_answer": {"execute_kwargs": {"x": 1}}}), "tool_agent")
-    with pytest.raises(ValueError, match="interaction_kwargs.name must name the interaction"):
+    with pytest.raises(ValueError, match=r"interaction_kwargs.name must name the interaction"):
         samples_from(rows(interaction_kwargs={"query": "q"}), "tool_agent")
     with pytest.raises(ValueError, match=r"row 0: .*content\[0\]\.image must name the picture"):
         samples_from(rows(raw_prompt=[{"role": "user", "content": [{"type": "image"}]}]), "tool_agent")
-    with pytest.raises(ValueError, match="row 0: .*content must be a string or a list"):
+    with pytest.raises(ValueError, match=r"row 0: .*content must be a string or a list"):
         samples_from(rows(raw_prompt=[{"role": "user", "content": 7}]), "tool_agent")
     no_uid = rows()
     no_uid.non_tensor_batch.pop("uid")
@@ -456,15 +456,15 @@ def test_bad_settings_are_refused_by_name() -> None:
         manager_class(config, None)
     config = verl_config("127.0.0.1:1", "127.0.0.1:2")
     config.actor_rollout_ref.rollout.custom.agentloop.loops.loop.response_budget = 10
-    with pytest.raises(ValueError, match="loops.loop.response_budget comes from verl's rollout"):
+    with pytest.raises(ValueError, match=r"loops.loop.response_budget comes from verl's rollout"):
         manager_class(config, None)
     config = verl_config("127.0.0.1:1", "127.0.0.1:2")
     config.actor_rollout_ref.rollout.multi_turn.format = "qwen3_coder"
-    with pytest.raises(ValueError, match="multi_turn.format 'qwen3_coder'"):
+    with pytest.raises(ValueError, match=r"multi_turn.format 'qwen3_coder'"):
         manager_class(config, None)
     config = verl_config("127.0.0.1:1", "127.0.0.1:2")
     config.actor_rollout_ref.rollout.multi_turn.function_tool_path = "tools.py"
-    with pytest.raises(ValueError, match="multi_turn.function_tool_path"):
+    with pytest.raises(ValueError, match=r"multi_turn.function_tool_path"):
         manager_class(config, None)
     with pytest.raises(ValueError, match="teacher_client"):
         manager_class(verl_config("127.0.0.1:1", "127.0.0.1:2"), None, teacher_client={"t": object()})

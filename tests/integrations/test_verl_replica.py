@@ -12,27 +12,27 @@ import pytest
 
 pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
 
-import ray  # noqa: E402
-import torch  # noqa: E402
-from verl.checkpoint_engine import CheckpointEngineRegistry  # noqa: E402
-from verl.single_controller.base import Worker  # noqa: E402
-from verl.single_controller.base.decorator import Dispatch, register  # noqa: E402
-from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
-from verl.workers.config import CheckpointEngineConfig  # noqa: E402
-from verl.utils.import_utils import import_external_libs  # noqa: E402
-from verl.workers.rollout.base import get_rollout_class  # noqa: E402
-from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
-from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
+import ray
+import torch
+from verl.checkpoint_engine import CheckpointEngineRegistry
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.utils.import_utils import import_external_libs
+from verl.workers.config import CheckpointEngineConfig
+from verl.workers.rollout.base import get_rollout_class
+from verl.workers.rollout.llm_server import LLMServerManager
+from verl.workers.rollout.replica import get_rollout_replica_class
 
-from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.types import EngineState, SamplingParams  # noqa: E402
-from agentloop_grpc.integrations.verl.checkpoint_manager import AgentloopCheckpointManager  # noqa: E402
-from agentloop_grpc.integrations.verl.replica import AgentloopReplica  # noqa: E402
-from agentloop_grpc.integrations.verl.server_actor import EngineServerActor  # noqa: E402
-from agentloop_grpc.router import Fleet, GenerateCall, Router  # noqa: E402
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import EngineState, SamplingParams
+from agentloop_grpc.integrations.verl.checkpoint_manager import AgentloopCheckpointManager
+from agentloop_grpc.integrations.verl.replica import AgentloopReplica
+from agentloop_grpc.integrations.verl.server_actor import EngineServerActor
+from agentloop_grpc.router import Fleet, GenerateCall, Router
 
-from ..ray_start import init_ray  # noqa: E402
-from .verl_config import verl_config  # noqa: E402
+from ..ray_start import init_ray
+from .verl_config import verl_config
 
 PROMPT = [1, 9690, 198, 2683, 314, 253, 5356, 2]  # any ids the model's vocabulary holds
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}

@@ -10,21 +10,21 @@ import pytest
 
 pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
 
-from omegaconf import OmegaConf  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap  # noqa: E402
-from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: E402
-from verl.tools.base_tool import BaseTool  # noqa: E402
-from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse  # noqa: E402
-from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
-from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.llm_server import LLMServerClient
 
-from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.common.types import SamplingParams  # noqa: E402
-from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
-from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
-from agentloop_grpc.integrations.verl.client import AgentloopLLMClient  # noqa: E402
-from agentloop_grpc.router import GenerateCall, Router  # noqa: E402
+from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.engine_adapters.factory import make_adapter
+from agentloop_grpc.engine_adapters.server import create_server, start_adapter
+from agentloop_grpc.integrations.verl.client import AgentloopLLMClient
+from agentloop_grpc.router import GenerateCall, Router
 
 #: The tool's schema as verl's tool config files give it (``tool_schema``).
 ADD_SCHEMA = {"type": "function", "function": {

@@ -17,15 +17,15 @@ import pytest
 
 pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
 
-import yaml  # noqa: E402
-from pydantic import ValidationError  # noqa: E402
-from verl.tools.base_tool import BaseTool  # noqa: E402
-from verl.tools.schemas import ToolResponse  # noqa: E402
+import yaml
+from pydantic import ValidationError
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import ToolResponse
 
-from agentloop_grpc.tools.client import GrpcToolClient  # noqa: E402
-from agentloop_grpc.tools.config import VERL_ADAPTER, ToolServerConfig, build_tools, load_config  # noqa: E402
-from agentloop_grpc.tools.result import ToolErrorKind  # noqa: E402
-from agentloop_grpc.tools.server import create_tool_server  # noqa: E402
+from agentloop_grpc.tools.client import GrpcToolClient
+from agentloop_grpc.tools.config import VERL_ADAPTER, ToolServerConfig, build_tools, load_config
+from agentloop_grpc.tools.result import ToolErrorKind
+from agentloop_grpc.tools.server import create_tool_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,9 +98,9 @@ def test_bad_verl_entries_are_refused_by_name() -> None:
     entry = VERL_YAML["tools"][0]
     with pytest.raises(ValidationError, match="unknown keys \\['kwargs'\\]"):
         ToolServerConfig.model_validate({"tools": [{**entry, "kwargs": {}}]})
-    with pytest.raises(ValueError, match="config.type 'mcp' is not supported"):
+    with pytest.raises(ValueError, match=r"config.type 'mcp' is not supported"):
         build_tools(ToolServerConfig.model_validate({"tools": [{**entry, "config": {"type": "mcp"}}]}))
-    with pytest.raises(ValueError, match="not a subclass of verl.tools.base_tool.BaseTool"):
+    with pytest.raises(ValueError, match=r"not a subclass of verl.tools.base_tool.BaseTool"):
         build_tools(ToolServerConfig.model_validate({"tools": [{**entry, "class_name": "json.JSONDecoder"}]}))
 
 

@@ -11,25 +11,25 @@ import pytest
 
 pytest.importorskip("verl", reason="verl is not installed (make setup installs it)")
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # noqa: E402
-from verl.protocol import DataProto  # noqa: E402
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn  # noqa: E402
-from verl.utils.import_utils import load_class_from_fqn  # noqa: E402
-from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient  # noqa: E402
-from verl.workers.rollout.router import get_router_handle  # noqa: E402
+import torch
+import yaml
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
+from verl.utils.import_utils import load_class_from_fqn
+from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
+from verl.workers.rollout.router import get_router_handle
 
-from agentloop_grpc.common import model_store  # noqa: E402
-from agentloop_grpc.engine_adapters.factory import make_adapter  # noqa: E402
-from agentloop_grpc.engine_adapters.server import create_server, start_adapter  # noqa: E402
-from agentloop_grpc.integrations.background_loop import BackgroundLoop  # noqa: E402
-from agentloop_grpc.integrations.verl.client import AgentloopFullyAsyncLLMClient, AgentloopLLMClient  # noqa: E402
-from agentloop_grpc.integrations.verl.loops_manager import RouterAgentLoopWorker, agentloop_client  # noqa: E402
+from agentloop_grpc.common import model_store
+from agentloop_grpc.engine_adapters.factory import make_adapter
+from agentloop_grpc.engine_adapters.server import create_server, start_adapter
+from agentloop_grpc.integrations.background_loop import BackgroundLoop
+from agentloop_grpc.integrations.verl.client import AgentloopFullyAsyncLLMClient, AgentloopLLMClient
+from agentloop_grpc.integrations.verl.loops_manager import RouterAgentLoopWorker, agentloop_client
 
-from .test_verl_tool_loop import ADD_SCHEMA, CALL, ROLLOUT, AddTool, _direct, _segments  # noqa: E402
+from .test_verl_tool_loop import ADD_SCHEMA, CALL, ROLLOUT, AddTool, _direct, _segments
 
 MANAGER = "agentloop_grpc.integrations.verl.loops_manager.RouterAgentLoopManager"
 ANSWER = "The answer is 5."
@@ -122,7 +122,7 @@ async def test_verls_worker_builds_its_batch_from_its_tool_loops_on_our_engine_a
         await client.close()
         await server.stop(grace_s=1)
     eos = tokenizer.eos_token_id
-    for (prompt, response, mask, logprobs), (first, second) in zip(rows, turns, strict=True):
+    for (_prompt, response, mask, logprobs), (first, second) in zip(rows, turns, strict=True):
         (a, b), (c, d) = _segments(mask)
         assert response[a:b] == [*call, eos] == list(first.token_ids) and a == 0  # the engine's ids, as sent
         assert response[c:d] == [*answer, eos] == list(second.token_ids) and d == len(response)
@@ -130,7 +130,7 @@ async def test_verls_worker_builds_its_batch_from_its_tool_loops_on_our_engine_a
         assert logprobs[c:d] == pytest.approx(list(second.logprobs), abs=1e-6)
         assert "<tool_response>\n5\n</tool_response>" in tokenizer.decode(response[b:c]) and not any(logprobs[b:c])
     assert list(data.non_tensor_batch["__num_turns__"]) == [4] * len(data)
-    assert [fields for fields in data.non_tensor_batch["tool_rewards"]] == [[0.5]] * len(data)
+    assert list(data.non_tensor_batch["tool_rewards"]) == [[0.5]] * len(data)
     assert set(data.non_tensor_batch["max_global_steps"]) == {0}
     # verl's GRPO and PPO loss on the batch; rewards are inputs here (one right, one wrong answer per question)
     mask = data.batch["response_mask"]
@@ -244,5 +244,5 @@ async def test_a_fully_async_client_of_verls_becomes_ours_with_its_resume_semant
     ours = await agentloop_client(config, FullyAsyncLLMServerClient(config, only_hybrid=True))
     assert isinstance(ours, AgentloopFullyAsyncLLMClient) and ours._only_hybrid
     assert await agentloop_client(config, ours) is ours
-    with pytest.raises(ValueError, match="custom.agentloop.servers"):  # neither our servers nor verl's balancer
+    with pytest.raises(ValueError, match=r"custom.agentloop.servers"):  # neither our servers nor verl's balancer
         await agentloop_client(verl_config(8), LLMServerClient(config))

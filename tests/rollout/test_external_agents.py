@@ -287,7 +287,7 @@ async def test_an_interrupted_run_kills_its_command_agents_and_keeps_what_finish
     run = asyncio.create_task(run_rollout(config, Progress(Console(file=io.StringIO())), record))
     log = Path(config.output_dir) / "logs" / "agents" / "1-c_0.log"
     async with asyncio.timeout(60):
-        while not (record.trajectories and log.exists() and "child" in log.read_text()):  # noqa: ASYNC110
+        while not (record.trajectories and log.exists() and "child" in log.read_text()):
             await asyncio.sleep(0.05)
     child = int(re.search(r"child (\d+)", log.read_text()).group(1))
     run.cancel()  # Ctrl-C

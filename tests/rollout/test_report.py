@@ -141,7 +141,8 @@ def test_selected_trajectory_shows_its_tokens_with_the_mask(report):
 def test_filters_reduce_the_rows(report):
     page, trajectories = report
     failed = _render(page, "error=failed&select=d-0")
-    assert failed.row_ids == [t.sample_id for t in trajectories if t.failed] == [f"{g}-{i}" for g in "de" for i in range(4)]
+    expected = [f"{g}-{i}" for g in "de" for i in range(4)]
+    assert failed.row_ids == [t.sample_id for t in trajectories if t.failed] == expected
     assert "more than max_prompt_tokens=450" in failed.text["sel-error"]
     assert failed.classes == {}  # a prompt that never ran has no tokens
     cause = next(t.error for t in trajectories if t.sample_id == "e-0")
@@ -189,7 +190,7 @@ def test_group_statistics_errors_and_timeline(report):
 
 
 def test_a_capped_page_says_which_trajectories_have_no_token_view(report, tmp_path):
-    page, trajectories = report
+    _page, trajectories = report
     codec = load_codec(None)
     record = RunRecord(output_dir=tmp_path, trajectories=trajectories)
     record.metrics = RolloutMetrics.of(trajectories, 1.0)
@@ -216,7 +217,8 @@ def test_a_trajectorys_pictures_are_shown_with_its_conversation(tmp_path):
     t = Trajectory(sample_id="pic", loop="tool", prompt_ids=(1, 2), response_ids=(3, 4, 5, 6, 7, 8),
                    response_mask=(1, 0, 0, 0, 0, 1), response_logprobs=(-0.5, 0, 0, 0, 0, -0.1),
                    weight_versions=(0, -1, -1, -1, -1, 0), reward=0.0, termination=Termination.STOP,
-                   messages=messages, media=(MediaInput("image/png", small, 3, 2), MediaInput("image/png", large, 5, 1)))
+                   messages=messages,
+                   media=(MediaInput("image/png", small, 3, 2), MediaInput("image/png", large, 5, 1)))
     record = RunRecord(output_dir=tmp_path, trajectories=[t])
     record.metrics = RolloutMetrics.of([t], 1.0)
     page = write_report(record, summarize(record), load_codec(None), tmp_path / "report.html")
