@@ -103,31 +103,54 @@ def _trajectory(sample: str, reward: float, versions: tuple[int, ...], logps: li
                       reward, Termination.STOP, constrained=constrained)
 
 
-def _step(model, tokenizer, trajectories, correction, tmp_path) -> tuple[dict[str, torch.Tensor], dict]:
-    """One optimizer step of CorrectedGRPOTrainer on ``trajectories`` (one group): the gradients and its logs."""
-    from transformers import TrainerCallback
-    from trl import GRPOConfig
+class _Steps:
+    """One CorrectedGRPOTrainer over a group of ``rolled`` trajectories: ``train`` runs one optimizer step end to
+    end, ``gradient`` TRL's batch and loss once more (no new trainer: Trainer.train ends in a full gc.collect,
+    seconds in a large test process). The learning rate is 0 so every gradient is taken at the same weights."""
 
-    from agentloop_grpc.integrations.trl import agentloop_reward, prompt_dataset, trl_fields
-    from agentloop_grpc.integrations.trl.corrected_trainer import CorrectedGRPOTrainer
+    def __init__(self, model, tokenizer, correction, tmp_path) -> None:
+        from transformers import TrainerCallback
+        from trl import GRPOConfig
 
-    grads: dict[str, torch.Tensor] = {}
+        from agentloop_grpc.integrations.trl import agentloop_reward, prompt_dataset, trl_fields
+        from agentloop_grpc.integrations.trl.corrected_trainer import CorrectedGRPOTrainer
 
-    class Grads(TrainerCallback):
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            grads.update({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+        self.model, self.rolled, self.grads = model, [], {}
+        steps = self
 
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
-                      gradient_accumulation_steps=1, max_steps=1, learning_rate=1e-3, beta=0.0, max_grad_norm=0.0,
-                      loss_type="dapo", use_cpu=True, bf16=False, report_to=[], save_strategy="no",
-                      disable_tqdm=True, logging_steps=1, seed=0)
-    trainer = CorrectedGRPOTrainer(
-        model=model, reward_funcs=[agentloop_reward], args=args, processing_class=tokenizer,
-        train_dataset=prompt_dataset([{"messages": [{"role": "user", "content": "t2"}]}]),
-        rollout_func=lambda prompts, trainer: trl_fields(trajectories, 0), callbacks=[Grads()],
-        correction=correction, base_version=1)  # the trainer trains version 1: version-0 tokens are stale
-    trainer.train()
-    return grads, next(log for log in trainer.state.log_history if "loss" in log)
+        class Grads(TrainerCallback):
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                steps.grads = steps.gradients()
+
+        args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                          gradient_accumulation_steps=1, max_steps=1, learning_rate=0.0, beta=0.0,
+                          max_grad_norm=0.0, loss_type="dapo", use_cpu=True, bf16=False, report_to=[],
+                          save_strategy="no", disable_tqdm=True, logging_steps=1, seed=0)
+        self.prompt = [{"role": "user", "content": "t2"}]
+        self.trainer = CorrectedGRPOTrainer(
+            model=model, reward_funcs=[agentloop_reward], args=args, processing_class=tokenizer,
+            train_dataset=prompt_dataset([{"messages": self.prompt}]), callbacks=[Grads()],
+            rollout_func=lambda prompts, trainer: trl_fields(self.rolled, 0),
+            correction=correction, base_version=1)  # the trainer trains version 1: version-0 tokens are stale
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def train(self, trajectories) -> tuple[dict[str, torch.Tensor], dict]:
+        self.rolled = trajectories
+        self.trainer.train()
+        self.trainer.base_version = 0  # global_step is 1 now: the trainer's version stays 1
+        return self.grads, next(log for log in self.trainer.state.log_history if "loss" in log)
+
+    def gradient(self, trajectories, correction) -> tuple[dict[str, torch.Tensor], dict]:
+        self.rolled, self.trainer.correction = trajectories, correction
+        self.model.train()
+        self.model.zero_grad()
+        self.trainer._metrics["train"].clear()
+        # one dict per row: TRL writes each row's extra fields (its reward) into its own
+        batch = self.trainer._generate_and_score_completions([{"prompt": self.prompt} for _ in range(2)])
+        self.trainer.compute_loss(self.model, batch).backward()
+        return self.gradients(), {k: v[-1] for k, v in self.trainer._metrics["train"].items()}
 
 
 @pytest.fixture(scope="module")
@@ -142,10 +165,8 @@ def policies():
     return model, old, tokenizer
 
 
-def test_the_correction_changes_the_gradient_by_exactly_the_stale_tokens_terms(policies, tmp_path):
-    import os
-
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+def test_the_correction_changes_the_gradient_by_exactly_the_stale_tokens_terms(policies, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental: we know
     model, old, tokenizer = policies
     with torch.no_grad():
         fresh, stale, other = _logps(model).tolist(), _logps(old).tolist(), _logps(model, OTHER).tolist()
@@ -154,8 +175,9 @@ def test_the_correction_changes_the_gradient_by_exactly_the_stale_tokens_terms(p
     group = [_trajectory("a", 1.0, (1,) * 6, other, response=OTHER), _trajectory("b", 0.0, versions, mixed)]
     correction = RolloutCorrection("token_truncate", None, 5.0)
 
-    plain, _ = _step(copy.deepcopy(model), tokenizer, group, None, tmp_path / "plain")
-    corrected, logs = _step(copy.deepcopy(model), tokenizer, group, correction, tmp_path / "corrected")
+    steps = _Steps(copy.deepcopy(model), tokenizer, correction, tmp_path)
+    corrected, logs = steps.train(group)  # one optimizer step through GRPOTrainer, corrected
+    plain, _ = steps.gradient(group, None)  # GRPOTrainer's own loss
 
     # the stale tokens' terms of the DAPO loss, scaled by (w - 1): what the correction must add, and nothing else
     reference = copy.deepcopy(model)
@@ -184,11 +206,10 @@ def test_the_correction_changes_the_gradient_by_exactly_the_stale_tokens_terms(p
     # a constrained trajectory's logprobs are the grammar-masked distribution's: left out of the ratio by default
     inflated = [lp + 0.4 if m else lp for lp, m in zip(mixed, MASK, strict=True)]  # the mass the grammar removed
     constrained = [group[0], _trajectory("b", 0.0, versions, inflated, constrained=True)]
-    excluded, logs = _step(copy.deepcopy(model), tokenizer, constrained, correction, tmp_path / "excluded")
+    excluded, logs = steps.gradient(constrained, correction)
     assert logs["correction/excluded_constrained_tokens"] == sum(MASK)
     assert all(torch.allclose(excluded[n], plain[n], atol=1e-7) for n in plain)
-    included, logs = _step(copy.deepcopy(model), tokenizer, constrained,
-                           RolloutCorrection("token_truncate", None, 5.0, constrained="include"), tmp_path / "inc")
+    included, logs = steps.gradient(constrained, RolloutCorrection("token_truncate", None, 5.0, "include"))
     assert logs["correction/excluded_constrained_tokens"] == 0
     assert logs["correction/lag_0/ratio_min"] < 0.7  # fresh tokens weighed down by the removed mass: the bias
     assert not all(torch.allclose(included[n], plain[n], atol=1e-7) for n in plain)

@@ -13,7 +13,7 @@ from agentloop_grpc.agent import WorkerSpec
 from agentloop_grpc.integrations.trl import AsyncAgentLoopRollout, StepRecord, WeightSyncCallback
 from agentloop_grpc.train.config import TrainConfig
 from agentloop_grpc.train.progress import progress_line
-from agentloop_grpc.train.report import write_report
+from agentloop_grpc.train.report import _correction_lags, _pipeline
 from agentloop_grpc.train.run import StepLog, TrainRecord
 
 ROWS = [{"id": "a", "messages": [{"role": "user", "content": "What is 1 + 2?"}]}]
@@ -42,11 +42,9 @@ def test_an_async_steps_line_says_stale_not_nan_and_shows_the_weights(tmp_path):
     (line,) = lines
     assert "nan" not in line, line
     assert "|dlogp| stale" in line and "IS 0.97 [0.41, 2.60] cut 8%" in line, line
-    assert record.steps[0]["correction/lag_1/ratio_max"] == 2.6  # into metrics.jsonl and the report
-    record.summary = {"mode": "async"}
-    write_report(record, tmp_path / "report.html")
-    assert (tmp_path / "pipeline.png").stat().st_size > 0
-    assert "correction/ratio_mean" in (tmp_path / "report.html").read_text()
+    assert record.steps[0]["correction/lag_1/ratio_max"] == 2.6  # into metrics.jsonl and the report's plot
+    assert _correction_lags(record.steps) == [1]
+    assert _pipeline(record.steps, tmp_path / "pipeline.png") and (tmp_path / "pipeline.png").stat().st_size > 0
 
 
 def test_the_line_says_why_there_is_no_logprob_difference():
@@ -55,6 +53,8 @@ def test_the_line_says_why_there_is_no_logprob_difference():
     assert "|dlogp| off" in progress_line(1, 2, entry, checked=False)
     assert "|dlogp| -" in progress_line(1, 2, entry, checked=True)  # nothing scorable
     assert "|dlogp| 1.2e-03" in progress_line(1, 2, {**entry, "logprob_diff_sampler_max": 1.2e-3}, checked=True)
+    assert "IS constrained" in progress_line(1, 2, {**entry, "correction/count": 0.0,
+                                                    "correction/excluded_constrained_tokens": 9.0}, checked=True)
 
 
 def test_the_correction_is_on_in_async_and_off_in_sync_by_default():
