@@ -104,9 +104,12 @@ def test_async_training_goes_on_when_an_engine_is_killed(tmp_path):
             process.wait()
     assert killed is not None
     assert sum(line.startswith("step ") for line in lines) == 2
+    assert not [line for line in lines if "nan" in line]  # |dlogp| says stale when no token is the trainer's
     out = tmp_path / "out"
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(s["trajectories"] == 2 and s["staleness_max"] <= 1 for s in steps)
+    # the correction is on in async mode; the calls are constrained, so their tokens are left out of its ratio
+    assert all(s["correction/excluded_constrained_tokens"] > 0 for s in steps)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mode"] == "async" and summary["staleness_max"] <= 1
     assert list(summary["engine_weight_versions"].values()) == [2]  # the survivor, on the last weights
