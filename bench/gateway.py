@@ -10,8 +10,8 @@ multi-turn agent sessions through it vs through rllm-model-gateway in front of v
      router        Router.generate (what our own agent loops call),
      http_floor    the httpx client below posting the same body to a bare FastAPI route (same uvicorn server
                    settings) that only decodes it and calls Router.generate with those ids: what any HTTP gateway
-                   over the Router costs on this stack before it does any work of its own (info: it bounds the
-                   RATIO from below),
+                   over the Router costs on this stack before it does any work of its own (the bare-route RATIOs:
+                   the gateway's p50 over it, at 1 and 8 in flight),
      gateway_http  a plain httpx.AsyncClient with keep-alive posting the JSON body: the gateway's own cost with
                    the least client cost (the RATIO uses it: the baseline has no HTTP client either),
      gateway_sdk   openai.AsyncOpenAI (over one shared keep-alive httpx client): what an agent sees, the SDK's
@@ -340,6 +340,7 @@ async def _overhead_fake(address: str, repeats: int, calls: int) -> dict[str, fl
         "sdk_calls_8": _paired(runs, "gateway_sdk", "router", 8, "calls_per_s"),
         "floor_p50_1": _paired(runs, "http_floor", "router", 1, "p50_ms"),
         "http_p50_over_floor_1": _paired(runs, "gateway_http", "http_floor", 1, "p50_ms"),
+        "http_p50_over_floor_8": _paired(runs, "gateway_http", "http_floor", 8, "p50_ms"),
         "added_ms_http": statistics.median(runs[("gateway_http", 1)][r]["p50_ms"] - runs[("router", 1)][r]["p50_ms"]
                                            for r in range(repeats)),
     }
@@ -558,6 +559,8 @@ def main() -> int:
         print(f"fake engine, p50 at 1 in flight: a bare HTTP route over the Router (http_floor) is "
               f"{fake_ratios['floor_p50_1']:.2f}x the Router; the gateway is "
               f"{fake_ratios['http_p50_over_floor_1']:.2f}x that route\n", flush=True)
+        ratios.append(f"RATIO gateway_p50_over_bare_route_1 {fake_ratios['http_p50_over_floor_1']:.2f} target 1.3")
+        ratios.append(f"RATIO gateway_p50_over_bare_route_8 {fake_ratios['http_p50_over_floor_8']:.2f} target 1.3")
         ratios.append(f"RATIO gateway_p50_over_router {fake_ratios['http_p50_1']:.2f} target 1.3")
         ratios.append(f"RATIO gateway_sdk_p50_over_router {fake_ratios['sdk_p50_1']:.2f} target 1.3")
         with _children() as children:

@@ -39,7 +39,7 @@ async def test_each_api_ends_a_stream_without_its_reply_with_its_error_event(cod
     async with scripted_gateway(codec, ["Hello there, friend."] * 3, gateway_class=ReplyLost) as g:
         # OpenAI Chat Completions: the text, then the error object, which the SDK raises
         chat = await g.openai("chat", max_retries=0).chat.completions.create(
-            model="m", messages=QUESTION, stream=True)  # type: ignore[arg-type]
+            model="m", messages=QUESTION, stream=True)
         text = []
         with pytest.raises(openai.APIError, match=ENDED_WITHOUT_REPLY):
             async for chunk in chat:
@@ -55,12 +55,12 @@ async def test_each_api_ends_a_stream_without_its_reply_with_its_error_event(cod
         assert error.type == "error" and error.message == ENDED_WITHOUT_REPLY
         assert failed.type == "response.failed" and failed.response.status == "failed"
         assert failed.response.error is not None and failed.response.error.message == ENDED_WITHOUT_REPLY
-        assert failed.response.id == events[0].response.id  # type: ignore[union-attr]
+        assert failed.response.id == events[0].response.id
 
         # Anthropic Messages: event: error, which the SDK raises
         client = g.anthropic("messages", max_retries=0)
         with pytest.raises(anthropic.APIStatusError, match=ENDED_WITHOUT_REPLY) as raised:
-            async with client.messages.stream(model="m", max_tokens=64, messages=QUESTION) as stream:  # type: ignore[arg-type]
+            async with client.messages.stream(model="m", max_tokens=64, messages=QUESTION) as stream:
                 await stream.until_done()
         assert raised.value.body == {"type": "error", "error": {"type": "api_error", "message": ENDED_WITHOUT_REPLY}}
         # none of the three left its session a request in flight
