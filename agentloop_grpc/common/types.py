@@ -69,6 +69,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    #: Report the experts each token was routed to (TokenChunk.routed_experts); engines that cannot refuse it.
+    return_routed_experts: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -116,6 +118,8 @@ class TokenChunk:
     weight_version: int
     logprobs: tuple[float, ...] = ()
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    #: Each token's routed expert ids, packed as agentloop.v1 TokenChunk.routed_experts says; b"" unless asked.
+    routed_experts: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,8 @@ class GenerateComplete:
     matched_stop_token_id: int | None = None
     #: Images the engine read for the prompt.
     prompt_images: int = 0
+    #: The prompt's routed expert ids (GenerateComplete.prompt_routed_experts); b"" unless asked.
+    prompt_routed_experts: bytes = b""
 
 
 GenerateEvent = TokenChunk | GenerateComplete
@@ -156,6 +162,9 @@ class ServerFacts:
     default_max_new_tokens: int = 0  # the budget of a request that sets none; 0: up to max_model_len
     supports_images: bool = False
     max_images_per_request: int = 0
+    routed_expert_layers: int = 0  # MoE layers whose routing the engine reports; 0: it cannot report routing
+    routed_experts_per_token: int = 0
+    num_experts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,7 @@ def sampling_from_proto(params: generation_pb2.SamplingParams, prompt_len: int, 
         ignore_eos=params.ignore_eos,
         logprobs=params.logprobs or params.top_logprobs > 0,
         top_logprobs=params.top_logprobs,
+        return_routed_experts=params.return_routed_experts,
     )
     validation.check_sampling(sampling, facts)
     return sampling
@@ -152,6 +153,8 @@ def fill_token_chunk(message: generation_pb2.TokenChunk, chunk: TokenChunk) -> N
         top.token_ids.extend([token for token, _ in alternatives])
         top.logprobs.extend([logprob for _, logprob in alternatives])
     message.weight_version = chunk.weight_version
+    if chunk.routed_experts:
+        message.routed_experts = chunk.routed_experts
 
 
 def fill_complete(
@@ -166,6 +169,8 @@ def fill_complete(
     message.completion_tokens = complete.completion_tokens
     message.weight_version = complete.weight_version
     message.prompt_images = complete.prompt_images
+    if complete.prompt_routed_experts:
+        message.prompt_routed_experts = complete.prompt_routed_experts
     if tail is not None:
         fill_token_chunk(message.tokens, tail)
     if complete.matched_stop_token_id is not None:

@@ -31,6 +31,7 @@ def merge_chunks(chunks: Sequence[TokenChunk]) -> list[TokenChunk]:
             weight_version=version,
             logprobs=tuple(lp for c in run for lp in c.logprobs),
             top_logprobs=tuple(alts for c in run for alts in c.top_logprobs),
+            routed_experts=b"".join(c.routed_experts for c in run),
         ))
     return merged
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agentloop_grpc.common.errors import InvalidRequestError, UnsupportedError
+from agentloop_grpc.common.errors import FailedPreconditionError, InvalidRequestError, UnsupportedError
 from agentloop_grpc.common.media import ImageError, MediaInput, check_spans, decode_image
 from agentloop_grpc.common.types import SamplingParams, ServerFacts, StructuredOutput
 
@@ -69,6 +69,10 @@ MAX_NEW_TOKENS_OVER_LIMIT = (
 )
 STOP_ID_OUT_OF_RANGE = "sampling_params.stop_token_ids[{index}] = {value} is outside the vocabulary [0, {vocab_size})"
 TOP_LOGPROBS_INVALID = "sampling_params.top_logprobs = {value} must be in [0, {bound}]"
+ROUTED_EXPERTS_UNSUPPORTED = (
+    "sampling_params.return_routed_experts: this server cannot report routed experts ({engine} engine serving "
+    "{model}; GetServerInfo's routed_expert_layers is 0)"
+)
 JSON_SCHEMA_INVALID = "structured_output.json_schema is not a JSON Schema: {reason}"
 JSON_SCHEMA_TOO_DEEP = "structured_output.json_schema is nested more than {bound} levels deep (arrays and objects)"
 JSON_SCHEMA_NUMBER_TOO_LONG = (
@@ -262,6 +266,10 @@ def check_sampling(params: SamplingParams, facts: ServerFacts) -> None:
             raise _fail(STOP_ID_OUT_OF_RANGE, index=index, value=value, vocab_size=facts.vocab_size)
     if not (0 <= params.top_logprobs <= MAX_TOP_LOGPROBS):
         raise _fail(TOP_LOGPROBS_INVALID, value=params.top_logprobs, bound=MAX_TOP_LOGPROBS)
+    if params.return_routed_experts and not facts.routed_expert_layers:
+        raise FailedPreconditionError(
+            ROUTED_EXPERTS_UNSUPPORTED.format(engine=facts.engine_kind, model=quote(facts.model_id, 64))
+        )
 
 
 def _checked_number(text: str) -> str:

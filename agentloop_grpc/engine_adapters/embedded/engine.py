@@ -154,6 +154,9 @@ class EmbeddedEngine:
             default_max_new_tokens=cfg.default_max_new_tokens,
             supports_images=images is not None,
             max_images_per_request=cfg.max_images_per_request if images is not None else 0,
+            routed_expert_layers=runner.moe_layers,
+            routed_experts_per_token=runner.experts_per_token,
+            num_experts=runner.num_experts,
         )
         return _Loaded(model, runner, scheduler, grammars, offload, facts, images)
 
@@ -267,6 +270,7 @@ class EmbeddedEngine:
                 cached_prompt_tokens=sequence.cached,
                 matched_stop_token_id=matched,
                 prompt_images=len(sequence.request.media),
+                prompt_routed_experts=sequence.prompt_routed_experts,
             )
         )
 
@@ -320,6 +324,7 @@ class EmbeddedEngine:
                     weight_version=self._weight_version(),
                     logprobs=(sampled.logprob,) if want_logprobs else (),
                     top_logprobs=(sampled.top,) if params.top_logprobs else (),
+                    routed_experts=emission.routed_experts,
                 )
             )
             if emission.finish is not None:

@@ -12,6 +12,10 @@ reads and writes our slot cache with per-row positions. One method serves both p
 
 Masks are boolean ``key_position <= query_position`` per row, so stale KV past a row's length is never read.
 
+A mixture-of-experts decoder (Qwen3-MoE) runs the same way: its sparse blocks are transformers' own, called as
+their ``forward`` does (router, then experts), so the runner also has each token's routed expert ids in hand and
+returns them when a caller asks (routing replay: a trainer routes each token to the experts inference used).
+
 Device: the layers and the KV cache live on ``device``; the scheduler's host tensors (ids, positions, image
 features) are moved there, and the logits come back to the host, one copy per step, for sampling.
 """
@@ -21,10 +25,13 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 from transformers import PreTrainedModel
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from .kv_cache import KVShape, SlotKVCache
 
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral", "qwen3", "qwen3_moe"})
+#: Models whose attention normalises each head's queries and keys (RMSNorm over head_dim) before rotary.
+QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe"})
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -54,6 +61,15 @@ class ModelRunner:
         self.kv_heads = config.num_key_value_heads
         self.scaling = self.head_dim**-0.5
         self.device = device or torch.device("cpu")
+        self.qk_norm = config.model_type in QK_NORM_MODEL_TYPES
+        #: Index of each layer among the MoE layers, or -1 for a dense one; routing is reported for MoE layers.
+        self.moe_index: list[int] = []
+        for layer in self.decoder.layers:
+            sparse = isinstance(layer.mlp, Qwen3MoeSparseMoeBlock)
+            self.moe_index.append(sum(index >= 0 for index in self.moe_index) if sparse else -1)
+        self.moe_layers = sum(index >= 0 for index in self.moe_index)
+        self.experts_per_token = config.num_experts_per_tok if self.moe_layers else 0
+        self.num_experts = config.num_experts if self.moe_layers else 0
         self.kv = SlotKVCache(
             KVShape(config.num_hidden_layers, slots, self.kv_heads, max_len, self.head_dim), self.device
         )
@@ -66,8 +82,10 @@ class ModelRunner:
         first_row: int,
         kv_len: int,
         images: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """Logits at the last position of each row, on the host.
+        routing: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits at the last position of each row, on the host, and with ``routing`` (a MoE model) the expert ids
+        every position was routed to, ``[B, T, moe_layers, experts_per_token]`` int64 on the host (else None).
 
         ``input_ids`` and ``positions`` are ``[B, T]``; row ``b`` lives in slot ``first_row + b``; every row attends
         to its slot's positions ``[0, kv_len)`` up to its own position (the new tokens are written first).
@@ -86,12 +104,16 @@ class ModelRunner:
         # [B, 1, T, kv_len]
         mask = (torch.arange(kv_len, device=device)[None, None, :] <= positions[:, :, None]).unsqueeze(1)
         write_rows, write_pos = rows[:, None], positions
-        for layer, keys, values in zip(self.decoder.layers, self.kv.keys, self.kv.values):
+        routes: list[torch.Tensor] = []
+        for layer, moe_index, keys, values in zip(self.decoder.layers, self.moe_index, self.kv.keys, self.kv.values):
             attn = layer.self_attn
             residual = hidden
             x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
+            q = attn.q_proj(x).view(batch, steps, -1, self.head_dim)
+            k = attn.k_proj(x).view(batch, steps, -1, self.head_dim)
+            if self.qk_norm:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = attn.v_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
@@ -107,6 +129,21 @@ class ModelRunner:
             )
             out = attn.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
             hidden = residual + out
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            x = layer.post_attention_layernorm(hidden)
+            if moe_index < 0:
+                hidden = hidden + layer.mlp(x)
+            else:
+                hidden = hidden + self._sparse_mlp(layer.mlp, x, routes)
         last = self.decoder.norm(hidden[:, -1])
-        return self.model.lm_head(last).cpu()
+        logits = self.model.lm_head(last).cpu()
+        if not (routing and routes):
+            return logits, None
+        return logits, torch.stack(routes, dim=1).view(batch, steps, self.moe_layers, -1).cpu()
+
+    @staticmethod
+    def _sparse_mlp(block: Qwen3MoeSparseMoeBlock, x: torch.Tensor, routes: list[torch.Tensor]) -> torch.Tensor:
+        """Qwen3MoeSparseMoeBlock.forward, keeping the router's top-k expert ids (``[B*T, k]``) in ``routes``."""
+        flat = x.reshape(-1, x.shape[-1])
+        _, weights, experts = block.gate(flat)
+        routes.append(experts)
+        return block.experts(flat, experts, weights).view_as(x)

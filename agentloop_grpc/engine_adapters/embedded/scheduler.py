@@ -11,6 +11,10 @@ A step:
 5. finishes requests (stop id, eos, grammar complete, budget, context) and releases their slots, storing the
    rest of their computed KV (the generated part) in the prefix cache and compacting the slots (see ``kv_cache.py``).
 
+A request that asks for its routed experts (MoE models) gets, with each token, the expert ids of the step that
+sampled it, and the prompt's when its prefill is done; its prompt is computed whole, never read from the prefix
+cache, whose blocks hold KV but no routing.
+
 It never preempts: each running request owns a slot of ``max_model_len`` positions, so a request admitted always
 has room to finish (GetLoad's ``preemptions`` is 0 here).
 
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from agentloop_grpc.common import routed_experts
 from agentloop_grpc.common.types import FinishReason
 
 from .images import features
@@ -44,6 +49,8 @@ class Emission:
     sampled: SampledToken
     finish: FinishReason | None = None
     matched_stop: int | None = None
+    #: The experts the step that sampled the token routed to (packed), when the request asked for them.
+    routed_experts: bytes = b""
 
 
 class Scheduler:
@@ -149,7 +156,10 @@ class Scheduler:
         sequence.cache_epoch = self.prefix_cache.epoch
         self._slots.append(sequence)
         start = 0
-        for block in self.prefix_cache.lookup(sequence.blocks, sequence.prompt_len):
+        cached = () if request.sampling.return_routed_experts else self.prefix_cache.lookup(
+            sequence.blocks, sequence.prompt_len
+        )
+        for block in cached:
             self.runner.kv.write(sequence.slot, start, block)
             start += block.shape[3]
         sequence.computed = sequence.cached = start
@@ -163,11 +173,15 @@ class Scheduler:
             return []
         input_ids = torch.tensor([[s.tokens[-1]] for s in rows])
         positions = torch.tensor([[s.computed] for s in rows])
-        logits = self.runner.forward(input_ids, positions, 0, max(s.computed for s in rows) + 1)
+        wanted = [s.request.sampling.return_routed_experts for s in rows]
+        logits, routes = self.runner.forward(
+            input_ids, positions, 0, max(s.computed for s in rows) + 1, routing=any(wanted)
+        )
         emissions = []
         for row, sequence in enumerate(rows):
             sequence.computed += 1
-            emissions.append(self._sample(sequence, logits[row]))
+            routed = self._pack(routes[row, 0]) if routes is not None and wanted[row] else b""
+            emissions.append(self._sample(sequence, logits[row], routed))
         return emissions
 
     def _prefill(self) -> list[Emission]:
@@ -180,20 +194,33 @@ class Scheduler:
             end = min(sequence.prompt_len, start + budget)
             budget -= end - start
             images = sequence.image_features.within(start, end) if sequence.image_features is not None else None
-            logits = self.runner.forward(
-                torch.tensor([sequence.tokens[start:end]]), torch.arange(start, end)[None], sequence.slot, end, images
+            wanted = sequence.request.sampling.return_routed_experts
+            logits, routes = self.runner.forward(
+                torch.tensor([sequence.tokens[start:end]]), torch.arange(start, end)[None], sequence.slot, end, images,
+                routing=wanted,
             )
             sequence.computed = end
+            if routes is not None:
+                sequence.prompt_routes.append(routes[0])
             if end == sequence.prompt_len:
                 sequence.image_features = None  # the prompt is in the KV now
                 if sequence.slot != self._decoding:
                     raise RuntimeError(f"prefill finished in slot {sequence.slot}, expected {self._decoding}")
                 self._decoding += 1
                 self._store_prefix(sequence)  # requests with the same prompt arriving from now on reuse it
-                emissions.append(self._sample(sequence, logits[0]))
+                routed = b""
+                if sequence.prompt_routes:
+                    prompt = torch.cat(sequence.prompt_routes)
+                    sequence.prompt_routes.clear()
+                    sequence.prompt_routed_experts = self._pack(prompt[:-1])
+                    routed = self._pack(prompt[-1])  # the last prompt position's step samples the first token
+                emissions.append(self._sample(sequence, logits[0], routed))
         return emissions
 
-    def _sample(self, sequence: Sequence, logits: torch.Tensor) -> Emission:
+    def _pack(self, routes: torch.Tensor) -> bytes:
+        return routed_experts.pack(routes.numpy(), self.runner.num_experts)
+
+    def _sample(self, sequence: Sequence, logits: torch.Tensor, routed: bytes = b"") -> Emission:
         structured = sequence.structured
         sampled = sequence.sampler.sample(logits, structured.allowed() if structured is not None else None)
         token = sampled.token
@@ -204,12 +231,12 @@ class Scheduler:
             structured.accept(token)
         params = sequence.request.sampling
         if token in params.stop_token_ids or (token in self._eos and not params.ignore_eos):
-            return Emission(sequence, sampled, FinishReason.STOP, token)
+            return Emission(sequence, sampled, FinishReason.STOP, token, routed)
         if structured is not None and structured.terminated:
-            return Emission(sequence, sampled, FinishReason.STOP)
+            return Emission(sequence, sampled, FinishReason.STOP, routed_experts=routed)
         if sequence.generated >= params.max_new_tokens or len(sequence.tokens) >= self._max_model_len:
-            return Emission(sequence, sampled, FinishReason.LENGTH)
-        return Emission(sequence, sampled)
+            return Emission(sequence, sampled, FinishReason.LENGTH, routed_experts=routed)
+        return Emission(sequence, sampled, routed_experts=routed)
 
     def _release(self, sequence: Sequence) -> None:
         """Free the slot: keep its KV in the prefix cache, then compact the slots (decoding ones stay first)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import torch
 import xgrammar as xgr
 
 from agentloop_grpc.common.types import GenerateEvent, GenerateRequest
@@ -48,6 +49,11 @@ class Sequence:
     #: Vision features of the image tokens its prefill still computes, made by the core at admission.
     image_features: ImageFeatures | None = None
     generated: int = 0
+    #: The prompt's routed experts (GenerateComplete.prompt_routed_experts), set once, by the core, when the
+    #: prompt is computed and the request asked for routing; the event loop reads it when it closes the request.
+    prompt_routed_experts: bytes = b""
+    #: The prompt's routing per prefill chunk (``[T, layers, k]``), until the prompt is computed (core).
+    prompt_routes: list[torch.Tensor] = field(default_factory=list)
     #: Tokens queued on ``events`` (event loop).
     emitted: int = 0
     aborted: bool = False
