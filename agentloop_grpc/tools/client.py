@@ -19,6 +19,7 @@ import time
 from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import Message
 
 from agentloop_grpc.channels import open_channel
 from agentloop_grpc.client_security import ClientSecurity
@@ -127,7 +128,7 @@ class GrpcToolClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _call(self, method: str, request):
+    async def _call(self, method: str, request: Message) -> Any:
         started = time.monotonic()
         deadline = started + self._timeout
         refusals, backoff, tries = 0, FIRST_BACKOFF_S, 1
@@ -194,7 +195,7 @@ class InProcessToolClient:
     async def close(self) -> None:
         await self._instances.close()
 
-    async def _call(self, coroutine):
+    async def _call(self, coroutine: Any) -> Any:
         try:
             return await coroutine
         except ToolServerFullError as error:  # the queue is in this process: nothing to wait for but its limit

@@ -19,7 +19,7 @@ _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
 
 
-def _type_schema(annotation, where: str) -> dict:
+def _type_schema(annotation: typing.Any, where: str) -> dict:
     if typing.get_origin(annotation) is typing.Annotated:
         base, *metadata = typing.get_args(annotation)
         schema = _type_schema(base, where)
