@@ -228,7 +228,7 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
                     rollout_func=rollout,
                     callbacks=[sync],
                     correction=config.correction.resolved(config.mode),
-                    base_version=rollout.base_version,
+                    version_of=rollout.clock.version_of,
                 )
                 trainer.remove_callback(PrinterCallback)  # its raw log dicts would drown the one line per step
                 trainer.add_callback(StepLog(rollout, sync, record, echo))

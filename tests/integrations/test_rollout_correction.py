@@ -16,6 +16,7 @@ import torch
 
 from agentloop_grpc.agent import Termination, Trajectory
 from agentloop_grpc.integrations.trl.correction import RolloutCorrection, correction_metrics, importance_weights
+from agentloop_grpc.integrations.version_clock import VersionClock
 
 TRAINER = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-1.0, -1.0, -1.0, -1.0]])
 CORRECTED = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 0]], dtype=torch.bool)
@@ -131,7 +132,7 @@ class _Steps:
             model=model, reward_funcs=[agentloop_reward], args=args, processing_class=tokenizer,
             train_dataset=prompt_dataset([{"messages": self.prompt}]), callbacks=[Grads()],
             rollout_func=lambda prompts, trainer: trl_fields(self.rolled, 0),
-            correction=correction, base_version=1)  # the trainer trains version 1: version-0 tokens are stale
+            correction=correction, version_of=lambda step: step + 1)  # it trains version 1: version 0 is stale
 
     def gradients(self) -> dict[str, torch.Tensor]:
         return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
@@ -139,7 +140,7 @@ class _Steps:
     def train(self, trajectories) -> tuple[dict[str, torch.Tensor], dict]:
         self.rolled = trajectories
         self.trainer.train()
-        self.trainer.base_version = 0  # global_step is 1 now: the trainer's version stays 1
+        self.trainer.version_of = lambda step: step  # global_step is 1 now: the trainer's version stays 1
         return self.grads, next(log for log in self.trainer.state.log_history if "loss" in log)
 
     def gradient(self, trajectories, correction) -> tuple[dict[str, torch.Tensor], dict]:
@@ -213,3 +214,13 @@ def test_the_correction_changes_the_gradient_by_exactly_the_stale_tokens_terms(p
     assert logs["correction/excluded_constrained_tokens"] == 0
     assert logs["correction/lag_0/ratio_min"] < 0.7  # fresh tokens weighed down by the removed mass: the bias
     assert not all(torch.allclose(included[n], plain[n], atol=1e-7) for n in plain)
+
+    # a trainer resumed at step 1 on engines that hold version 1 when the run starts: the rollout's clock says it
+    # trains version 1, so version-1 tokens are fresh and version-0 ones one version old (counting base + step
+    # would call them 1 and 2 versions old)
+    clock = VersionClock()
+    clock.start(1)
+    steps.trainer.version_of = clock.version_of
+    _, logs = steps.gradient(group, correction)
+    assert logs["correction/lag_0/count"] == sum(m for m, v in zip(MASK, versions, strict=True) if v == 1) + sum(MASK)
+    assert logs["correction/lag_1/count"] == len(stale_tokens) and "correction/lag_2/count" not in logs

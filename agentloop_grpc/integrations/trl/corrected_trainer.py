@@ -20,6 +20,7 @@ v-1 and trained at v would be trained as if on-policy. This subclass does, after
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,14 +30,15 @@ from .correction import RolloutCorrection, correction_metrics, importance_weight
 
 
 class CorrectedGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer's arguments, and ``correction`` (None: none) and ``base_version`` (the engines' weight version
-    when training started: optimizer step s trains version ``base_version + s``, as ``AgentLoopRollout`` counts)."""
+    """GRPOTrainer's arguments, and ``correction`` (None: none) and ``version_of`` (the weight version the trainer
+    trains after a number of optimizer steps: the rollout's ``clock.version_of``, so both count versions alike,
+    also for a resumed trainer; without one, step s trains version s)."""
 
-    def __init__(self, *args: Any, correction: RolloutCorrection | None = None, base_version: int = 0,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, correction: RolloutCorrection | None = None,
+                 version_of: Callable[[int], int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.correction = correction
-        self.base_version = base_version
+        self.version_of = version_of or (lambda step: step)
         self._rolled: dict[str, list] | None = None
         if self.rollout_func is not None:
             # TRL keeps only the tensors it knows; the fields the weights need (versions, constrained) are kept here
@@ -77,7 +79,7 @@ class CorrectedGRPOTrainer(GRPOTrainer):
             versions = torch.full(corrected.shape, -1, dtype=torch.long)
             for row, made_by in enumerate(rolled["agentloop_weight_versions"]):
                 versions[row, : len(made_by)] = torch.tensor(made_by, dtype=torch.long)
-            lag = torch.where(versions >= 0, self.base_version + int(self.state.global_step) - versions, -1)
+            lag = torch.where(versions >= 0, self.version_of(int(self.state.global_step)) - versions, -1)
             lag = lag.to(corrected.device)
         for key, value in correction_metrics(weights, lag, self.correction).items():
             self._metrics["train"][key].append(value)
