@@ -153,10 +153,10 @@ protos-breaking: setup
 		echo "protos-breaking: $(BREAKING_AGAINST) has no protos/ (first version, or a shallow clone): skipped"; \
 	fi
 
-## lint: ruff (lint and import order) and mypy over agentloop_grpc/, configured in pyproject.toml
+## lint: ruff (lint and import order) and mypy over agentloop_grpc/, tests/ and bench/, configured in pyproject.toml
 # mypy needs the generated stubs and every engine's package (vllm, verl) installed, hence `protos`.
 lint: protos
-	$(PY) -m ruff check agentloop_grpc
+	$(PY) -m ruff check agentloop_grpc tests bench
 	$(PY) -m mypy
 
 ## test: everything (Python lint and types, contracts lint and breaking check, Python suites, Node client suite)

@@ -35,7 +35,8 @@ def test_an_async_steps_line_says_stale_not_nan_and_shows_the_weights(tmp_path):
     rollout = AsyncAgentLoopRollout(WorkerSpec(engines=("127.0.0.1:1",)), ROWS)  # never started
     rollout.history.append(StepRecord(1, (), 0.2, dict(ASYNC_STEP)))
     sync = WeightSyncCallback(rollout)
-    record, lines = TrainRecord(tmp_path), []
+    record = TrainRecord(tmp_path)
+    lines: list[str] = []
     log = StepLog(rollout, sync, record, lines.append)
     log.on_log(SimpleNamespace(max_steps=2), SimpleNamespace(global_step=1), None,
                logs={"loss": 0.1, "grad_norm": 0.5, **CORRECTION_LOGS})
