@@ -154,11 +154,18 @@ async def test_requests_sharing_a_constraint_share_its_compilation(engine, token
 
 @pytest.mark.fault
 async def test_a_compilation_past_its_time_or_size_bound_is_invalid(engine, tokenizer) -> None:
-    config = EmbeddedEngineConfig(grammar_workers=1, grammar_compile_timeout_s=1, grammar_max_bytes=1 << 20)
-    compiler = GrammarCompiler(tokenizer, engine.facts.vocab_size, config)
+    timed = EmbeddedEngineConfig(grammar_workers=1, grammar_compile_timeout_s=1, grammar_max_bytes=1 << 20)
+    compiler = GrammarCompiler(tokenizer, engine.facts.vocab_size, timed)
     try:
         with pytest.raises(InvalidRequestError, match="ebnf_grammar did not compile within 1 s"):
             await compiler.compile(PATHOLOGICAL)
+    finally:
+        await compiler.close()
+    # the size bound with time to spare: on a loaded machine the large regex alone can take over a second to compile,
+    # and then the time bound, not the size bound, would refuse it
+    sized = EmbeddedEngineConfig(grammar_workers=1, grammar_compile_timeout_s=120, grammar_max_bytes=1 << 20)
+    compiler = GrammarCompiler(tokenizer, engine.facts.vocab_size, sized)
+    try:
         with pytest.raises(InvalidRequestError, match=r"regex compiles to .* bytes of token masks; at most 1048576"):
             await compiler.compile(StructuredOutput("regex", "[a-z]{1,10000}"))
         assert (await compiler.compile(StructuredOutput("regex", "[0-9]"))).memory_size_bytes > 0
