@@ -42,6 +42,10 @@ MAPPED_FIELDS = frozenset(
     }
 )
 
+#: The fields of ``types.SamplingParams`` this adapter does not carry to vLLM yet: the server reports no routed-expert
+#: layers in GetServerInfo, so validation refuses the opt-in by name before a request reaches the adapter.
+NOT_MAPPED_FIELDS = frozenset({"return_routed_experts"})
+
 
 def structured_outputs(spec: StructuredOutput | None) -> StructuredOutputsParams | None:
     if spec is None:
