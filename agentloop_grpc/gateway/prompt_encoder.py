@@ -4,7 +4,9 @@ The sessions of a run open with the same system prompt and tools, which render t
 it was most of what a first turn cost the gateway. A tokenizer splits its text at its added tokens before it encodes
 the pieces between them, so the pieces can be encoded one by one and those seen before read back: the ids are the
 ids of the whole text encoded at once. A tokenizer whose added tokens strip the whitespace beside them, match whole
-words only or are matched after normalization does not split this simply; its prompts are encoded whole.
+words only or are matched after normalization does not split this simply, nor one that marks the start of a text
+(SentencePiece's prefix space, which it puts only before the first piece of a whole text): a probe at construction
+finds the latter, and such a tokenizer's prompts are encoded whole.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ class PromptEncoder:
             self._split = re.compile("(" + "|".join(re.escape(c) for c in contents) + ")")
         self._added = {t.content: i for i, t in added.items()}
         self._pieces: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        if self._split is not None:
+            token = next(iter(self._added))
+            probe = f"a{token}b {token} c\n{token}\n d{token}"
+            if self._encode_pieces(probe) != codec.encode(probe):
+                self._split = None
+            self._pieces.clear()
 
     def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], pictures: list[Picture]) -> Encoded:
         """``ChatCodec.prompt``, its text encoded here (a prompt with pictures is the codec's own)."""
@@ -44,6 +52,10 @@ class PromptEncoder:
     def encode(self, text: str) -> list[int]:
         if self._split is None:
             return self.codec.encode(text)
+        return self._encode_pieces(text)
+
+    def _encode_pieces(self, text: str) -> list[int]:
+        assert self._split is not None
         ids: list[int] = []
         for i, piece in enumerate(self._split.split(text)):
             if i % 2:  # an added token (split() puts the captured separators at the odd places)
