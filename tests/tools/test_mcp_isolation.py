@@ -302,20 +302,10 @@ async def test_a_stopped_tool_server_leaves_no_process_and_no_folder(tmp_path: P
         finally:
             await client.close()
 
-        def held() -> list[psutil.Process]:
-            found = []
-            for candidate in psutil.process_iter():
-                try:
-                    if marker in " ".join(candidate.cmdline()) and candidate.status() != psutil.STATUS_ZOMBIE:
-                        found.append(candidate)
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
-            return found
-
-        assert len(held()) >= 4 and len(list(temp.iterdir())) == 2  # 2 trajectories x 2 servers; 2 host folders
+        assert len(held(marker)) >= 4 and len(list(temp.iterdir())) == 2  # 2 trajectories x 2 servers; 2 folders
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
-        await until(lambda: not held())
+        await until(lambda: not held(marker))
         assert list(temp.iterdir()) == []
     finally:
         process.kill()
