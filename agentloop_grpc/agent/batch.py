@@ -5,7 +5,9 @@ real tokens; ``position_ids`` count real tokens only; ``response_mask`` 1 on mod
 aligned with the response; ``token_level_rewards`` holds the reward on the last model token. The pad id is
 passed in: no shared tokenizer's ``padding_side`` is touched. Failed trajectories are left out by default (they
 must not be trained on); their ids are listed. ``media`` holds each row's pictures with their spans moved to the
-row's place in ``input_ids``.
+row's place in ``input_ids``. ``routed_experts`` (when a row carries routing, a MoE model's routing replay):
+int16 ``[B, P + R, layers, top-k]`` aligned with ``input_ids``, -1 where unknown (padding, the last position, rows
+without routing).
 """
 
 from __future__ import annotations
@@ -44,6 +46,26 @@ class TrainerBatch:
 def _in_row(t: Trajectory, prompt_length: int) -> tuple[MediaInput, ...]:
     """``t``'s pictures moved from prompt + response offsets to the padded row's (the left padding before both)."""
     return tuple(m.moved(prompt_length - len(t.prompt_ids) + m.offset) for m in t.media)
+
+
+def _routing(kept: Sequence[Trajectory], prompt_length: int, response_length: int):  # -> torch.Tensor | None
+    """The rows' routing aligned with ``input_ids`` (-1 where unknown), or None when no row carries any."""
+    import torch
+
+    routed = [t.routed_experts for t in kept if t.routed_experts is not None]
+    if not routed:
+        return None
+    shapes = {(r.layers, r.per_token) for r in routed}
+    if len(shapes) > 1:
+        raise ValueError(f"trajectories carry routing of different shapes (layers, top-k): {sorted(shapes)}")
+    layers, per_token = shapes.pop()
+    out = torch.full((len(kept), prompt_length + response_length, layers, per_token), -1, dtype=torch.int16)
+    for i, t in enumerate(kept):
+        if t.routed_experts is not None and t.routed_experts.positions:
+            start = prompt_length - len(t.prompt_ids)
+            rows = torch.from_numpy(t.routed_experts.array().astype("int16"))
+            out[i, start : start + len(rows)] = rows
+    return out
 
 
 def to_batch(
@@ -87,6 +109,7 @@ def to_batch(
         model_positions = [j for j, m in enumerate(t.response_mask) if m]
         if model_positions:
             token_rewards[i, model_positions[-1]] = t.reward
+    routing = _routing(kept, p, r)
     position_ids = torch.clamp(torch.cumsum(attention, dim=1) - 1, min=0)
     tensors = {
         "prompts": input_ids[:, :p].clone(),
@@ -100,5 +123,7 @@ def to_batch(
         "token_level_rewards": token_rewards,
         "rewards": torch.tensor([t.reward for t in kept], dtype=torch.float32),
     }
+    if routing is not None:
+        tensors["routed_experts"] = routing
     return TrainerBatch(tensors, tuple(t.sample_id for t in kept), tuple(t.group_id for t in kept), excluded,
                         tuple(_in_row(t, p) for t in kept))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from agentloop_grpc.common.media import MediaInput, check_spans
+from agentloop_grpc.common.routed_experts import Routing
 
 
 class Termination(enum.Enum):
@@ -165,6 +166,9 @@ class Trajectory:
     #: What the program that played it tells of it, as text (a coding harness: the CLI's exit code, its output's
     #: tail, the final diff, the tests' counts); empty for our loops.
     metadata: dict[str, str] = field(default_factory=dict)
+    #: A MoE model's routed experts of input positions 0.. of prompt + response ids, when the loop asked for them
+    #: (routing replay); None otherwise.
+    routed_experts: Routing | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -193,6 +197,11 @@ class Trajectory:
         for i, item in enumerate(self.media):
             if any(self.response_mask[max(0, item.offset - prompt_len) : max(0, item.end - prompt_len)]):
                 raise ValueError(f"trajectory {self.sample_id}: media[{i}]'s span holds model tokens (mask 1)")
+        if self.routed_experts is not None and self.routed_experts.positions > max(prompt_len + n - 1, 0):
+            raise ValueError(
+                f"trajectory {self.sample_id}: routing of {self.routed_experts.positions} positions, more than the "
+                f"{prompt_len + n - 1} input positions of its {prompt_len + n} tokens"
+            )
         if self.termination is not Termination.ERROR and (self.error is not None or self.infrastructure_failure):
             raise ValueError(f"trajectory {self.sample_id}: an error needs termination ERROR")
         if self.infrastructure_cause is not None and not self.infrastructure_failure:

@@ -4,9 +4,16 @@ Per token, ``layers x per_token`` ids, layer-major, each layer's ids in the rout
 little-endian uint8 when the model has at most 256 experts, else uint16: the smallest fixed width that holds every
 id, so a turn's routing is one bytes field that numpy reads without a copy (TokenChunk.routed_experts,
 GenerateComplete.prompt_routed_experts; docs/contract.md gives the size bound).
+
+``Routing`` is a trajectory's routing: one row per input position of ``prompt_ids + response_ids`` from position
+0, at most ``N - 1`` rows (N their total length: the last token is never an input to a forward whose output is
+used). It has exactly ``N - 1`` unless the trajectory ends in tokens no generation read (a tool result appended
+after the last turn): those trailing positions' routing is unknown and left out (``to_batch`` marks them -1).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,3 +38,33 @@ def unpack(data: bytes, layers: int, per_token: int, num_experts: int) -> np.nda
 def wire_bytes(tokens: int, layers: int, per_token: int, num_experts: int) -> int:
     """Bytes the routing of ``tokens`` tokens takes in a message's bytes field."""
     return tokens * layers * per_token * id_dtype(num_experts).itemsize
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The packed routing of input positions ``0 .. positions - 1`` of a trajectory (see the module docstring)."""
+
+    layers: int
+    per_token: int
+    num_experts: int
+    ids: bytes
+
+    def __post_init__(self) -> None:
+        if min(self.layers, self.per_token, self.num_experts) <= 0 or len(self.ids) % self.row_bytes:
+            raise ValueError(
+                f"routing of {len(self.ids)} bytes is not whole rows of {self.layers} layers x {self.per_token} "
+                f"experts of {self.num_experts}")
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one position's routing."""
+        return wire_bytes(1, self.layers, self.per_token, self.num_experts)
+
+    @property
+    def positions(self) -> int:
+        """Input positions covered, from position 0."""
+        return len(self.ids) // self.row_bytes
+
+    def array(self) -> np.ndarray:
+        """``[positions, layers, per_token]`` expert ids (a read-only view)."""
+        return unpack(self.ids, self.layers, self.per_token, self.num_experts)
