@@ -7,6 +7,12 @@ is what makes the mask right by construction.
 Both also extend an append-only int32 array of the whole context (prompt and response so far), which is each
 turn's prompt as it goes on the wire: its bytes, copied, never packed again id by id. ``media`` holds the
 pictures of that context with their spans in it (each turn's GenerateCall carries them all).
+
+Routed experts (a MoE model's routing, when the loop asks): one row per input position of the context from 0,
+kept as each generation reported it. A generation's tokens bring their own rows; the positions before its first
+token that no earlier generation covered (the tool or user tokens appended since, and the last token of the turn
+before) come from its prompt's routing. Where a generation reports none for positions still uncovered, the record
+stops there: what follows is unknown rather than misaligned.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 from agentloop_grpc.common import wire
 from agentloop_grpc.common.media import MediaInput
 from agentloop_grpc.common.prompt import PromptIds
+from agentloop_grpc.common.routed_experts import Routing, TurnRouting
 
 from .trajectory import Drift, Phase, Termination, Timings, ToolCallMetrics, Trajectory
 
@@ -55,6 +62,12 @@ class TrajectoryBuilder:
     started_at: float = field(default_factory=time.time)
     started: float = field(default_factory=time.monotonic)
     _context: array = field(init=False, repr=False)
+    #: (layers, top-k, experts) of the routing recorded; None until a generation reports some.
+    _routing_shape: tuple[int, int, int] | None = field(default=None, init=False, repr=False)
+    #: Routed experts of context positions 0.. (see the module docstring).
+    _routing_rows: bytearray = field(default_factory=bytearray, init=False, repr=False)
+    #: A generation left positions without routing: the record ends at them.
+    _routing_stopped: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._context = array("i", self.prompt_ids)
@@ -64,18 +77,52 @@ class TrajectoryBuilder:
         """Prompt plus response so far, as int32 bytes: the next generation's prompt."""
         return PromptIds.from_raw(wire.prompt_to_raw(self._context))
 
-    def model(self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]) -> None:
-        """Append tokens the engine produced, exactly as produced."""
+    def model(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int],
+        routing: TurnRouting | None = None,
+    ) -> None:
+        """Append tokens the engine produced, exactly as produced; ``routing``: their generation's routed experts,
+        when asked for."""
         if not (len(token_ids) == len(versions) and len(logprobs) in (0, len(token_ids))):
             raise ValueError(
                 f"engine output is misaligned: {len(token_ids)} tokens, {len(logprobs)} logprobs, "
                 f"{len(versions)} versions"
             )
+        if routing is not None and len(routing.tokens) != len(token_ids) * routing.row_bytes:
+            raise ValueError(f"engine output is misaligned: {len(token_ids)} tokens, "
+                             f"{len(routing.tokens) // routing.row_bytes} rows of routed experts")
+        self._route(routing, len(token_ids))
         self.response_ids += token_ids
         self._context.extend(token_ids)
         self.response_mask += [1] * len(token_ids)
         self.response_logprobs += logprobs if logprobs else [0.0] * len(token_ids)
         self.weight_versions += versions
+
+    def _route(self, routing: TurnRouting | None, tokens: int) -> None:
+        """Extend the routing record by a generation of ``tokens`` tokens whose prompt is the context so far."""
+        if self._routing_stopped or (routing is None and self._routing_shape is None):
+            return
+        shape = None if routing is None else (routing.layers, routing.per_token, routing.num_experts)
+        if routing is None or (self._routing_shape is not None and shape != self._routing_shape):
+            self._routing_stopped = True  # a generation without routing (or of another model): unknown from here
+            return
+        self._routing_shape = shape
+        row = routing.row_bytes
+        covered = len(self._routing_rows) // row
+        wanted = len(self._context) - 1  # the prompt's positions before the one that sampled the first token
+        if covered < wanted:
+            if len(routing.prompt) < wanted * row:
+                self._routing_stopped = True
+                return
+            self._routing_rows += routing.prompt[covered * row : wanted * row]
+        self._routing_rows += routing.tokens
+
+    @property
+    def routed_experts(self) -> Routing | None:
+        """The routed experts of context positions 0.. recorded so far (None: none asked for or reported)."""
+        if self._routing_shape is None:
+            return None
+        return Routing(*self._routing_shape, bytes(self._routing_rows))
 
     def context(self, token_ids: Sequence[int], media: Sequence[MediaInput] = ()) -> None:
         """Append tokens the loop encoded (tool/user turns, template separators): not trained on. ``media``: the
@@ -141,4 +188,5 @@ class TrajectoryBuilder:
             metrics=dict(metrics or {}),
             tool_call_metrics=tuple(self.tool_call_metrics),
             phases=tuple(self.phases),
+            routed_experts=self.routed_experts,
         )

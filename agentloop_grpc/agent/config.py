@@ -36,8 +36,9 @@ class SamplingConfig(BaseModel):
         (), description="Extra ids that end a turn (the template's eos always does)."
     )
 
-    def params(self, max_new_tokens: int, seed_offset: int) -> SamplingParams:
-        """One generation's sampling: this config's, with its budget and seed."""
+    def params(self, max_new_tokens: int, seed_offset: int, routed_experts: bool = False) -> SamplingParams:
+        """One generation's sampling: this config's, with its budget and seed; ``routed_experts``: ask for the
+        experts each token was routed to."""
         return SamplingParams(
             max_new_tokens=max_new_tokens,
             temperature=self.temperature,
@@ -48,6 +49,7 @@ class SamplingConfig(BaseModel):
             seed=None if self.seed is None else (self.seed + seed_offset) % (SEED_MAX + 1),
             stop_token_ids=self.stop_token_ids,
             logprobs=True,
+            return_routed_experts=routed_experts,
         )
 
 
@@ -119,6 +121,11 @@ class AgentLoopConfig(BaseModel):
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Extra variables of every render of the template, e.g. "
         "{enable_thinking: false} for Qwen3's."
+    )
+    return_routed_experts: bool = Field(
+        False, description="Record the experts a MoE model routed every token to (Trajectory.routed_experts, "
+        "for routing replay in training); every engine must report routing (GetServerInfo routed_expert_layers), "
+        "else the rollout is refused before it starts."
     )
     generate_timeout_s: float = Field(600.0, gt=0, description="Deadline of one generation.")
     end_on_tool: tuple[str, ...] = Field(

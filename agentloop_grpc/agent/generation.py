@@ -5,7 +5,8 @@ with FINISH_REASON_ABORT and the tokens decoded so far; the Router resumes it (`
 loop's ``max_resumes`` when ``resume_on_abort``, else none) with the tokens so far as prompt and what is left of the
 budget, the engine holding the new request until ``resume``. Each token keeps the weight version that produced it,
 so a trajectory spanning an update says so. What a resumed attempt's seed and grammar are is the Router's one rule
-(router/attempts.py): a constrained turn resumed mid-way continues unconstrained.
+(router/attempts.py): a constrained turn resumed mid-way continues unconstrained. With ``return_routed_experts`` the
+turn also asks for the experts a MoE model routed each position to; the builder records them (builder.py).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ async def generate_turn(
         GenerateCall(
             session_id=builder.sample_id,
             prompt_ids=builder.context_ids,
-            sampling=sampling.params(max_new_tokens, seed_offset(builder.sample_id, turn)),
+            sampling=sampling.params(
+                max_new_tokens, seed_offset(builder.sample_id, turn), routed_experts=config.return_routed_experts),
             structured_output=structured_output,
             timeout_s=config.generate_timeout_s,
             media=tuple(builder.media),  # every picture so far: all their spans lie in this prompt
@@ -61,7 +63,7 @@ async def generate_turn(
             max_resumes=config.max_resumes if config.resume_on_abort else 0,
         )
     )
-    builder.model(result.token_ids, result.logprobs, result.weight_versions)
+    builder.model(result.token_ids, result.logprobs, result.weight_versions, result.routed_experts)
     builder.served_by(result.servers)
     builder.resumed_generations += result.resumes
     server = result.servers[-1] if result.servers else ""

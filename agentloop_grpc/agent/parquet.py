@@ -1,7 +1,8 @@
 """Trajectories to and from Parquet (pyarrow): one row per trajectory, token lists as list columns, the
 conversation and metrics as JSON text so any reader (pandas, DuckDB, Spark) can open the file. ``media`` is a list of
 structs (mime_type, data as binary, offset, length): the pictures themselves, so the file alone rebuilds the
-model's inputs."""
+model's inputs. ``routed_experts`` is a struct (layers, per_token, num_experts, ids as binary: the packed routing,
+as Routing holds it), null where none was recorded."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop_grpc.common.media import MediaInput
+from agentloop_grpc.common.routed_experts import Routing
 
 from .trajectory import Drift, Phase, Termination, Timings, ToolCallMetrics, Trajectory
 
@@ -29,6 +31,7 @@ def trajectory_fields(t: Trajectory) -> dict[str, Any]:
     row["phases"] = [dataclasses.asdict(p) for p in t.phases]
     row["media"] = [{"mime_type": m.mime_type, "data": m.data, "offset": m.offset, "length": m.length}
                     for m in t.media]
+    row["routed_experts"] = dataclasses.asdict(t.routed_experts) if t.routed_experts is not None else None
     return {name: list(value) if isinstance(value, tuple) else value for name, value in row.items()}
 
 
@@ -68,6 +71,8 @@ def read_parquet(path: str | Path) -> list[Trajectory]:
         row["tool_call_metrics"] = [ToolCallMetrics(**c) for c in row["tool_call_metrics"]]
         row["phases"] = [Phase(**p) for p in row["phases"]]
         row["media"] = [MediaInput(**m) for m in row.get("media") or ()]  # files written before images: none
+        routing = row.get("routed_experts")  # files written before routing: none
+        row["routed_experts"] = Routing(**routing) if routing is not None else None
         for f in dataclasses.fields(Trajectory):
             if isinstance(row[f.name], list):
                 row[f.name] = tuple(row[f.name])

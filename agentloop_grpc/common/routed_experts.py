@@ -68,3 +68,20 @@ class Routing:
     def array(self) -> np.ndarray:
         """``[positions, layers, per_token]`` expert ids (a read-only view)."""
         return unpack(self.ids, self.layers, self.per_token, self.num_experts)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRouting:
+    """One generation's routing as a Router returns it, however many attempts produced it: ``prompt`` holds the
+    call's prompt positions ``0 .. P - 2`` (empty when no attempt reported them), ``tokens`` one row per generated
+    token (each token's own: a resumed attempt's tokens carry theirs)."""
+
+    layers: int
+    per_token: int
+    num_experts: int
+    prompt: bytes
+    tokens: bytes
+
+    @property
+    def row_bytes(self) -> int:
+        return wire_bytes(1, self.layers, self.per_token, self.num_experts)

@@ -82,6 +82,7 @@ def fill_sampling(message: generation_pb2.SamplingParams, sampling: SamplingPara
     message.ignore_eos = sampling.ignore_eos
     message.logprobs = sampling.logprobs
     message.top_logprobs = sampling.top_logprobs
+    message.return_routed_experts = sampling.return_routed_experts
 
 
 def fill_structured_output(message: generation_pb2.StructuredOutput, structured: StructuredOutput) -> None:
@@ -96,4 +97,5 @@ def chunk_from_proto(chunk: generation_pb2.TokenChunk) -> TokenChunk:
         weight_version=chunk.weight_version,
         logprobs=tuple(chunk.logprobs),
         top_logprobs=tuple(tuple(zip(alt.token_ids, alt.logprobs, strict=True)) for alt in chunk.top_logprobs),
+        routed_experts=chunk.routed_experts,
     )

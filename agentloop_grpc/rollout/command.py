@@ -19,6 +19,7 @@ import typer
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from agentloop_grpc.agent.routing_check import RoutingUnavailableError
 from agentloop_grpc.agent.tokenizer_check import TokenizerMismatchError
 from agentloop_grpc.common.config_errors import describe, returned_model
 from agentloop_grpc.launch.launcher import LaunchError
@@ -89,7 +90,8 @@ def rollout(
         raise typer.Exit(130) from None
     except LoopConfigError as error:
         _fail(str(error))
-    except (DatasetError, RolloutError, LaunchError, TokenizerMismatchError, TrackerError) as error:
+    except (DatasetError, RolloutError, LaunchError, TokenizerMismatchError, RoutingUnavailableError,
+            TrackerError) as error:
         _fail(str(error).splitlines()[0] if isinstance(error, DatasetError) else str(error), 1)
     progress.summary(summarize(record), str(record.output_dir), report=settings.report)
     for line in record.trackers:

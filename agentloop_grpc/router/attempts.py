@@ -15,17 +15,20 @@ import time
 import zlib
 from collections.abc import Callable
 
-from agentloop_grpc.common import wire
+from agentloop_grpc.common import routed_experts, wire
+from agentloop_grpc.common.routed_experts import TurnRouting
 from agentloop_grpc.common.types import FinishReason, SamplingParams
 from agentloop_grpc.v1 import generation_pb2
 
 from .call import GenerateCall
+from .errors import InfrastructureError
 from .result import GenerateResult
 
 
 class CallProgress:
     """One generate call over its attempts: its ids and deadline, every attempt's tokens in order (with aligned
-    logprobs, alternatives and weight versions), the servers that served it and those that just failed it."""
+    logprobs, alternatives, weight versions and, when asked, routed experts), the servers that served it and those
+    that just failed it."""
 
     __slots__ = (
         "_first_token",
@@ -37,7 +40,10 @@ class CallProgress:
         "failures",
         "logprobs",
         "prompt",
+        "prompt_routing",
         "resumes",
+        "routing",
+        "routing_shape",
         "servers",
         "started",
         "token_ids",
@@ -57,6 +63,12 @@ class CallProgress:
         self.logprobs: list[float] = []
         self.top_logprobs: list[tuple[tuple[int, float], ...]] = []
         self.weight_versions: list[int] = []
+        #: Each token's routed experts, in token order over the attempts (None: not asked).
+        self.routing: bytearray | None = bytearray() if call.sampling and call.sampling.return_routed_experts else None
+        #: The call's prompt positions 0 .. P - 2, from the first attempt that reported its prompt's.
+        self.prompt_routing = b""
+        #: (layers, top-k, experts) of the servers that served the call (their GetServerInfo).
+        self.routing_shape: tuple[int, int, int] | None = None
         self.servers: list[str] = []
         self.failed: set[str] = set()
         self.failovers = 0
@@ -82,9 +94,35 @@ class CallProgress:
         if chunk.top_logprobs:
             self.top_logprobs.extend(tuple(zip(alt.token_ids, alt.logprobs, strict=True)) for alt in chunk.top_logprobs)
         self.weight_versions.extend([chunk.weight_version] * len(ids))
+        if self.routing is not None:
+            self.routing += chunk.routed_experts
         if self._first_token is not None and self.token_ids:
             self._first_token(time.monotonic() - self.started)
             self._first_token = None
+
+    def routed_on(self, layers: int, per_token: int, num_experts: int) -> None:
+        """An attempt of a call that asked for routing runs on a server that reports routing of this shape."""
+        self.routing_shape = (layers, per_token, num_experts)
+
+    def prompt_routed(self, prompt_routing: bytes) -> None:
+        """An attempt completed reporting its prompt's routing: the first one's positions of the call's own prompt
+        are kept (a resumed attempt's prompt also holds the tokens received, which carry their own)."""
+        if self.prompt_routing or not prompt_routing or self.routing_shape is None:
+            return
+        wanted = max(len(self.prompt) // 4 - 1, 0) * routed_experts.wire_bytes(1, *self.routing_shape)
+        if len(prompt_routing) >= wanted:
+            self.prompt_routing = prompt_routing[:wanted]
+
+    def _turn_routing(self) -> TurnRouting | None:
+        if self.routing is None or self.routing_shape is None:
+            return None
+        layers, per_token, num_experts = self.routing_shape
+        routing = TurnRouting(layers, per_token, num_experts, self.prompt_routing, bytes(self.routing))
+        if len(routing.tokens) != len(self.token_ids) * routing.row_bytes:
+            raise InfrastructureError(
+                f"generate {self.base_id}: {len(routing.tokens)} bytes of routed experts for {len(self.token_ids)} "
+                f"tokens of {routing.row_bytes} bytes each (the engine broke the contract)")
+        return routing
 
     def result(
         self, finish_reason: FinishReason, matched: int | None, cached: int, images: int, seconds: float
@@ -105,6 +143,7 @@ class CallProgress:
             seconds=seconds,
             prompt_images=images,
             resumes=self.resumes,
+            routed_experts=self._turn_routing(),
         )
 
 

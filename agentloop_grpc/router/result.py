@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentloop_grpc.common.routed_experts import TurnRouting
 from agentloop_grpc.common.types import FinishReason
 
 
@@ -36,3 +37,5 @@ class GenerateResult:
     prompt_images: int = 0
     #: Times an ABORT finish was resumed (GenerateCall.max_resumes).
     resumes: int = 0
+    #: The experts the prompt and each token were routed to, when the call asked (``return_routed_experts``).
+    routed_experts: TurnRouting | None = None

@@ -33,6 +33,14 @@ def checkpoint():
 
 
 @pytest.fixture(scope="session")
+def moe_checkpoint(tmp_path_factory, checkpoint):
+    """tiny_moe.py's random-weight Qwen3-MoE, written once per session (a few MB)."""
+    from . import tiny_moe
+
+    return tiny_moe.build(tmp_path_factory.mktemp("tiny-moe"), checkpoint)
+
+
+@pytest.fixture(scope="session")
 def reference(checkpoint):
     """(model, tokenizer) run by plain transformers, for comparisons."""
     torch.set_num_threads(2)

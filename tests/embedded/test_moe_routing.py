@@ -12,8 +12,6 @@ import asyncio
 import grpc
 import numpy as np
 import pytest
-import torch
-from transformers import Qwen3MoeForCausalLM
 
 from agentloop_grpc.common import routed_experts
 from agentloop_grpc.common.types import FinishReason, GenerateComplete, TokenChunk
@@ -26,11 +24,6 @@ from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, gener
 from . import tiny_moe
 
 MOE_LAYERS = tiny_moe.LAYERS - len(tiny_moe.DENSE_LAYERS)
-
-
-@pytest.fixture(scope="module")
-def moe_checkpoint(tmp_path_factory, checkpoint):
-    return tiny_moe.build(tmp_path_factory.mktemp("tiny-moe"), checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +46,6 @@ def _request(request_id: str, prompt: list[int], routing: bool, **options) -> ge
             temperature=0, max_new_tokens=6, ignore_eos=True, return_routed_experts=routing),
         **options,
     )
-
-
-def _reference_routing(folder, ids: list[int]) -> np.ndarray:
-    """``[len(ids), MOE_LAYERS, top_k]``: what plain transformers' routers pick for ``ids`` in one forward."""
-    model = Qwen3MoeForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True).eval()
-    picked: list[torch.Tensor] = []
-    hooks = [layer.mlp.gate.register_forward_hook(lambda _m, _i, out: picked.append(out[2]))
-             for index, layer in enumerate(model.model.layers) if index not in tiny_moe.DENSE_LAYERS]
-    with torch.inference_mode():
-        model(torch.tensor([ids]))
-    for hook in hooks:
-        hook.remove()
-    return torch.stack(picked, dim=1).numpy()
 
 
 def _unpack(data: bytes) -> np.ndarray:
@@ -98,7 +78,7 @@ async def test_routing_of_every_token_matches_transformers(moe_server, moe_check
     assert len(complete.prompt_routed_experts) == (len(prompt) - 1) * MOE_LAYERS * tiny_moe.TOP_K
     served = np.concatenate([_unpack(complete.prompt_routed_experts), _unpack(b"".join(chunk_routes))])
     # position i's routing: the forward whose input is token i; the last token is sampled, never an input
-    reference = _reference_routing(moe_checkpoint, prompt + tokens[:-1])
+    reference = tiny_moe.reference_routing(moe_checkpoint, prompt + tokens[:-1])
     assert served.shape == reference.shape == (len(prompt) + 5, MOE_LAYERS, tiny_moe.TOP_K)
     np.testing.assert_array_equal(served, reference)
     assert len(set(served.reshape(-1).tolist())) > 2  # the router really spreads tokens over experts

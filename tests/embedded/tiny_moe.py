@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -58,6 +60,20 @@ def build(out: Path, tokenizer_folder: Path | None = None, seed: int = 0) -> Pat
         if (source / name).exists():
             shutil.copy(source / name, out / name)
     return out
+
+
+def reference_routing(folder: Path, ids: Sequence[int]) -> np.ndarray:
+    """``[len(ids), MoE layers, TOP_K]``: what plain transformers' routers pick for ``ids`` in one forward (read
+    with forward hooks on the checkpoint in ``folder``)."""
+    model = Qwen3MoeForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True).eval()
+    picked: list[torch.Tensor] = []
+    hooks = [layer.mlp.gate.register_forward_hook(lambda _m, _i, out: picked.append(out[2]))
+             for index, layer in enumerate(model.model.layers) if index not in DENSE_LAYERS]
+    with torch.inference_mode():
+        model(torch.tensor([list(ids)]))
+    for hook in hooks:
+        hook.remove()
+    return torch.stack(picked, dim=1).numpy()
 
 
 if __name__ == "__main__":
