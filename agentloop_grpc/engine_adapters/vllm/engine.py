@@ -50,7 +50,7 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -81,6 +81,7 @@ from agentloop_grpc.common.types import (
     NamedTensor,
     Resource,
     ServerFacts,
+    TokenChunk,
 )
 from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 
@@ -89,7 +90,7 @@ from ..block_hash import version_salt
 from ..image_placeholders import check_no_stray_image_token
 from ..validation import MAX_TOP_LOGPROBS
 from ..weight_groups import refused_elsewhere
-from . import images, outputs, sampling, weights
+from . import images, outputs, routing, sampling, weights
 from .config import VllmEngineConfig
 from .stats import SchedulerLoad, recorder_factory
 
@@ -112,6 +113,7 @@ class _Loaded:
     facts: ServerFacts
     checkpoint: weights.CheckpointWeights
     image_token_id: int | None  # the id vLLM expands into an image's placeholder ids; None: no images served
+    layout: routing.RoutingLayout | None  # None: started without routed experts (requests asking are refused)
 
 
 def apply_engine_environment(config: VllmEngineConfig) -> None:
@@ -147,6 +149,7 @@ def engine_args(config: VllmEngineConfig, folder: Path, model_id: str) -> AsyncE
         disable_log_stats=True,  # our recorder still gets the scheduler stats; vLLM's periodic log stays off
         seed=0,
         limit_mm_per_prompt={"image": config.max_images_per_request},  # ignored for a text-only model
+        enable_return_routed_experts=config.return_routed_experts,
     )
 
 
@@ -209,6 +212,11 @@ class VllmEngine:
             expander = await asyncio.to_thread(ImageExpander.load, str(folder))
             image_token_id = None if expander is None else expander.image_token_id
         generation_eos = llm.model_config.try_get_generation_config().get("eos_token_id")
+        layout = None
+        if cfg.return_routed_experts:  # vLLM refused to start unless the model is MoE
+            (moe_layers, *_) = await llm.collective_rpc("agentloop_moe_layers")  # the same in every worker
+            layout = routing.RoutingLayout(tuple(moe_layers), llm.model_config.get_num_experts_per_tok(),
+                                           llm.model_config.get_num_experts())
         facts = ServerFacts(
             engine_kind="vllm",
             engine_version=vllm.__version__,
@@ -225,8 +233,11 @@ class VllmEngine:
             default_max_new_tokens=cfg.default_max_new_tokens,
             supports_images=image_token_id is not None,
             max_images_per_request=cfg.max_images_per_request if image_token_id is not None else 0,
+            routed_expert_layers=len(layout.moe_layers) if layout else 0,
+            routed_experts_per_token=layout.per_token if layout else 0,
+            num_experts=layout.num_experts if layout else 0,
         )
-        return _Loaded(llm, facts, weights.CheckpointWeights(folder, cfg.dtype, tied), image_token_id)
+        return _Loaded(llm, facts, weights.CheckpointWeights(folder, cfg.dtype, tied), image_token_id, layout)
 
     async def shutdown(self) -> None:
         loaded = self._loaded
@@ -273,7 +284,8 @@ class VllmEngine:
                 prompt = await asyncio.to_thread(images.tokens_prompt, request.prompt_ids, request.media,
                                                  loaded.image_token_id)
             prompt["cache_salt"] = version_salt(version)
-            async with contextlib.aclosing(self._generate(loaded.llm, request, prompt, params)) as events:
+            stream = self._generate(loaded.llm, request, prompt, params, loaded.layout)
+            async with contextlib.aclosing(stream) as events:
                 async for event in events:  # closed at once when our caller stops early: vLLM aborts the request
                     yield event
         finally:
@@ -281,11 +293,15 @@ class VllmEngine:
             if not self._salted[version]:
                 del self._salted[version]
 
-    async def _generate(self, llm: AsyncLLM, request: GenerateRequest, prompt: TokensPrompt, params
-                        ) -> AsyncIterator[GenerateEvent]:
-        """``generate``'s stream once the prompt is built: vLLM's outputs as our chunks, then the completion."""
+    async def _generate(self, llm: AsyncLLM, request: GenerateRequest, prompt: TokensPrompt, params,
+                        layout: routing.RoutingLayout | None) -> AsyncIterator[GenerateEvent]:
+        """``generate``'s stream once the prompt is built: vLLM's outputs as our chunks, then the completion. A
+        request that asked for its routed experts gets them from the finished output only (``routing.py``), so its
+        deltas are held and all its chunks, each with its tokens' routing, leave then (as with ``final_only``)."""
         emitted, last_token, last_version = 0, None, None
         unchecked = bool(request.media)
+        held: list | None = [] if request.sampling.return_routed_experts and layout is not None else None
+        prompt_routing = b""
         stream = llm.generate(prompt, params, request.request_id, priority=sampling.priority(request))
         async with contextlib.aclosing(_translated_errors(stream)) as stream_outputs:
             async for output in stream_outputs:
@@ -293,15 +309,33 @@ class VllmEngine:
                     images.check_expansion(request.prompt_ids, request.media, output.prompt_token_ids)
                     unchecked = False
                 completion = output.outputs[0]
-                starts = self._version_starts(request.request_id, output) if completion.token_ids else []
-                for chunk in outputs.token_chunks(completion, request.sampling, emitted, starts):
+                if held is None:
+                    starts = self._version_starts(request.request_id, output) if completion.token_ids else []
+                    chunks = outputs.token_chunks(completion, request.sampling, emitted, starts)
+                else:
+                    held.append(completion)
+                    if not output.finished:
+                        continue
+                    prompt_routing, chunks = self._routed_chunks(request, output, held, layout)
+                for chunk in chunks:
                     emitted += len(chunk.token_ids)
                     last_token, last_version = chunk.token_ids[-1], chunk.weight_version
                     yield chunk
                 if output.finished:
-                    yield self._complete(request, output, emitted, last_token, last_version)
+                    complete = self._complete(request, output, emitted, last_token, last_version)
+                    yield replace(complete, prompt_routed_experts=prompt_routing) if prompt_routing else complete
                     return
         raise RuntimeError(f"vLLM ended request {request.request_id!r} without a finished output")
+
+    def _routed_chunks(self, request: GenerateRequest, output, held: list, layout
+                       ) -> tuple[bytes, list[TokenChunk]]:
+        """The prompt's routing and the chunks of every held delta with their tokens' routing, from the finished
+        ``output`` (whose weight-version spans cover every output token)."""
+        starts = self._version_starts(request.request_id, output)
+        chunks: list[TokenChunk] = []
+        for delta in held:
+            chunks += outputs.token_chunks(delta, request.sampling, sum(len(c.token_ids) for c in chunks), starts)
+        return routing.attach(output.outputs[0].routed_experts, layout, len(request.prompt_ids), chunks)
 
     def _version_starts(self, request_id: str, output) -> list[tuple[int, int]]:
         """(first output-token index, weight version) of each version span of the request so far, as vLLM

@@ -1,6 +1,7 @@
 """Our validated request -> vLLM's ``SamplingParams``: every field mapped, none silently dropped.
 
-Every field of ``types.SamplingParams`` and ``StructuredOutput`` has a vLLM counterpart, so nothing here is
+Every field of ``types.SamplingParams`` and ``StructuredOutput`` has a vLLM counterpart (``return_routed_experts`` an
+engine argument and the finished output's routing: ``routing.py``), so nothing here is
 refused as unsupported; a field added to ``types.py`` later must be mapped here (``tests/vllm/test_mapping.py``
 checks that every field is accounted for). Semantics chosen to match the embedded engine:
 
@@ -39,12 +40,11 @@ MAPPED_FIELDS = frozenset(
         "ignore_eos",
         "logprobs",
         "top_logprobs",
+        # not a vLLM sampling parameter: vLLM returns routing for every request of an engine started with it
+        # (VllmEngineConfig.return_routed_experts); engine.py reads it for the requests that ask (routing.py)
+        "return_routed_experts",
     }
 )
-
-#: The fields of ``types.SamplingParams`` this adapter does not carry to vLLM yet: the server reports no routed-expert
-#: layers in GetServerInfo, so validation refuses the opt-in by name before a request reaches the adapter.
-NOT_MAPPED_FIELDS = frozenset({"return_routed_experts"})
 
 
 def structured_outputs(spec: StructuredOutput | None) -> StructuredOutputsParams | None:

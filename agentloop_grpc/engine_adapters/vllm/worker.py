@@ -27,6 +27,7 @@ from safetensors import safe_open
 from agentloop_grpc.common.weight_group import WeightGroupMember
 from agentloop_grpc.common.weight_layout import BucketLayout, TensorSpec, WeightGroupError, WeightGroupSpec
 
+from .routing import moe_layer_ids
 from .weights import CheckpointPlan, FusedLayers, WirePayload
 
 Staged = list[tuple[str, torch.Tensor]]
@@ -73,6 +74,10 @@ class AgentloopWorkerExtension:
         attribute vLLM models declare for LoRA and quantization; models without fused layers have none)."""
         model = self.model_runner.get_model()  # type: ignore[attr-defined]  # the worker this class extends
         return {fused: list(members) for fused, members in getattr(model, "packed_modules_mapping", {}).items()}
+
+    def agentloop_moe_layers(self) -> list[int]:
+        """The decoder layers whose expert routing vLLM reports (``routing.moe_layer_ids``)."""
+        return moe_layer_ids(self.model_runner.get_model())  # type: ignore[attr-defined]  # the extended worker
 
     # -- background jobs -------------------------------------------------------------------------------------
 
