@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentloop_grpc.common.types import NamedTensor, PauseMode
-from agentloop_grpc.router import Fleet
+from agentloop_grpc.router import ExpectedVersion, Fleet
 
 from .loop_player import LoopPlayer, WorkerRun
 from .metrics import RolloutMetrics
 from .player import Player
-from .routing_check import check_engine_routing
 from .sample import Sample
 from .spec import WeightUpdatePause, WorkerSpec, build_worker, load_codec
 from .tokenizer_check import check_engine_tokenizers
@@ -60,6 +59,9 @@ class AgentLoopManager:
         self._router: Router | None = None
         self.control: Fleet | None = None
         self._fleets: list[Fleet] = []
+        # the engines' weight version, one for every Fleet here: a version any of them learns (a push through
+        # ``control``, a server's report, a generation's tokens) holds out the servers below it in all of them
+        self._expected = ExpectedVersion()
         self._tokenizer_checked = False
         self._tokenizer: PreTrainedTokenizerBase | None = None  # the loops' tokenizer, loaded once for the check
         self._weights: WeightTransfer | None = None  # chosen at the first update: a group needs serving engines
@@ -84,12 +86,12 @@ class AgentLoopManager:
             await _gather_refs([a.start.remote() for a in self._actors])
             self._loops = LoopPlayer([_actor_run(a) for a in self._actors])
             # the actors' own Routers are the data path; this Fleet carries control calls (wake, sleep, weights)
-            self.control = await self._stack.enter_async_context(self.spec.make_fleet())
+            self.control = await self._stack.enter_async_context(self.spec.make_fleet(self._expected))
             self._fleets.append(self.control)
         else:
             runs: list[WorkerRun] = []
             for i in range(self.num_workers):
-                worker, router = await build_worker(self.spec, self._stack, i)
+                worker, router = await build_worker(self.spec, self._stack, i, self._expected)
                 runs.append(worker.run)
                 self._fleets.append(router.fleet)
                 self.control = self.control or router.fleet
@@ -152,14 +154,11 @@ class AgentLoopManager:
         return RolloutBatch(tuple(trajectories), RolloutMetrics.of(trajectories, time.monotonic() - started))
 
     async def check_tokenizer(self) -> None:
-        """Refuse engines whose tokenizer is not the loops' (TokenizerMismatchError), and, when the loops record
-        routed experts, engines that cannot report them (RoutingUnavailableError); done once, before the first
+        """Refuse engines whose tokenizer is not the loops' (TokenizerMismatchError); done once, before the first
         rollout, on every server that answers and has loaded its model."""
         if self._tokenizer_checked:
             return
         infos = (await self.control.server_info()).responses
-        if self.spec.loop.return_routed_experts:
-            check_engine_routing(infos)
         if self._tokenizer is None:
             self._tokenizer = (await asyncio.to_thread(load_codec, self.spec.model_dir)).tokenizer
         self._tokenizer_checked = check_engine_tokenizers(self._tokenizer, infos, self.spec.model_dir) > 0
@@ -173,16 +172,9 @@ class AgentLoopManager:
                 self.spec.weight_transfer, self.control, self.spec.weights_dir, self.spec.weight_group_address,
                 timeout_s=self.spec.weight_group_timeout_s,
             )
-        try:
-            return await update_weights_mid_rollout(
-                self.control, tensors, weight_version, self._weights, self.spec.weight_update_pause,
-                leave_out_unreachable,
-            )
-        finally:
-            # the workers' Fleets did not push: told the fleet's version now, they hold out an engine that
-            # missed it (or returns without it) before any of their generations could show them
-            for fleet in self._fleets:
-                fleet.expect_weight_version(self.control.weight_version)
+        return await update_weights_mid_rollout(
+            self.control, tensors, weight_version, self._weights, self.spec.weight_update_pause, leave_out_unreachable,
+        )
 
 
 async def update_weights_mid_rollout(

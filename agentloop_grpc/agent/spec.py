@@ -20,7 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from agentloop_grpc.client_security import ClientSecurity
 from agentloop_grpc.common.weight_layout import DEFAULT_TIMEOUT_S
-from agentloop_grpc.router import Fleet, Router, RouterConfig
+from agentloop_grpc.router import ExpectedVersion, Fleet, Router, RouterConfig
 
 from .chat import ChatCodec
 from .config import AgentLoopConfig
@@ -107,17 +107,17 @@ class WorkerSpec(BaseModel):
     trace_path: str | None = Field(None, description="Append one JSON line per turn here (per worker: a suffix "
                                    "with the worker index is added when there are several).")
 
-    def make_router(self) -> Router:
-        """A Router over this spec's engines (not entered yet)."""
+    def make_router(self, expected: ExpectedVersion | None = None) -> Router:
+        """A Router over this spec's engines (not entered yet); ``expected``: the weight version it shares."""
         if self.discovery_file:
-            return Router.from_discovery_file(self.discovery_file, self.router)
-        return Router(list(self.engines), self.router)
+            return Router.from_discovery_file(self.discovery_file, self.router, expected)
+        return Router(list(self.engines), self.router, expected=expected)
 
-    def make_fleet(self) -> Fleet:
+    def make_fleet(self, expected: ExpectedVersion | None = None) -> Fleet:
         """A Fleet over this spec's engines (not entered yet), for control calls alone."""
         if self.discovery_file:
-            return Fleet.from_discovery_file(self.discovery_file, self.router)
-        return Fleet(list(self.engines), self.router)
+            return Fleet.from_discovery_file(self.discovery_file, self.router, expected)
+        return Fleet(list(self.engines), self.router, expected=expected)
 
 
 def build_loops(loops: Mapping[str, ComponentSpec], context: LoopContext) -> dict[str, AgentLoop]:
@@ -150,11 +150,12 @@ def load_codec(model_dir: str | None, loop: AgentLoopConfig | None = None) -> Ch
                      ImageExpander.load(str(folder)) if has_processor else None)
 
 
-async def build_worker(spec: WorkerSpec, stack: AsyncExitStack, index: int = 0) -> tuple[AgentLoopWorker, Router]:
-    """Build a worker and what it owns (closed by ``stack``)."""
+async def build_worker(spec: WorkerSpec, stack: AsyncExitStack, index: int = 0,
+                       expected: ExpectedVersion | None = None) -> tuple[AgentLoopWorker, Router]:
+    """Build a worker and what it owns (closed by ``stack``); ``expected``: the weight version its Router shares."""
     from agentloop_grpc.tools.client import GrpcToolClient
 
-    router = await stack.enter_async_context(spec.make_router())
+    router = await stack.enter_async_context(spec.make_router(expected))
     tools, specs = None, {}
     if spec.tool_server:
         tools = GrpcToolClient(spec.tool_server, security=spec.tool_security)

@@ -41,18 +41,20 @@ from .replies import (
     server_info,
     weights_applied,
 )
-from .versions import WeightVersions
+from .versions import ExpectedVersion, WeightVersions
 
 
 class Fleet:
     """Engine servers and their control; see the module docstring. Use ``async with Fleet(...)``."""
 
     def __init__(self, servers: Sequence[str], config: RouterConfig | None = None,
-                 discovery_file: str | Path | None = None) -> None:
+                 discovery_file: str | Path | None = None, expected: ExpectedVersion | None = None) -> None:
+        """``expected``: the fleet's weight version shared with other Fleets over the same engines (versions.py);
+        None: this Fleet's own."""
         self.config = config or RouterConfig()
         self.metrics = RouterMetrics()
         self._endpoints: dict[str, Endpoint] = {}
-        self._versions = WeightVersions(self.metrics)
+        self._versions = WeightVersions(self.metrics, expected)
         self._lowest = LowestLoad()  # over the healthy servers, kept by their endpoints as loads change
         self._initial = list(servers)
         self._paused = False
@@ -61,10 +63,11 @@ class Fleet:
         self._follower: asyncio.Task | None = None
 
     @classmethod
-    def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Fleet:
+    def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None,
+                            expected: ExpectedVersion | None = None) -> Fleet:
         """Servers from a launcher's discovery file, reached with the file's security settings unless ``config``
         has its own; while entered, the file is followed (``RouterConfig.discovery_poll_s``)."""
-        return cls(discovery_addresses(path), discovery_config(path, config), discovery_file=path)
+        return cls(discovery_addresses(path), discovery_config(path, config), discovery_file=path, expected=expected)
 
     async def __aenter__(self) -> Fleet:
         for address in self._initial:
@@ -159,10 +162,6 @@ class Fleet:
     def held_out(self) -> frozenset[str]:
         """Servers held out of routing for serving an older weight version than the fleet's."""
         return self._versions.behind
-
-    def expect_weight_version(self, version: int) -> None:
-        """The fleet was updated to ``version`` through another Fleet: hold out servers below it from now on."""
-        self._versions.expect(version)
 
     def produced_with(self, address: str, version: int) -> None:
         """``address`` finished a generation with weight ``version`` (news when higher than it reported)."""

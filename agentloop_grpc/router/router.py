@@ -41,6 +41,7 @@ from .policy import STICKY, Decision, Hints, choose_server, decision_for, keeps,
 from .prefix_index import PrefixIndex
 from .result import GenerateResult
 from .sessions import StickySessions
+from .versions import ExpectedVersion
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,8 @@ class Router:
     """Routes generate calls over a Fleet of engine servers; see the module docstring. Use ``async with``."""
 
     def __init__(self, servers: Sequence[str], config: RouterConfig | None = None,
-                 discovery_file: str | Path | None = None) -> None:
-        self.fleet = Fleet(servers, config, discovery_file)
+                 discovery_file: str | Path | None = None, expected: ExpectedVersion | None = None) -> None:
+        self.fleet = Fleet(servers, config, discovery_file, expected)
         self.config = self.fleet.config
         self.metrics = self.fleet.metrics
         self._sessions = StickySessions(self.config.max_sessions, self.config.session_ttl_s)
@@ -81,10 +82,11 @@ class Router:
         )
 
     @classmethod
-    def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None) -> Router:
+    def from_discovery_file(cls, path: str | Path, config: RouterConfig | None = None,
+                            expected: ExpectedVersion | None = None) -> Router:
         """Servers from a launcher's discovery file, reached with the file's security settings unless ``config``
         has its own; while entered, the file is followed (``RouterConfig.discovery_poll_s``)."""
-        return cls(discovery_addresses(path), discovery_config(path, config), discovery_file=path)
+        return cls(discovery_addresses(path), discovery_config(path, config), discovery_file=path, expected=expected)
 
     async def __aenter__(self) -> Router:
         await self.fleet.__aenter__()
@@ -321,10 +323,8 @@ class Router:
                 return
 
     def _resumes(self, progress: CallProgress, endpoint: Endpoint, complete: generation_pb2.GenerateComplete) -> bool:
-        """An attempt completed (its prompt's routing is kept, when asked); whether it ended with ABORT and is
-        resumed (another attempt follows): while the call has resumes left (GenerateCall.max_resumes)."""
-        if progress.routing is not None:
-            progress.prompt_routed(complete.prompt_routed_experts)
+        """Whether an attempt that ended with ABORT is resumed (another attempt follows): while the call has
+        resumes left (GenerateCall.max_resumes)."""
         aborted = complete.finish_reason == generation_pb2.FINISH_REASON_ABORT
         if not aborted or progress.resumes >= progress.call.max_resumes:
             return False
@@ -389,9 +389,6 @@ class Router:
     ) -> None:
         """An attempt holding one of the endpoint's call slots has started ``call``."""
         endpoint.begin_request(call)
-        if progress.routing is not None and endpoint.info is not None:
-            info = endpoint.info
-            progress.routed_on(info.routed_expert_layers, info.routed_experts_per_token, info.num_experts)
         progress.servers.append(endpoint.address)
         self._active.setdefault(progress.call.session_id, {})[attempt_id] = endpoint
         self._attempts["unary" if unary else "stream"] += 1

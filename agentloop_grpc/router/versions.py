@@ -18,14 +18,42 @@ from .metrics import RouterMetrics
 log = logging.getLogger(__name__)
 
 
-class WeightVersions:
-    """The fleet's expected weight version and the servers held out of routing below it."""
+class ExpectedVersion:
+    """The fleet's weight version: the highest any Fleet sharing it has learnt. Versions only grow."""
 
-    def __init__(self, metrics: RouterMetrics) -> None:
-        self.expected = 0
-        self.behind: frozenset[str] = frozenset()
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def raise_to(self, version: int) -> bool:
+        """The fleet has reached ``version``; whether that is news (a lower one changes nothing)."""
+        if version <= self.value:
+            return False
+        self.value = version
+        return True
+
+
+class WeightVersions:
+    """One Fleet's view: the versions its servers reported and those held out below the (shared) expected one."""
+
+    def __init__(self, metrics: RouterMetrics, expected: ExpectedVersion | None = None) -> None:
+        self._expected = expected or ExpectedVersion()
+        self._behind: frozenset[str] = frozenset()
+        self._held_at = 0  # the expected version ``_behind`` was computed for
         self._versions: dict[str, int] = {}
         self._metrics = metrics
+
+    @property
+    def expected(self) -> int:
+        return self._expected.value
+
+    @property
+    def behind(self) -> frozenset[str]:
+        """The servers held out; computed again when another Fleet sharing the expected version raised it."""
+        if self._held_at != self._expected.value:
+            self._hold_out()
+        return self._behind
 
     def of(self, address: str) -> int | None:
         """The version ``address`` last reported, if any."""
@@ -53,12 +81,6 @@ class WeightVersions:
         if version > self._versions.get(address, -1):
             self.report(address, version)
 
-    def expect(self, version: int) -> None:
-        """The fleet has reached ``version`` (a lower one changes nothing: versions only grow)."""
-        if version > self.expected:
-            self._raise_expected(version)
-            self._hold_out()
-
     def forget(self, address: str) -> None:
         """``address`` left the fleet."""
         self._versions.pop(address, None)
@@ -66,21 +88,21 @@ class WeightVersions:
         self._hold_out()
 
     def _raise_expected(self, version: int) -> None:
-        if version > self.expected:
+        if self._expected.raise_to(version):
             log.info("fleet weight version %d", version)
-            self.expected = version
-            self._metrics.expected_weight_version.set(version)
 
     def _hold_out(self) -> None:
-        behind = frozenset(a for a, version in self._versions.items() if version < self.expected)
-        for address in sorted(behind - self.behind):
+        expected = self._held_at = self._expected.value
+        self._metrics.expected_weight_version.set(expected)
+        behind = frozenset(a for a, version in self._versions.items() if version < expected)
+        for address in sorted(behind - self._behind):
             log.warning(
                 "server %s serves weight version %d, the fleet %d: held out of routing until it matches",
-                address, self._versions[address], self.expected,
+                address, self._versions[address], expected,
             )
             self._metrics.server_behind.labels(address).set(1)
-        for address in sorted(self.behind - behind):
+        for address in sorted(self._behind - behind):
             if address in self._versions:
-                log.info("server %s serves the fleet's weight version %d: routed to again", address, self.expected)
+                log.info("server %s serves the fleet's weight version %d: routed to again", address, expected)
             self._metrics.server_behind.labels(address).set(0)
-        self.behind = behind
+        self._behind = behind

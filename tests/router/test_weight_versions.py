@@ -13,7 +13,7 @@ import pytest
 from agentloop_grpc.common.types import NamedTensor
 from agentloop_grpc.router import GenerateCall, NoHealthyServerError, Router, RouterConfig
 from agentloop_grpc.router.metrics import RouterMetrics
-from agentloop_grpc.router.versions import WeightVersions
+from agentloop_grpc.router.versions import ExpectedVersion, WeightVersions
 
 from .conftest import ServerProcess, address, fake_servers, free_port
 from .test_liveness import _routed_to_again
@@ -94,9 +94,10 @@ async def test_a_held_out_server_updated_by_someone_else_comes_back() -> None:
 
 async def test_when_every_server_is_behind_the_error_says_so() -> None:
     config = RouterConfig(load_poll_interval_s=0.05, health_retry_interval_s=0.05, no_server_wait_s=0.2)
-    async with fake_servers(1) as servers, Router([address(servers[0])], config) as router:
+    expected = ExpectedVersion()
+    async with fake_servers(1) as servers, Router([address(servers[0])], config, expected=expected) as router:
         await router.fleet.wait_ready()
-        router.fleet.expect_weight_version(5)  # e.g. the trainer pushed through another Router
+        expected.raise_to(5)  # e.g. the trainer pushed through another Fleet sharing the version
         assert router.fleet.held_out == {address(servers[0])}
         with pytest.raises(NoHealthyServerError, match="held out below weight version 5"):
             await router.generate(GenerateCall("s", [1, 2, 3], params(2)))
@@ -111,12 +112,23 @@ def test_versions_only_grow_and_generations_never_lower_a_servers() -> None:
     assert versions.of("a") == 3
     versions.report("a", 0)  # GetServerInfo after a restart is the truth
     assert versions.expected == 3 and versions.behind == {"a", "b"}
-    versions.expect(2)
-    assert versions.expected == 3
     versions.forget("b")
     assert versions.behind == {"a"}
     versions.advance("a", 3)
     assert not versions.behind
+
+
+def test_fleets_sharing_the_expected_version_hold_out_what_any_of_them_learns() -> None:
+    expected = ExpectedVersion()
+    first, second = WeightVersions(RouterMetrics(), expected), WeightVersions(RouterMetrics(), expected)
+    for versions in (first, second):
+        versions.report_all({"a": 0, "b": 0})
+    first.report("a", 2)  # the first Fleet's push or GetServerInfo
+    # the second holds out what it has not seen at version 2 (its endpoints poll those for their info)
+    assert second.expected == 2 and second.behind == {"a", "b"}
+    second.report("a", 2)
+    assert second.behind == {"b"} and not expected.raise_to(1)
+    assert first.expected == 2 and first.behind == {"b"}
 
 
 async def test_an_update_during_generations_holds_no_server_out() -> None:
