@@ -26,6 +26,7 @@ from agentloop_grpc.router import ExpectedVersion, Fleet
 from .loop_player import LoopPlayer, WorkerRun
 from .metrics import RolloutMetrics
 from .player import Player
+from .routing_check import check_engine_routing
 from .sample import Sample
 from .spec import WeightUpdatePause, WorkerSpec, build_worker, load_codec
 from .tokenizer_check import check_engine_tokenizers
@@ -154,11 +155,14 @@ class AgentLoopManager:
         return RolloutBatch(tuple(trajectories), RolloutMetrics.of(trajectories, time.monotonic() - started))
 
     async def check_tokenizer(self) -> None:
-        """Refuse engines whose tokenizer is not the loops' (TokenizerMismatchError); done once, before the first
+        """Refuse engines whose tokenizer is not the loops' (TokenizerMismatchError), and, when the loops record
+        routed experts, engines that cannot report them (RoutingUnavailableError); done once, before the first
         rollout, on every server that answers and has loaded its model."""
         if self._tokenizer_checked:
             return
         infos = (await self.control.server_info()).responses
+        if self.spec.loop.return_routed_experts:
+            check_engine_routing(infos)
         if self._tokenizer is None:
             self._tokenizer = (await asyncio.to_thread(load_codec, self.spec.model_dir)).tokenizer
         self._tokenizer_checked = check_engine_tokenizers(self._tokenizer, infos, self.spec.model_dir) > 0

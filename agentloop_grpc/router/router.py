@@ -323,8 +323,10 @@ class Router:
                 return
 
     def _resumes(self, progress: CallProgress, endpoint: Endpoint, complete: generation_pb2.GenerateComplete) -> bool:
-        """Whether an attempt that ended with ABORT is resumed (another attempt follows): while the call has
-        resumes left (GenerateCall.max_resumes)."""
+        """An attempt completed (its prompt's routing is kept, when asked); whether it ended with ABORT and is
+        resumed (another attempt follows): while the call has resumes left (GenerateCall.max_resumes)."""
+        if progress.routing is not None:
+            progress.prompt_routed(complete.prompt_routed_experts)
         aborted = complete.finish_reason == generation_pb2.FINISH_REASON_ABORT
         if not aborted or progress.resumes >= progress.call.max_resumes:
             return False
@@ -389,6 +391,9 @@ class Router:
     ) -> None:
         """An attempt holding one of the endpoint's call slots has started ``call``."""
         endpoint.begin_request(call)
+        if progress.routing is not None and endpoint.info is not None:
+            info = endpoint.info
+            progress.routed_on(info.routed_expert_layers, info.routed_experts_per_token, info.num_experts)
         progress.servers.append(endpoint.address)
         self._active.setdefault(progress.call.session_id, {})[attempt_id] = endpoint
         self._attempts["unary" if unary else "stream"] += 1
