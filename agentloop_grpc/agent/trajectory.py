@@ -237,3 +237,19 @@ def drift_summary(trajectories: Sequence[Trajectory]) -> dict[str, dict[str, Any
             if entry["example"] is None:
                 entry["example"] = {"sample_id": t.sample_id, **dataclasses.asdict(t.drift)}
     return summary
+
+
+def routing_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """The routed experts recorded (routing replay), for summaries and reports: how many trajectories carry them,
+    the share of their input positions covered (below 1 where a generation reported none), and their size."""
+    routed = [t.routed_experts for t in trajectories if t.routed_experts is not None]
+    inputs = sum(max(len(t.prompt_ids) + len(t.response_ids) - 1, 0)
+                 for t in trajectories if t.routed_experts is not None)
+    covered = sum(r.positions for r in routed)
+    size = sum(len(r.ids) for r in routed)
+    return {
+        "trajectories": len(routed),
+        "covered_share": round(covered / inputs, 4) if inputs else 0.0,
+        "bytes": size,
+        "bytes_per_token": round(size / covered, 1) if covered else 0.0,
+    }

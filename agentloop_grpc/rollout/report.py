@@ -62,10 +62,19 @@ def summary_section(record, summary: dict, data: dict) -> str:
               f" {_percent(summary.get('valid_tool_calls_rate'))} valid"),
         _fact("groups", len(groups["groups"]), f" {_percent(groups['zero_variance_share'])} zero variance"),
         _fact("drifted", summary.get("drifted_trajectories", 0)),
+        _routing_fact(summary.get("routed_experts") or {}),
     ])
     return (f"<p>Loops: {_e(loops)}. Engine servers: {_e(servers)}. Terminations: {_e(terminations)}. "
             f"Every figure is in <code>summary.json</code> beside this page; nothing is filtered.</p>"
             f'<div class="facts">{facts}</div>')
+
+
+def _routing_fact(routing: dict) -> str:
+    """The routed experts recorded for routing replay; nothing where none were asked for."""
+    if not routing.get("trajectories"):
+        return ""
+    return _fact("routed experts", f"{_percent(routing['covered_share'])} of positions",
+                 f" {routing['bytes_per_token']} bytes/token, {routing['trajectories']} trajectories")
 
 
 def _by_cause(summary: dict) -> str:

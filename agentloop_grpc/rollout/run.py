@@ -39,7 +39,7 @@ from agentloop_grpc.agent.metrics import RolloutMetrics
 from agentloop_grpc.agent.routing_trace import FILE_NAME as ROUTING_TRACE
 from agentloop_grpc.agent.routing_trace import write_routing_trace
 from agentloop_grpc.agent.spec import ComponentSpec, build_loops, load_codec
-from agentloop_grpc.agent.trajectory import drift_summary
+from agentloop_grpc.agent.trajectory import drift_summary, routing_summary
 from agentloop_grpc.integrations.external_agent import ExternalAgent
 from agentloop_grpc.integrations.gateway_player import AgentConfigError, GatewayPlayer
 from agentloop_grpc.launch.launcher import EngineLaunch, EngineLauncher, ServerProcess, agentloop_command
@@ -397,6 +397,7 @@ def summarize(record: RunRecord) -> dict:
         "slowest_s": round(m.slowest_s, 2),
         "drifted_trajectories": sum(t.drift is not None for t in ts),
         "drift": drift_summary(ts),  # per kind: how many, and the first one as an example
+        "routed_experts": routing_summary(ts),
         "error_causes": [{"error": error, "count": count} for error, count in error_causes(ts)],
     }
 

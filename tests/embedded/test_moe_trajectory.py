@@ -93,6 +93,17 @@ def test_every_input_position_of_a_two_turn_trajectory_has_the_routing_transform
     assert len(t.prompt_ids) + user < routing.positions
 
 
+def test_the_summary_and_the_report_show_the_routing(two_turns) -> None:
+    from agentloop_grpc.agent.trajectory import routing_summary
+    from agentloop_grpc.rollout.report import _routing_fact
+
+    plain = dataclasses.replace(two_turns, sample_id="plain", routed_experts=None)
+    summary = routing_summary([two_turns, plain])
+    assert summary["trajectories"] == 1 and summary["covered_share"] == 1.0
+    assert summary["bytes_per_token"] == MOE_LAYERS * tiny_moe.TOP_K  # uint8 ids: 8 experts
+    assert "100.0% of positions" in _routing_fact(summary) and _routing_fact(routing_summary([plain])) == ""
+
+
 def test_the_routing_survives_parquet_and_lines_up_with_the_batch(two_turns, tmp_path) -> None:
     t = two_turns
     [back] = read_parquet(write_parquet([t], tmp_path / "t.parquet"))
