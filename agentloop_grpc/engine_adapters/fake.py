@@ -19,6 +19,11 @@ Images (``GenerateRequest.media``, checked by the servicer against the prompt): 
 takes any span; it counts the images (``prompt_images``), keys the blocks their spans overlap by their bytes, and
 mixes their bytes into its token stream, so tests see that a picture reached it. A prompt without images gets the
 stream it always got.
+
+Routed experts (``return_routed_experts``): configured with ``routed_expert_layers``, it stands in for a MoE model
+and reports, per input position, ids hashed from the token there and its position (a real model's routing depends
+on the whole prefix), so a later prompt's routing repeats what decoding reported: for overhead benchmarks and Router
+tests; unconfigured it refuses the opt-in, as a dense model's engine does.
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from agentloop_grpc import __version__
+from agentloop_grpc.common import routed_experts
 from agentloop_grpc.common.errors import EngineError, EngineOverloadedError, UnsupportedError
 from agentloop_grpc.common.types import (
     FinishReason,
@@ -150,6 +158,9 @@ class FakeEngine:
             default_max_new_tokens=self.config.default_max_new_tokens,
             supports_images=self.config.max_images_per_request > 0,
             max_images_per_request=self.config.max_images_per_request,
+            routed_expert_layers=self.config.routed_expert_layers,
+            routed_experts_per_token=self.config.routed_experts_per_token if self.config.routed_expert_layers else 0,
+            num_experts=self.config.num_experts if self.config.routed_expert_layers else 0,
         )
 
     async def shutdown(self) -> None:
@@ -308,7 +319,11 @@ class FakeEngine:
                         ((token + j) % self.config.vocab_size, logprob - 0.5 * j) for j in range(sampling.top_logprobs)
                     ),
                 )
-        entry.emit(TokenChunk((token,), self._weight_version(), logprobs, top))
+        routed = b""
+        if sampling.return_routed_experts:  # the forward that sampled it read the token before it
+            before = entry.generated[-2] if position else entry.request.prompt_ids[-1]
+            routed = self._routing([before], len(entry.request.prompt_ids) - 1 + position)
+        entry.emit(TokenChunk((token,), self._weight_version(), logprobs, top, routed))
         if token in sampling.stop_token_ids or (token == self.config.eos_token_id and not sampling.ignore_eos):
             self._finish(entry, FinishReason.STOP, matched=token)
         elif len(entry.generated) >= sampling.max_new_tokens:
@@ -336,8 +351,22 @@ class FakeEngine:
                 cached_prompt_tokens=entry.cached_tokens,
                 matched_stop_token_id=matched,
                 prompt_images=len(entry.request.media),
+                prompt_routed_experts=self._routing(list(entry.request.prompt_ids)[:-1], 0)
+                if entry.request.sampling.return_routed_experts and entry.prefilled else b"",
             )
         )
+
+    def _routing(self, inputs: Sequence[int], first: int) -> bytes:
+        """The stood-in MoE's routing of input tokens ``inputs`` at positions ``first``, ``first + 1``...: a
+        function of the token and its position only, so a prompt's routing repeats what decoding reported."""
+        config = self.config
+        tokens = np.asarray(inputs, dtype=np.uint64)[:, None, None]
+        positions = np.arange(first, first + len(inputs), dtype=np.uint64)[:, None, None]
+        layers = np.arange(config.routed_expert_layers, dtype=np.uint64)[None, :, None]
+        top = np.arange(config.routed_experts_per_token, dtype=np.uint64)[None, None, :]
+        # one hashed expert per token, position and layer, then the next ones: distinct within a layer's top-k
+        first_expert = (tokens * np.uint64(2654435761) + positions * np.uint64(40503) + layers * np.uint64(97)) >> 7
+        return routed_experts.pack((first_expert + top) % np.uint64(config.num_experts), config.num_experts)
 
     # -- control ---------------------------------------------------------------------------------------------
 

@@ -30,6 +30,11 @@ class FakeEngineConfig(EngineLimits):
     max_images_per_request: int = Field(
         4, ge=0, description="Images one request may carry (GenerateRequest.media); 0: the fake takes no images."
     )
+    routed_expert_layers: int = Field(
+        0, ge=0, le=256, description="Stand in for a MoE model whose routing it reports (return_routed_experts): its "
+        "MoE layers; 0: it refuses the opt-in, as a dense model's engine does.")
+    routed_experts_per_token: int = Field(8, ge=1, le=64, description="Top-k of the stood-in MoE model.")
+    num_experts: int = Field(128, ge=1, le=65_536, description="Experts per layer of the stood-in MoE model.")
     # a function cannot come from a file or a command line, so it is left out of dumps (the launcher's flags)
     script: Callable[[GenerateRequest], Sequence[int]] | None = Field(
         None, exclude=True, repr=False,
