@@ -23,6 +23,11 @@ Images (``enable_multimodal``): as SGLang's processor does with ``input_ids`` an
 
 Prefix cache: blocks of 16 ids, each keyed by the request's ``cache_salt`` too (SGLang's radix-cache namespace).
 
+Routed experts (``num_experts`` > 0 makes the model a MoE of ``ROUTING_LAYERS`` decoder layers, layer 1 dense, top
+``ROUTING_TOP_K``, as ``tests/embedded/tiny_moe.py``; ``enable_return_routed_experts`` turns capture on): a request
+with ``return_routed_experts`` gets, on its finished output only, ``meta_info["routed_experts"]`` as SGLang sends it,
+base64 of int32 ``[prompt + output - 1, layers, top_k]`` with the dense layer's ids zero (``standin_routing``).
+
 Tokens are a deterministic function of (seed, prompt, position) (greedy ignores the seed), so tests can check
 exact streams. Every control call is reported to a ``CallRecorder`` actor, so a test can see what reached the
 engine inside the rank-0 actor's process.
@@ -31,6 +36,7 @@ engine inside the rank-0 actor's process.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import pickle
 import random
@@ -39,6 +45,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 from safetensors.torch import load_file
@@ -47,6 +54,9 @@ from agentloop_grpc.engine_adapters.sglang import SglangApi
 
 _MASK = (1 << 63) - 1
 _BLOCK = 16
+ROUTING_LAYERS = 3
+ROUTING_DENSE = (1,)
+ROUTING_TOP_K = 2
 
 
 @dataclass
@@ -108,6 +118,18 @@ def standin_token(seed: int, prompt: list[int], position: int, vocab_size: int) 
     return draw % vocab_size, -0.001 - (draw >> 40) % 8000 / 1000.0
 
 
+def standin_routing(ids: list[int], num_experts: int) -> np.ndarray:
+    """``[len(ids), ROUTING_LAYERS, ROUTING_TOP_K]`` int32: the stand-in's routing of each input position (row i is
+    the forward whose input is ``ids[i]``, a function of ``ids[: i + 1]``); dense layers' ids are zero."""
+    rows = np.zeros((len(ids), ROUTING_LAYERS, ROUTING_TOP_K), dtype=np.int32)
+    for position in range(len(ids)):
+        for layer in range(ROUTING_LAYERS):
+            if layer not in ROUTING_DENSE:
+                first = (hash((tuple(ids[: position + 1]), layer)) & _MASK) % num_experts
+                rows[position, layer] = [(first + slot) % num_experts for slot in range(ROUTING_TOP_K)]
+    return rows
+
+
 class CallRecorder:
     """A Ray actor collecting what reached the stand-in engine: (method, payload) in arrival order."""
 
@@ -146,6 +168,7 @@ class _Request:
     top: list[list[tuple[float, int, None]]] = field(default_factory=list)
     aborted: bool = False
     sent: int = 0
+    routed: bool = False  # return_routed_experts, on an engine started with enable_return_routed_experts
 
 
 class StandInTokenizerManager:
@@ -157,6 +180,10 @@ class StandInTokenizerManager:
         self.model_config = SimpleNamespace(
             vocab_size=engine.vocab_size, hf_eos_token_id={engine.eos_token_id}, is_multimodal=engine.multimodal,
             hf_config=SimpleNamespace(image_token_id=engine.image_token_id),
+            hf_text_config=SimpleNamespace(  # SGLang's ModelConfig.hf_text_config: the Hugging Face config's fields
+                num_hidden_layers=ROUTING_LAYERS, num_experts=engine.num_experts, mlp_only_layers=list(ROUTING_DENSE),
+                decoder_sparse_step=1, num_experts_per_tok=ROUTING_TOP_K,
+            ),
         )
         self.tokenizer = _StandInTokenizer(engine.vocab_size)
 
@@ -257,6 +284,8 @@ class StandInSglEngine:
         enable_multimodal: bool = False,
         image_token_id: int = 31_999,
         image_tokens: int = 3,
+        num_experts: int = 0,
+        enable_return_routed_experts: bool = False,
     ) -> None:
         self.vocab_size, self.context_len, self.eos_token_id = vocab_size, context_len, eos_token_id
         self.multimodal, self.image_token_id, self.image_tokens = enable_multimodal, image_token_id, image_tokens
@@ -265,7 +294,9 @@ class StandInSglEngine:
         self.max_running = max_running_requests
         shapes = parameter_shapes or {"model.norm.weight": (2, 2)}
         self.weights = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in shapes.items()}
-        self.server_args = {"enable_memory_saver": enable_memory_saver, "tp_size": tp_size, "model_path": model_path}
+        self.num_experts = num_experts
+        self.server_args = {"enable_memory_saver": enable_memory_saver, "tp_size": tp_size, "model_path": model_path,
+                            "enable_return_routed_experts": enable_return_routed_experts}
         self.recorder = recorder
         self.requests: dict[str, _Request] = {}
         self.cache: set[int] = set()
@@ -310,6 +341,7 @@ class StandInSglEngine:
         image_data: list[str] | None = None,
         *,
         cache_salt: str | None = None,
+        return_routed_experts: bool = False,
         **unused: Any,
     ):
         params = dict(sampling_params or {})
@@ -317,7 +349,7 @@ class StandInSglEngine:
             "async_generate",
             {"rid": rid, "input_ids": list(input_ids), "sampling_params": params, "return_logprob": return_logprob,
              "top_logprobs_num": top_logprobs_num, "logprob_start_len": logprob_start_len, "stream": stream,
-             "image_data": image_data, "cache_salt": cache_salt},
+             "image_data": image_data, "cache_salt": cache_salt, "return_routed_experts": return_routed_experts},
         )
         if image_data:
             expanded = [[t] * self.image_tokens if t == self.image_token_id else [t] for t in input_ids]
@@ -328,7 +360,8 @@ class StandInSglEngine:
             return self._rejected(rid, len(input_ids))
         greedy = params.get("temperature", 1.0) == 0.0
         seed = 0 if greedy else params.get("sampling_seed", random.getrandbits(62))
-        request = _Request(rid, list(input_ids), params, seed, self._cached(input_ids, cache_salt), cache_salt)
+        request = _Request(rid, list(input_ids), params, seed, self._cached(input_ids, cache_salt), cache_salt,
+                           routed=return_routed_experts and self.server_args["enable_return_routed_experts"])
         return self._run(request, return_logprob, top_logprobs_num or 0)
 
     async def _rejected(self, rid: str | None, prompt_tokens: int):
@@ -403,6 +436,9 @@ class StandInSglEngine:
         if return_logprob:
             meta["output_token_logprobs"] = request.logprobs[start:]
             meta["output_top_logprobs"] = request.top[start:]
+        if finish is not None and request.routed and count:  # SGLang collects it when the request finishes
+            routes = standin_routing(request.input_ids + request.output_ids[:-1], self.num_experts)
+            meta["routed_experts"] = base64.b64encode(routes.tobytes()).decode("utf-8")
         return {"text": None, "output_ids": request.output_ids[start:], "meta_info": meta}
 
 

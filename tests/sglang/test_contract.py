@@ -1,8 +1,9 @@
 """The shared contract suite (tests/contract) run against the SGLang adapter, its engine a stand-in in Ray actors.
 
 The contract's test functions are imported as they are and bound here to this module's ``engine`` fixture: one
-server per module over a TP group of two stand-in actors (``tests/contract/conftest.py`` builds the fake,
-embedded and vLLM targets and is not edited from here). Every contract test runs; none is skipped.
+server per module over the session's stand-in actor (``conftest.moe_group``, shared with the routed-experts tests;
+``tests/contract/conftest.py`` builds the fake, embedded and vLLM targets and is not edited from here). Every
+contract test runs; none is skipped.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from ..contract.test_generate import *  # noqa: F403
 from ..contract.test_load_weights import *  # noqa: F403
 from ..contract.test_sessions import *  # noqa: F403
 from ..contract.test_weight_groups import *  # noqa: F403
-from .conftest import sglang_server, standin_group
+from .conftest import sglang_server
 
 
 @pytest.fixture(scope="module")
-async def sglang_target(ray_cluster) -> AsyncIterator[ContractTarget]:
-    async with standin_group(tp_size=1, token_latency_s=0.002) as group, sglang_server(group) as server:
+async def sglang_target(moe_group) -> AsyncIterator[ContractTarget]:
+    async with sglang_server(moe_group) as server:
         address = f"127.0.0.1:{server.port}"
         async with grpc.aio.insecure_channel(address) as channel:
             yield ContractTarget(

@@ -77,6 +77,15 @@ async def test_generate_streams_the_engines_tokens_and_logprobs(target: Contract
     assert (params["max_new_tokens"], params["ignore_eos"], params["no_stop_trim"]) == (9, True, True)
 
 
+async def test_an_engine_without_routed_expert_capture_refuses_the_opt_in(target: ContractTarget, group) -> None:
+    # the stand-in here was not started with enable_return_routed_experts (test_routed_experts.py's is)
+    info = await target.info()
+    assert (info.routed_expert_layers, info.routed_experts_per_token, info.num_experts) == (0, 0, 0)
+    error = await generate_error(target, request(target, max_new_tokens=2, return_routed_experts=True))
+    assert error.code() is grpc.StatusCode.FAILED_PRECONDITION and "return_routed_experts" in error.details()
+    assert not await group.calls("async_generate", timeout_s=0)
+
+
 async def test_stop_token_is_reported_as_sglangs_matched_token(target: ContractTarget, group) -> None:
     expected = [standin_token(0, PROMPT, i, VOCAB)[0] for i in range(20)]
     stop = expected[4]

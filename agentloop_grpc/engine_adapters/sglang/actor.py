@@ -105,7 +105,8 @@ class SglangEngineActor:
         """Stream one request's deltas; the last carries the end. Closing or cancelling aborts it in SGLang.
         ``cache_salt`` is SGLang's radix-cache namespace of the request (the adapter's weight version)."""
         engine = self._leader()
-        reader = OutputReader(request.sampling.logprobs, request.sampling.top_logprobs)
+        routing = self._facts.routing if request.sampling.return_routed_experts else None
+        reader = OutputReader(request.sampling.logprobs, request.sampling.top_logprobs, routing)
         outputs = await engine.async_generate(**generate_kwargs(request, self._facts.image_token_id, cache_salt))
         ended = False
         unchecked = bool(request.media)

@@ -72,6 +72,9 @@ Facts relied on (sglang 0.5.23 wheel from PyPI, ``python/sglang/srt/...``):
   ids, only ``meta_info["prompt_tokens"]``: the actor checks that count equals the request's length before any
   token leaves (decode-then-retokenize may also change ids without changing the count: unchecked; not run on a
   real SGLang here, no GPU).
+- Routed experts: the server argument ``enable_return_routed_experts`` and ``async_generate(...,
+  return_routed_experts=True)``; the finished output's ``meta_info["routed_experts"]`` (``routing.py`` cites the
+  layout); ``TokenizerManager.model_config.hf_text_config`` is the model's Hugging Face text config.
 - ``sampling/sampling_params.py`` ``SamplingParams``: ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``
   (-1: whole vocabulary), ``min_p``, ``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``,
   ``stop_token_ids``, ``ignore_eos``, ``no_stop_trim``, ``sampling_seed``, ``json_schema``, ``regex``, ``ebnf``.

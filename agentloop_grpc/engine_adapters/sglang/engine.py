@@ -49,6 +49,12 @@ SGLang's load snapshot), and the prefix-cache hit rate from the cached-token cou
   session radix cache (``enable_session_radix_cache``, ``mem_cache/unified_cache/session_ref_tracker.py``) is the
   opposite tool: it holds a session's KV referenced until ``close_session`` releases it to ordinary eviction, so
   every session must be closed or the cache fills; these servers do not turn it on.
+- Routed experts (MoE routing replay): with SGLang started with ``enable_return_routed_experts`` (an engine kwarg
+  of the actors) and a MoE model, GetServerInfo reports the MoE layers, top-k and expert count and a request may
+  set ``return_routed_experts``; otherwise the three are 0 and such a request is FAILED_PRECONDITION. SGLang sends
+  a request's routing with its finished output only (``routing.py``), so a routed request's chunks are held until
+  it ends and then all leave, each with its tokens' rows (as with ``final_only``); one aborted before SGLang's
+  final output (a cancelled stream) reports no tokens rather than tokens without routing.
 - GetLoad's ``preemptions`` is 0: SGLang retracts (preempts) decode requests under KV pressure, but its load
   snapshot (``get_loads``) carries only the number retracted now (``queues.retracted``), not a running count; the
   count exists only as the Prometheus counter ``sglang:num_retracted_requests_total`` of a server with metrics on.
@@ -86,6 +92,7 @@ from agentloop_grpc.common.weight_layout import BucketLayout, WeightGroupSpec
 from .. import validation
 from ..block_hash import version_salt
 from ..image_placeholders import check_no_stray_image_token
+from ..routed_rows import split_rows
 from .actor import PAUSE_IN_PLACE
 from .config import SglangEngineConfig
 from .discovery import TpGroup, find_tp_group
@@ -160,6 +167,9 @@ class SglangEngine:
             default_max_new_tokens=self.config.default_max_new_tokens,
             supports_images=images > 0,
             max_images_per_request=images,
+            routed_expert_layers=len(facts.routing.moe_layers) if facts.routing else 0,
+            routed_experts_per_token=facts.routing.per_token if facts.routing else 0,
+            num_experts=facts.routing.num_experts if facts.routing else 0,
         )
 
     async def shutdown(self) -> None:
@@ -216,10 +226,15 @@ class SglangEngine:
         entry = _InFlight(request)
         self._in_flight[request.request_id] = entry
         end: StreamEnd | None = None
+        # SGLang sends a request's routing with its finished output only: its chunks are held until then
+        held: list[TokenChunk] | None = [] if request.sampling.return_routed_experts else None
+        prompt_routing = b""
         try:
             async for event in self._stream(entry):
                 if isinstance(event, StreamEnd):
                     end = event
+                elif held is not None:
+                    held.append(event)
                 else:
                     yield event
             if end is None:  # aborted: its stream was cancelled
@@ -227,6 +242,14 @@ class SglangEngine:
             else:  # SGLang's own counts feed the hit rate
                 self._prompt_tokens_seen += end.prompt_tokens
                 self._prompt_tokens_cached += end.cached_tokens
+            if held and end.reason is FinishReason.ABORT and not end.routed_experts:
+                # an aborted request's tokens have no routing: they are dropped, never sent without it
+                entry.emitted = 0
+            elif held is not None:
+                prompt_routing, held = split_rows(end.routed_experts, self._facts.routing.row_bytes,
+                                                  len(request.prompt_ids), held, "SGLang")
+                for chunk in held:
+                    yield chunk
             yield GenerateComplete(
                 finish_reason=end.reason,
                 prompt_tokens=end.prompt_tokens,
@@ -235,6 +258,7 @@ class SglangEngine:
                 cached_prompt_tokens=end.cached_tokens,
                 matched_stop_token_id=end.matched_stop_token_id,
                 prompt_images=len(request.media),
+                prompt_routed_experts=prompt_routing,
             )
         finally:
             if end is None:

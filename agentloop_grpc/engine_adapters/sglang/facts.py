@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .routing import RoutingLayout, layout_of
+
 
 @dataclass(frozen=True, slots=True)
 class EngineFacts:
@@ -24,6 +26,8 @@ class EngineFacts:
     memory_saver: bool
     #: The placeholder id SGLang's processor expands into an image's ids; None: the model takes no images.
     image_token_id: int | None = None
+    #: The routing rows SGLang returns (started with enable_return_routed_experts, a MoE model); None: it cannot.
+    routing: RoutingLayout | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,9 @@ def read_facts(engine: Any, version: str, model_path: str) -> EngineFacts:
     image_token_id = None
     if manager.model_config.is_multimodal:  # SGLang's processor expands the config's image token id
         image_token_id = getattr(manager.model_config.hf_config, "image_token_id", None)
+    routing = None
+    if manager.config_value("enable_return_routed_experts"):  # a dense model has none to return: None
+        routing = layout_of(manager.model_config.hf_text_config)
     return EngineFacts(
         engine_version=version,
         model_path=model_path,
@@ -55,6 +62,7 @@ def read_facts(engine: Any, version: str, model_path: str) -> EngineFacts:
         eos_token_ids=tuple(sorted(int(t) for t in eos)),
         memory_saver=bool(manager.config_value("enable_memory_saver")),
         image_token_id=None if image_token_id is None else int(image_token_id),
+        routing=routing,
     )
 
 

@@ -11,10 +11,12 @@ is an engine bug and raises, rather than letting a trajectory train on misaligne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentloop_grpc.common.types import FinishReason
+
+from .routing import RoutingLayout, packed_rows
 
 _FINISH_TYPES = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 _BAD_REQUEST = 400
@@ -30,6 +32,9 @@ class StreamEnd:
     matched_stop_token_id: int | None = None
     #: SGLang refused the request (abort with status 400, e.g. a grammar it cannot compile): its message.
     rejected: str | None = None
+    #: The request's routing rows, packed (``routing.packed_rows``), when it asked for them; SGLang sends them
+    #: with the finished output only.
+    routed_experts: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +87,10 @@ def read_end(meta: dict[str, Any]) -> StreamEnd | None:
 class OutputReader:
     """Turns one request's stream of SGLang outputs into StreamDeltas."""
 
-    def __init__(self, logprobs: bool, top_logprobs: int) -> None:
+    def __init__(self, logprobs: bool, top_logprobs: int, routing: RoutingLayout | None = None) -> None:
         self._logprobs = logprobs
         self._top = top_logprobs
+        self._routing = routing  # set when the request asked for its routed experts
         self.emitted = 0
 
     def read(self, output: dict[str, Any]) -> StreamDelta:
@@ -108,4 +114,7 @@ class OutputReader:
                 )
                 if len(top) != new:
                     raise RuntimeError("SGLang's output_top_logprobs do not cover every streamed token")
-        return StreamDelta(token_ids, logprobs, top, read_end(meta))
+        end = read_end(meta)
+        if end is not None and self._routing is not None:
+            end = replace(end, routed_experts=packed_rows(meta.get("routed_experts"), self._routing))
+        return StreamDelta(token_ids, logprobs, top, end)

@@ -7,6 +7,7 @@ every image placeholder it finds, so each image's span (sent expanded) goes as t
 Fields map one to one onto SGLang's ``SamplingParams`` (see ``api.py``) with three translations: our ``top_k`` 0
 ("disabled") is SGLang's -1 (SGLang rejects 0); ``seed`` is ``sampling_seed``; ``ebnf_grammar`` is ``ebnf``.
 ``no_stop_trim`` keeps a matched stop token in the output, which the contract reports as a generated token.
+``return_routed_experts`` is a request field of its own (asked only of an engine whose facts report routing).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def generate_kwargs(
     }
     if cache_salt is not None:
         kwargs["cache_salt"] = cache_salt
+    if request.sampling.return_routed_experts:  # only asked of an engine whose facts report routing
+        kwargs["return_routed_experts"] = True
     if request.media:
         if image_token_id is None:
             raise validation.media_unsupported()
