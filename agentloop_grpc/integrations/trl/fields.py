@@ -7,6 +7,9 @@
 - ``agentloop_weight_versions``: the weight version that made each completion token (-1 where not the model's)
   and ``agentloop_constrained``: whether the trajectory's tool calls were grammar-constrained, so its logprobs are
   the masked distribution's (both for the rollout correction, ``corrected_trainer.py``);
+- ``agentloop_routed_experts``: a MoE model's routing of the trajectory (``Routing``, input positions from 0 of
+  prompt + completion), or None (not asked for, or a failed trajectory): replayed in training
+  (``routing_replay.py``);
 - extra fields, handed by TRL to the reward functions: ``agentloop_reward`` (our reward, computed in the rollout),
   ``agentloop_failed``, ``agentloop_infrastructure_failure`` and ``agentloop_sample_id``.
 
@@ -29,7 +32,7 @@ def trl_fields(trajectories: Sequence[Trajectory], placeholder_id: int) -> dict[
     """The ``rollout_func`` output for ``trajectories`` (in the order of the prompts they came from)."""
     out: dict[str, list[Any]] = {
         "prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "agentloop_weight_versions": [],
-        "agentloop_constrained": [],
+        "agentloop_constrained": [], "agentloop_routed_experts": [],
         "agentloop_reward": [], "agentloop_failed": [], "agentloop_infrastructure_failure": [],
         "agentloop_sample_id": [],
     }
@@ -50,6 +53,7 @@ def trl_fields(trajectories: Sequence[Trajectory], placeholder_id: int) -> dict[
         out["agentloop_reward"].append(t.reward if trained else None)
         out["agentloop_failed"].append(t.failed)
         out["agentloop_constrained"].append(t.constrained)
+        out["agentloop_routed_experts"].append(t.routed_experts if trained else None)
         out["agentloop_infrastructure_failure"].append(t.infrastructure_failure)
         out["agentloop_sample_id"].append(t.sample_id)
     return out
