@@ -4,8 +4,10 @@ chunk its tokens' rows of the MoE layers. (An engine started without capture ref
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import types
+from collections.abc import AsyncIterator
 
 import grpc
 import numpy as np
@@ -38,32 +40,53 @@ def _unpack(data: bytes) -> np.ndarray:
     return routed_experts.unpack(data, len(MOE_LAYERS), ROUTING_TOP_K, EXPERTS)
 
 
-async def test_each_chunk_carries_its_tokens_routing_and_the_complete_the_prompts(moe_group) -> None:
+@pytest.fixture(scope="module")
+async def channel(moe_group) -> AsyncIterator[grpc.aio.Channel]:
     async with sglang_server(moe_group) as server, grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        await moe_group.recorder.clear.remote()
-        info = await engine_pb2_grpc.EngineControlStub(channel).GetServerInfo(engine_pb2.GetServerInfoRequest())
-        assert (info.routed_expert_layers, info.routed_experts_per_token, info.num_experts) == (2, 2, EXPERTS)
-        stub = generation_pb2_grpc.TokenGenerateStub(channel)
-        chunks, complete = [], None
-        async for message in stub.Generate(_request("routed", True), timeout=30):
-            if message.HasField("chunk"):
-                chunks.append(message.chunk)
-            else:
-                complete = message.complete
-        plain = await stub.GenerateUnary(generation_pb2.GenerateUnaryRequest(request=_request("plain", False)))
+        yield channel
 
-        tokens = [t for chunk in chunks for t in chunk.token_ids]
-        assert tokens == [standin_token(0, PROMPT, i, VOCAB)[0] for i in range(6)] and complete is not None
-        for chunk in chunks:
-            assert len(chunk.routed_experts) == len(chunk.token_ids) * len(MOE_LAYERS) * ROUTING_TOP_K
-        served = np.concatenate([_unpack(complete.prompt_routed_experts), *(_unpack(c.routed_experts) for c in chunks)])
-        # one row per input position of prompt + tokens[:-1]; SGLang's dense-layer rows dropped
-        expected = standin_routing(PROMPT + tokens[:-1], EXPERTS)[:, MOE_LAYERS, :]
-        assert served.shape == (len(PROMPT) + 5, len(MOE_LAYERS), ROUTING_TOP_K)
-        np.testing.assert_array_equal(served, expected)
-        assert not any(c.routed_experts for c in plain.chunks) and not plain.complete.prompt_routed_experts
-        asked = [call["return_routed_experts"] for call in await moe_group.calls("async_generate", 2)]
-        assert sorted(asked) == [False, True]  # SGLang is asked only for the request that wants it
+
+async def test_each_chunk_carries_its_tokens_routing_and_the_complete_the_prompts(channel, moe_group) -> None:
+    await moe_group.recorder.clear.remote()
+    info = await engine_pb2_grpc.EngineControlStub(channel).GetServerInfo(engine_pb2.GetServerInfoRequest())
+    assert (info.routed_expert_layers, info.routed_experts_per_token, info.num_experts) == (2, 2, EXPERTS)
+    stub = generation_pb2_grpc.TokenGenerateStub(channel)
+    chunks, complete = [], None
+    async for message in stub.Generate(_request("routed", True), timeout=30):
+        if message.HasField("chunk"):
+            chunks.append(message.chunk)
+        else:
+            complete = message.complete
+    plain = await stub.GenerateUnary(generation_pb2.GenerateUnaryRequest(request=_request("plain", False)))
+
+    tokens = [t for chunk in chunks for t in chunk.token_ids]
+    assert tokens == [standin_token(0, PROMPT, i, VOCAB)[0] for i in range(6)] and complete is not None
+    for chunk in chunks:
+        assert len(chunk.routed_experts) == len(chunk.token_ids) * len(MOE_LAYERS) * ROUTING_TOP_K
+    served = np.concatenate([_unpack(complete.prompt_routed_experts), *(_unpack(c.routed_experts) for c in chunks)])
+    # one row per input position of prompt + tokens[:-1]; SGLang's dense-layer rows dropped
+    expected = standin_routing(PROMPT + tokens[:-1], EXPERTS)[:, MOE_LAYERS, :]
+    assert served.shape == (len(PROMPT) + 5, len(MOE_LAYERS), ROUTING_TOP_K)
+    np.testing.assert_array_equal(served, expected)
+    assert len(plain.complete.tokens.token_ids) + sum(len(c.token_ids) for c in plain.chunks) == 6
+    assert not any(c.routed_experts for c in [*plain.chunks, plain.complete.tokens])
+    assert not plain.complete.prompt_routed_experts
+    asked = [call["return_routed_experts"] for call in await moe_group.calls("async_generate", 2)]
+    assert sorted(asked) == [False, True]  # SGLang is asked only for the request that wants it
+
+
+async def test_an_aborted_routed_request_sends_no_token_without_its_routing(channel, moe_group) -> None:
+    # SGLang's routing comes with its final output, which a cancelled stream never gets: the held tokens are dropped
+    await moe_group.recorder.clear.remote()
+    stub = generation_pb2_grpc.TokenGenerateStub(channel)
+    call = stub.GenerateUnary(generation_pb2.GenerateUnaryRequest(request=_request("aborted", True, tokens=3000)))
+    await moe_group.calls("async_generate")
+    await asyncio.sleep(0.05)  # tokens are being produced and held
+    await stub.Abort(generation_pb2.AbortRequest(request_ids=["aborted"]), timeout=10)
+    reply = await call
+    assert reply.complete.finish_reason == generation_pb2.FINISH_REASON_ABORT
+    assert not reply.chunks and not reply.complete.tokens.token_ids and reply.complete.completion_tokens == 0
+    assert not reply.complete.prompt_routed_experts
 
 
 def test_moe_layers_follow_the_models_config() -> None:

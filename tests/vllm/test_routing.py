@@ -37,9 +37,9 @@ def _vllm_routing(rows: int) -> np.ndarray:
 
 
 def _output(tokens: list[int], finished: bool, routes: np.ndarray | None = None,
-            spans: list[WeightVersionSpan] | None = None) -> RequestOutput:
+            spans: list[WeightVersionSpan] | None = None, finish: str = "length") -> RequestOutput:
     completion = CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=None, logprobs=None,
-                                  routed_experts=routes, finish_reason="length" if finished else None,
+                                  routed_experts=routes, finish_reason=finish if finished else None,
                                   weight_versions=spans)
     return RequestOutput("r", None, list(PROMPT), None, [completion], finished, num_cached_tokens=0)
 
@@ -90,6 +90,18 @@ async def test_routing_of_held_deltas_reaches_each_chunk_aligned_with_its_tokens
     np.testing.assert_array_equal(served, vllm_routes[:, LAYOUT.moe_layers, :])
     assert len(complete.prompt_routed_experts) == (len(PROMPT) - 1) * 2 * 2
     assert [len(c.routed_experts) for c in chunks] == [4, 4, 4, 8]
+
+
+async def test_an_aborted_request_keeps_its_tokens_with_their_routing() -> None:
+    # vLLM ends an aborted request with a final output too, its routing covering the tokens produced so far
+    routes = _vllm_routing(len(PROMPT) - 1 + 3)
+    spans = [WeightVersionSpan("0", 0, 3)]
+    engine = _engine([_output([21, 22], False), _output([23], True, routes, spans, finish="abort")])
+    chunk_a, chunk_b, complete = await _events(engine, routed=True)
+    assert complete.finish_reason is FinishReason.ABORT and complete.completion_tokens == 3
+    served = np.concatenate([_unpack(complete.prompt_routed_experts), _unpack(chunk_a.routed_experts),
+                             _unpack(chunk_b.routed_experts)])
+    np.testing.assert_array_equal(served, routes[:, LAYOUT.moe_layers, :])
 
 
 async def test_a_request_without_the_opt_in_streams_as_before() -> None:
