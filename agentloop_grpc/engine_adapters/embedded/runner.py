@@ -83,12 +83,15 @@ class ModelRunner:
         kv_len: int,
         images: tuple[torch.Tensor, torch.Tensor] | None = None,
         routing: bool = False,
+        last: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits at the last position of each row, on the host, and with ``routing`` (a MoE model) the expert ids
-        every position was routed to, ``[B, T, moe_layers, experts_per_token]`` int64 on the host (else None).
+        """Logits at the last position of each row (``last[b]`` when given: rows of a ragged prefill batch end
+        in padding), on the host, and with ``routing`` (a MoE model) the expert ids every position was routed to,
+        ``[B, T, moe_layers, experts_per_token]`` int64 on the host (else None).
 
         ``input_ids`` and ``positions`` are ``[B, T]``; row ``b`` lives in slot ``first_row + b``; every row attends
-        to its slot's positions ``[0, kv_len)`` up to its own position (the new tokens are written first).
+        to its slot's positions ``[0, kv_len)`` up to its own position (the new tokens are written first, padding
+        included: a caller pads a row only at positions past its own, which nothing reads before it rewrites them).
         ``images`` (a prefill chunk, ``B == 1``): indexes within the chunk and the image features that replace
         those tokens' embeddings.
         """
@@ -134,8 +137,8 @@ class ModelRunner:
                 hidden = hidden + layer.mlp(x)
             else:
                 hidden = hidden + self._sparse_mlp(layer.mlp, x, routes)
-        last = self.decoder.norm(hidden[:, -1])
-        logits = self.model.lm_head(last).cpu()
+        ends = hidden[:, -1] if last is None else hidden[torch.arange(batch, device=device), last.to(device)]
+        logits = self.model.lm_head(self.decoder.norm(ends)).cpu()
         if not (routing and routes):
             return logits, None
         return logits, torch.stack(routes, dim=1).view(batch, steps, self.moe_layers, -1).cpu()

@@ -4,8 +4,9 @@ A step:
 1. takes newly submitted requests into the waiting heap (priority, then arrival) and drops aborted ones;
 2. admits waiting requests while a KV slot is free; a prefix-cache hit copies cached KV into the new slot;
 3. runs one batched decode step for every decoding request (slots ``[0, m)``);
-4. prefills up to ``prefill_chunk`` prompt tokens (the oldest prefilling request first, in chunks), so a long
-   prompt never stalls running decodes for more than one chunk; a request whose prompt is complete stores the
+4. prefills up to ``prefill_chunk`` prompt tokens (the oldest prefilling request first, in chunks, the short
+   prompts of several requests in one forward), so a long prompt never stalls running decodes for more than one
+   chunk; a request whose prompt is complete stores the
    prompt's KV in the prefix cache (later requests with that prefix reuse it while this one still decodes),
    samples its first token and joins the decode batch at the next step;
 5. finishes requests (stop id, eos, grammar complete, budget, context) and releases their slots, storing the
@@ -51,6 +52,19 @@ class Emission:
     matched_stop: int | None = None
     #: The experts the step that sampled the token routed to (packed), when the request asked for them.
     routed_experts: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptChunk:
+    """Prompt positions ``[start, end)`` of a request in prefill, computed in this step."""
+
+    sequence: Sequence
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
 
 
 class Scheduler:
@@ -186,35 +200,78 @@ class Scheduler:
 
     def _prefill(self) -> list[Emission]:
         budget = self._prefill_chunk if self._decoding else 4 * self._prefill_chunk
-        emissions = []
-        for sequence in list(self._slots[self._decoding :]):
+        chunks: list[PromptChunk] = []
+        for sequence in self._slots[self._decoding :]:
             if budget <= 0:
                 break
-            start = sequence.computed
-            end = min(sequence.prompt_len, start + budget)
-            budget -= end - start
-            images = sequence.image_features.within(start, end) if sequence.image_features is not None else None
-            wanted = sequence.request.sampling.return_routed_experts
-            logits, routes = self.runner.forward(
-                torch.tensor([sequence.tokens[start:end]]), torch.arange(start, end)[None], sequence.slot, end, images,
-                routing=wanted,
-            )
-            sequence.computed = end
-            if routes is not None:
-                sequence.prompt_routes.append(routes[0])
-            if end == sequence.prompt_len:
-                sequence.image_features = None  # the prompt is in the KV now
-                if sequence.slot != self._decoding:
-                    raise RuntimeError(f"prefill finished in slot {sequence.slot}, expected {self._decoding}")
-                self._decoding += 1
-                self._store_prefix(sequence)  # requests with the same prompt arriving from now on reuse it
-                routed = b""
-                if sequence.prompt_routes:
-                    prompt = torch.cat(sequence.prompt_routes)
-                    sequence.prompt_routes.clear()
-                    sequence.prompt_routed_experts = self._pack(prompt[:-1])
-                    routed = self._pack(prompt[-1])  # the last prompt position's step samples the first token
-                emissions.append(self._sample(sequence, logits[0], routed))
+            end = min(sequence.prompt_len, sequence.computed + budget)
+            budget -= end - sequence.computed
+            chunks.append(PromptChunk(sequence, sequence.computed, end))
+        emissions = []
+        for batch in self._prefill_batches(chunks):
+            emissions += self._prefill_batch(batch)
+        return emissions
+
+    def _prefill_batches(self, chunks: list[PromptChunk]) -> list[list[PromptChunk]]:
+        """The step's prompt chunks (consecutive slots, so consecutive rows) as forwards: one forward reads every
+        weight once, so the prompts of a GRPO group or of a burst of short requests are computed together.
+
+        A row is padded to its batch's longest chunk, so a batch grows while its padded size stays within twice its
+        real tokens (a short prompt never pays for a long one's chunk); a chunk with images runs alone (a forward
+        places one chunk's image features), and a row is never padded past the end of its slot.
+        """
+        batches: list[list[PromptChunk]] = []
+        for chunk in chunks:
+            batch = batches[-1] if batches else []
+            joined = [*batch, chunk]
+            longest = max(c.length for c in joined)
+            if (
+                batch
+                and chunk.sequence.image_features is None
+                and batch[0].sequence.image_features is None
+                and len(joined) * longest <= 2 * sum(c.length for c in joined)
+                and all(c.start + longest <= self.runner.kv.shape.max_len for c in joined)
+            ):
+                batch.append(chunk)
+            else:
+                batches.append([chunk])
+        return batches
+
+    def _prefill_batch(self, batch: list[PromptChunk]) -> list[Emission]:
+        longest = max(chunk.length for chunk in batch)
+        input_ids = torch.zeros(len(batch), longest, dtype=torch.long)
+        positions = torch.empty(len(batch), longest, dtype=torch.long)
+        for row, chunk in enumerate(batch):
+            input_ids[row, : chunk.length] = torch.tensor(chunk.sequence.tokens[chunk.start : chunk.end])
+            positions[row] = torch.arange(chunk.start, chunk.start + longest)  # padding: positions past its own
+        first = batch[0].sequence
+        features = first.image_features
+        images = features.within(batch[0].start, batch[0].end) if features is not None else None
+        wanted = [chunk.sequence.request.sampling.return_routed_experts for chunk in batch]
+        logits, routes = self.runner.forward(
+            input_ids, positions, first.slot, max(chunk.end for chunk in batch), images, routing=any(wanted),
+            last=torch.tensor([chunk.length - 1 for chunk in batch]),
+        )
+        emissions = []
+        for row, chunk in enumerate(batch):
+            sequence = chunk.sequence
+            sequence.computed = chunk.end
+            if routes is not None and wanted[row]:
+                sequence.prompt_routes.append(routes[row, : chunk.length])
+            if chunk.end < sequence.prompt_len:
+                continue  # only a step's last chunk stops short of its prompt's end: the budget ran out there
+            sequence.image_features = None  # the prompt is in the KV now
+            if sequence.slot != self._decoding:
+                raise RuntimeError(f"prefill finished in slot {sequence.slot}, expected {self._decoding}")
+            self._decoding += 1
+            self._store_prefix(sequence)  # requests with the same prompt arriving from now on reuse it
+            routed = b""
+            if sequence.prompt_routes:
+                prompt = torch.cat(sequence.prompt_routes)
+                sequence.prompt_routes.clear()
+                sequence.prompt_routed_experts = self._pack(prompt[:-1])
+                routed = self._pack(prompt[-1])  # the last prompt position's step samples the first token
+            emissions.append(self._sample(sequence, logits[row], routed))
         return emissions
 
     def _pack(self, routes: torch.Tensor) -> bytes:
