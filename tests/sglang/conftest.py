@@ -75,10 +75,11 @@ async def standin_group(tp_size: int = 1, dp_rank: int = 0, **engine_kwargs) -> 
             ray.kill(actor)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 async def moe_group(ray_cluster) -> AsyncIterator[StandInGroup]:
     """One TP rank serving a MoE stand-in with routed-expert capture on (``standin.py``), shared by the modules
-    that need a plain engine (the contract suite) and the routed-experts tests: each group costs seconds of Ray."""
+    that need a plain engine (the contract suite) and the routed-experts tests: each group costs seconds of Ray.
+    Killed when this folder's tests end, so its actor's process does not outlive them."""
     kwargs = {"num_experts": 8, "enable_return_routed_experts": True}
     async with standin_group(tp_size=1, token_latency_s=0.002, **kwargs) as group:
         yield group
