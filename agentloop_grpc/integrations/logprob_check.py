@@ -10,12 +10,17 @@ for constrained tool calls, masked by the call grammar. So two recomputes are of
   on constrained turns it differs from the engine's by the probability mass the grammar removed, by design;
 - ``sampler``: the same with the grammar's mask replayed token by token, which must match the engine's to
   numerical precision when the weights match.
+
+A MoE model's recompute can replay the rollout's routing (``replay``: a trajectory's context in which the model's
+forward routes its tokens to the engine's experts, ``trl/routing_replay.py``), as its training forward does; without
+it a token whose top-k the two routers break differently is another model's, and the difference shows here.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,17 +53,20 @@ def recompute_logprobs(model, trajectory: Trajectory, temperature: float = 1.0, 
 
 def compare(model, trajectories: Sequence[Trajectory], temperature: float,
             grammar: Callable[[Trajectory], Any] | None = None,
-            version: int | None = None) -> tuple[LogprobDiff, LogprobDiff]:
+            version: int | None = None,
+            replay: Callable[[Trajectory], AbstractContextManager] | None = None) -> tuple[LogprobDiff, LogprobDiff]:
     """(policy, sampler): engine logprobs against both recomputes over every model token of ``trajectories``,
     from one forward pass each; ``grammar`` gives a constrained trajectory's compiled grammar (the one its
     sample's offered tools made), None to skip the sampler recompute (then it equals the policy's).
-    ``version``: only the tokens made by that weight version (the trainer's, when others made the rest)."""
+    ``version``: only the tokens made by that weight version (the trainer's, when others made the rest).
+    ``replay``: the context each trajectory's forward runs in (routing replay), None: the model's own routing."""
     engine, policy, sampler = [], [], []
     for t in trajectories:
         keep = [version is None or v == version for v, m in zip(t.weight_versions, t.response_mask, strict=True) if m]
         if not any(keep):
             continue
-        logits = _logits(model, t, temperature)
+        with replay(t) if replay is not None else nullcontext():
+            logits = _logits(model, t, temperature)
         engine += _kept([lp for lp, m in zip(t.response_logprobs, t.response_mask, strict=True) if m], keep)
         own = _recompute(logits, t, None)
         policy += _kept(own, keep)

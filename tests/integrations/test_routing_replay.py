@@ -15,15 +15,18 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeForCausalLM
 
+from agentloop_grpc.agent import Termination, Trajectory
 from agentloop_grpc.common import model_store
 from agentloop_grpc.common.routed_experts import Routing
 from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
+from agentloop_grpc.integrations.logprob_check import compare
 from agentloop_grpc.integrations.trl.routing_replay import (
     RoutingReplay,
     UnsupportedMoeError,
     left_padded_routing,
     moe_routers,
     replay_routing,
+    trajectory_replay,
 )
 from tests.embedded import tiny_moe
 
@@ -157,6 +160,20 @@ def test_replay_brings_the_trainers_logprobs_back_to_the_engines(moe) -> None:
           f"{native:.4g}, with replay {replayed:.4g}")
     assert flipped > 0
     assert replayed < native / 10
+
+
+def test_the_logprob_check_replays_each_trajectorys_routing(moe) -> None:
+    """What ``agentloop train`` logs as logprob_diff_policy (replayed) and logprob_diff_policy_unreplayed."""
+    folder, sampled = moe
+    drifted = _trainer_model(folder, sampled)
+    trajectories = [Trajectory(f"s{i}", "tool", tuple(s.prompt), tuple(s.tokens), (1,) * len(s.tokens),
+                               tuple(s.logprobs), (0,) * len(s.tokens), 0.0, Termination.LENGTH,
+                               routed_experts=s.routing) for i, s in enumerate(sampled)]
+    with torch.no_grad():
+        replayed, _ = compare(drifted, trajectories, 1.0, replay=lambda t: trajectory_replay(drifted, t))
+        native, _ = compare(drifted, trajectories, 1.0)
+    assert replayed.tokens == native.tokens == sum(len(s.tokens) for s in sampled)
+    assert replayed.mean_abs < native.mean_abs / 10
 
 
 def test_the_gate_learns_under_replay_also_with_gradient_checkpointing(moe) -> None:

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock, Qwen3MoeTopKRouter
 
+from agentloop_grpc.agent.trajectory import Trajectory
 from agentloop_grpc.common.routed_experts import Routing
 
 #: Config fields that give a model's experts per MoE layer, by family (Qwen/OLMoE, Mixtral, DeepSeek, Dbrx).
@@ -164,3 +165,12 @@ def left_padded_routing(routings: Sequence[Routing | None], prompt_lengths: Sequ
                                  f"{width} columns")
             out[row, start : start + routing.positions] = torch.from_numpy(routing.array().astype("int16"))
     return out
+
+
+def trajectory_replay(model: nn.Module, trajectory: Trajectory) -> AbstractContextManager:
+    """The context in which one forward of ``trajectory``'s prompt + response ids replays its routing (no
+    replay when it has none)."""
+    if trajectory.routed_experts is None:
+        return nullcontext()
+    prompt, width = len(trajectory.prompt_ids), len(trajectory.prompt_ids) + len(trajectory.response_ids)
+    return replay_routing(model, left_padded_routing([trajectory.routed_experts], [prompt], prompt, width))
