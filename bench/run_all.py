@@ -58,6 +58,9 @@ BENCHMARKS = {
                      "with 1k to 100k live sessions (GRPO groups of 8, one token a call), then 4 worker Routers "
                      "sharing 100k sessions over the 256 servers: the Router's CPU per call (placing and sticky), "
                      "the memory its live sessions take and the GetLoad polls it sends per call"),
+    "routing_cost": ("routing_cost.py", "recording a MoE model's routed experts vs not: bytes per token and per "
+                     "message, the Router's CPU per call over fake servers standing in for a 48-layer top-8 model, "
+                     "Parquet size and seconds, and turns on the embedded engine serving the tiny Qwen3-MoE"),
 }
 RATIO = re.compile(r"^RATIO (\S+) (\S+) target (\S+)$")
 
