@@ -105,3 +105,36 @@ async def test_input_columns_and_reward_extra_info_are_carried_and_failures_refu
     with pytest.raises(FailedTrajectoriesError, match=r"1 of 5 trajectories failed.*q0/1: engine gone") as failed:
         to_dataproto([trajectories[0], broken, *trajectories[2:]], pad)
     assert failed.value.failures == (("q0/1", "engine gone"),)
+
+
+async def test_routed_experts_reach_verls_router_replay_aligned_with_each_rows_tokens() -> None:
+    """verl's R3 unpads ``routed_experts`` with ``input_ids`` (left_right_2_no_padding, before its actor's forward):
+    each row's routing must come out beside its own tokens, position for position."""
+    from omegaconf import OmegaConf
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    from agentloop_grpc.common.routed_experts import Routing, pack
+    from agentloop_grpc.integrations.verl.manager import LoopSettings, loop_config
+
+    trajectories, codec = await _trajectories()
+    rng = np.random.default_rng(0)
+    layers, top_k, experts = 3, 2, 8
+    routed = []
+    for t in trajectories:
+        ids = rng.integers(0, experts, (len(t.prompt_ids) + len(t.response_ids) - 1, layers, top_k))
+        routed.append(dataclasses.replace(t, routed_experts=Routing(layers, top_k, experts, pack(ids, experts))))
+    data = to_dataproto(routed, pad_token_id=codec.tokenizer.pad_token_id or 0)
+    assert data.batch["routed_experts"].dtype == torch.int16
+    assert data.batch["routed_experts"].shape[:2] == data.batch["input_ids"].shape
+    unpadded = left_right_2_no_padding(data.batch.clone())
+    for t, tokens, routes in zip(routed, unpadded["input_ids"].unbind(), unpadded["routed_experts"].unbind()):
+        assert tokens.tolist() == list(t.prompt_ids) + list(t.response_ids)
+        assert t.routed_experts is not None
+        np.testing.assert_array_equal(routes[:-1].numpy(), t.routed_experts.array())
+        assert not routes[-1].any()  # the last token is never an input: verl's filler, which its replay skips
+    with pytest.raises(ValueError, match="1 of 5 trajectories carry routed experts"):
+        to_dataproto([routed[0], *trajectories[1:]], pad_token_id=0)
+    rollout = OmegaConf.create({"prompt_length": 64, "response_length": 64, "enable_rollout_routing_replay": True})
+    assert loop_config(rollout, LoopSettings(), validate=False).return_routed_experts
+    rollout.enable_rollout_routing_replay = False
+    assert not loop_config(rollout, LoopSettings(), validate=False).return_routed_experts

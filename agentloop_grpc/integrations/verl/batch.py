@@ -3,9 +3,14 @@ manager's ``_postprocess`` returns), built on ``agent.to_batch``'s tensors.
 
 Tensors: ``prompts`` (left-padded), ``responses`` (right-padded), ``response_mask`` (1 on model tokens only),
 ``input_ids``, ``attention_mask``, ``position_ids``, ``rollout_log_probs`` (the engine's) and ``rm_scores`` (the
-trajectory's reward on its last response token, where verl's loops put it). Non-tensor: the input batch's columns as
-they came (``columns``: verl's trainer unions the output with its batch, which needs them equal), ``uid`` (the
-input's when given, else each trajectory's GRPO group), ``__num_turns__`` (verl counts the prompt, each assistant
+trajectory's reward on its last response token, where verl's loops put it), and ``routed_experts`` when the
+trajectories carry a MoE model's routing (the loop's ``return_routed_experts``, which the manager sets from verl's
+``rollout.enable_rollout_routing_replay``): verl's R3 layout, what its own agent loop builds, int16
+``[B, P + R, MoE layers, top-k]`` beside ``input_ids`` with 0 where unknown (padding, the last position), which
+its router replay (``actor.router_replay.mode: R3``) unpads with ``input_ids``; our layers are the MoE layers only,
+numbered as the contract does, which verl's Megatron replay reads by MoE-layer ordinal. Non-tensor: the input
+batch's columns as they came (``columns``: verl's trainer unions the output with its batch, which needs them
+equal), ``uid`` (the input's when given, else each trajectory's GRPO group), ``__num_turns__`` (verl counts the prompt, each assistant
 turn and each tool or user turn), ``multi_modal_inputs`` (per row, what the model's processor makes of the row's
 pictures minus the ids: each picture's outputs concatenated on dim 0 per key, the dimension verl's trainer
 concatenates rows on, so rows with different numbers of pictures still concatenate; ``{}`` for rows without
@@ -105,9 +110,17 @@ def to_dataproto(trajectories: Sequence[Trajectory], pad_token_id: int, prompt_l
     for name, values in (columns or {}).items():
         if len(values) != len(trajectories):
             raise ValueError(f"column {name!r} has {len(values)} values for {len(trajectories)} trajectories")
+    routed = sum(t.routed_experts is not None for t in trajectories)
+    if 0 < routed < len(trajectories):  # verl would replay the zeros of the rows without routing
+        raise ValueError(f"{routed} of {len(trajectories)} trajectories carry routed experts: verl's router replay "
+                         "needs every row's")
     batch = to_batch(trajectories, pad_token_id, prompt_length, response_length)
     rows = list(trajectories)
     tensors = dict(batch.tensors)
+    names: tuple[str, ...] = TENSORS
+    if "routed_experts" in tensors:
+        names += ("routed_experts",)
+        tensors["routed_experts"] = tensors["routed_experts"].clamp(min=0)
     p = tensors["prompts"].size(1)
     last = (tensors["attention_mask"][:, p:].sum(dim=1) - 1).clamp(min=0)
     rm_scores = torch.zeros_like(tensors["response_mask"], dtype=torch.float32)
@@ -134,7 +147,7 @@ def to_dataproto(trajectories: Sequence[Trajectory], pad_token_id: int, prompt_l
     metrics = [{"generate_sequences": t.timings.generate_s, "tool_calls": t.timings.tools_s,
                 "compute_score": t.timings.reward_s, "num_preempted": t.resumed_generations} for t in rows]
     return DataProto(
-        batch=TensorDict({name: tensors[name] for name in TENSORS}, batch_size=len(rows)),
+        batch=TensorDict({name: tensors[name] for name in names}, batch_size=len(rows)),
         non_tensor_batch=non_tensor,
         meta_info={"metrics": metrics, "reward_extra_keys": list(extra_columns)},
     )

@@ -157,6 +157,8 @@ def loop_config(rollout: Any, settings: LoopSettings, validate: bool) -> AgentLo
               # verl's user turns: each round of tool responses is one too, and null or 0 is no limit
               "max_user_turns": multi.get("max_user_turns") or None, "count_tool_rounds_as_user_turns": True,
               "sampling": {name: value for name, value in sampling.items() if value is not None}}
+    if rollout.get("enable_rollout_routing_replay"):  # verl's R3: its actor replays the routing of the batch
+        fields["return_routed_experts"] = True
     return AgentLoopConfig.model_validate({**fields, **settings.loop})
 
 
