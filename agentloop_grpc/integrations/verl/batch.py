@@ -5,12 +5,12 @@ Tensors: ``prompts`` (left-padded), ``responses`` (right-padded), ``response_mas
 ``input_ids``, ``attention_mask``, ``position_ids``, ``rollout_log_probs`` (the engine's) and ``rm_scores`` (the
 trajectory's reward on its last response token, where verl's loops put it), and ``routed_experts`` when the
 trajectories carry a MoE model's routing (the loop's ``return_routed_experts``, which the manager sets from verl's
-``rollout.enable_rollout_routing_replay``): verl's R3 layout, what its own agent loop builds, int16
-``[B, P + R, MoE layers, top-k]`` beside ``input_ids`` with 0 where unknown (padding, the last position), which
-its router replay (``actor.router_replay.mode: R3``) unpads with ``input_ids``; our layers are the MoE layers only,
-numbered as the contract does, which verl's Megatron replay reads by MoE-layer ordinal. Non-tensor: the input
-batch's columns as they came (``columns``: verl's trainer unions the output with its batch, which needs them
-equal), ``uid`` (the input's when given, else each trajectory's GRPO group), ``__num_turns__`` (verl counts the prompt, each assistant
+``rollout.enable_rollout_routing_replay``): verl's R3 layout, what its own agent loop builds, int16 ``[B, P + R, MoE
+layers, top-k]`` beside ``input_ids`` with 0 where unknown (padding, the last position), which its router replay
+(``actor.router_replay.mode: R3``) unpads with ``input_ids``; our layers are the MoE layers only, numbered as the
+contract does, which verl's Megatron replay reads by MoE-layer ordinal. Non-tensor: the input batch's columns as
+they came (``columns``: verl's trainer unions the output with its batch, which needs them equal), ``uid`` (the
+input's when given, else each trajectory's GRPO group), ``__num_turns__`` (verl counts the prompt, each assistant
 turn and each tool or user turn), ``multi_modal_inputs`` (per row, what the model's processor makes of the row's
 pictures minus the ids: each picture's outputs concatenated on dim 0 per key, the dimension verl's trainer
 concatenates rows on, so rows with different numbers of pictures still concatenate; ``{}`` for rows without
