@@ -112,7 +112,7 @@ class Chain:
         if pending.delta.ids:
             builder.context(pending.delta.ids, pending.delta.media)
             builder.user_turns += sum(m.get("role") == "user" for m in pending.messages[len(self.seen):])
-        builder.model(out.token_ids, out.logprobs, out.weight_versions)
+        builder.model(out.token_ids, out.logprobs, out.weight_versions, out.routed_experts)
         builder.served_by(out.servers)
         builder.assistant_turns += 1
         self.forced_turns += forced

@@ -69,3 +69,6 @@ class GatewayConfig(BaseModel):
     retry_after_s: float = Field(1.0, gt=0, description="The Retry-After of when_paused: retry.")
     generate_timeout_s: float = Field(600.0, gt=0, description="Deadline of one turn, failovers included.")
     max_resumes: int = Field(16, ge=0, description="Resumes of one turn after aborts (weight updates).")
+    return_routed_experts: bool = Field(
+        False, description="Record the experts a MoE model routed every token to in the trajectories "
+        "(Trajectory.routed_experts, as AgentLoopConfig's); an engine that cannot report them fails the turn.")

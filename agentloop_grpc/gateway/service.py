@@ -253,6 +253,7 @@ class SessionGateway:
             stop_token_ids=self._stop_ids,
             logprobs=True,  # always recorded: trajectories need them
             top_logprobs=request.top_logprobs if request.logprobs else 0,
+            return_routed_experts=self.config.return_routed_experts,
         )
         prompt, media = chain.turn_prompt(pending)
         return TurnSpec(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from agentloop_grpc.agent.chat import ChatCodec
 from agentloop_grpc.common.media import MediaInput
+from agentloop_grpc.common.routed_experts import TurnRouting
 from agentloop_grpc.common.types import FinishReason, SamplingParams, StructuredOutput, TokenChunk
 from agentloop_grpc.router import GenerateCall, GenerateResult, InfrastructureError, Router
 
@@ -46,6 +47,9 @@ class TurnOutput:
     seconds: float = 0.0
     servers: list[str] = field(default_factory=list)
     resumes: int = 0
+    #: The turn's routed experts when asked (GatewayConfig.return_routed_experts); None when a stop string ended
+    #: the turn before its result (the trajectory's routing then ends before it).
+    routed_experts: TurnRouting | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +154,7 @@ class TurnRun:
         out.seconds = result.seconds
         out.servers = list(dict.fromkeys(result.servers))
         out.resumes = result.resumes
+        out.routed_experts = result.routed_experts
         out.prompt_tokens, out.cached_prompt_tokens = result.prompt_tokens, result.cached_prompt_tokens
 
     def _text_so_far(self) -> str:
