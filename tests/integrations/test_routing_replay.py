@@ -26,6 +26,7 @@ from agentloop_grpc.integrations.trl.routing_replay import (
     left_padded_routing,
     moe_routers,
     replay_routing,
+    replays,
     trajectory_replay,
 )
 from tests.embedded import tiny_moe
@@ -139,6 +140,7 @@ def _gap(model, sampled: list[Sampled], replay: bool) -> float:
 
 def test_replay_brings_the_trainers_logprobs_back_to_the_engines(moe) -> None:
     folder, sampled = moe
+    assert replays(Qwen3MoeForCausalLM.config_class.from_pretrained(folder))
     assert all(s.routing.positions == len(s.prompt) + len(s.tokens) - 1 for s in sampled)
     same = _trainer_model(folder)
     assert _gap(same, sampled, replay=False) < 1e-4 and _gap(same, sampled, replay=True) < 1e-4
@@ -217,8 +219,10 @@ def test_an_unknown_moe_is_refused_by_name_and_a_dense_model_has_no_routers() ->
                                                num_local_experts=4, num_experts_per_tok=2))
     with pytest.raises(UnsupportedMoeError, match="mixtral"):
         moe_routers(mixtral)
+    with pytest.raises(UnsupportedMoeError, match="mixtral"):  # from its config, before a trainer loads it
+        replays(mixtral.config)
     dense = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))
-    assert moe_routers(dense) == ()
+    assert moe_routers(dense) == () and not replays(dense.config)
     with pytest.raises(ValueError, match="no MoE router"):
         RoutingReplay(dense)

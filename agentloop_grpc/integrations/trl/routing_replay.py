@@ -54,16 +54,32 @@ def moe_routers(model: nn.Module) -> tuple[Qwen3MoeTopKRouter, ...]:
             routers.append(module.gate)
     if routers:
         return tuple(routers)
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
-    experts = max((int(getattr(text, name, 0) or 0) for name in _EXPERT_FIELDS), default=0)
     modules = sorted({type(m).__name__ for m in model.modules() if _MOE_MODULE.search(type(m).__name__)})
-    if experts > 1 or modules:
-        kind = getattr(text, "model_type", type(model).__name__)
-        raise UnsupportedMoeError(
-            f"routing replay does not know the router of {kind} ({', '.join(modules) or f'{experts} experts'}); "
-            f"supported: {', '.join(SUPPORTED)}. Turn it off to train without (routing_replay: false)")
+    config = getattr(model, "config", None)  # a PreTrainedModel's; a bare module has none
+    if config is not None:
+        replays(config, modules)
+    elif modules:
+        _refuse(type(model).__name__, ", ".join(modules))
     return ()
+
+
+def replays(config: Any, modules: Sequence[str] = ()) -> bool:
+    """From a checkpoint's config (``PretrainedConfig``), before loading it: whether routing replay drives it (a
+    supported MoE), False for a dense model; UnsupportedMoeError for a MoE architecture it does not know
+    (``modules``: the names of a loaded model's MoE-looking modules, evidence beside the config's expert count)."""
+    text = config.get_text_config()
+    kind = getattr(text, "model_type", "")
+    if kind in SUPPORTED:
+        return True
+    experts = max((int(getattr(text, name, 0) or 0) for name in _EXPERT_FIELDS), default=0)
+    if experts > 1 or modules:
+        _refuse(kind, ", ".join(modules) or f"{experts} experts")
+    return False
+
+
+def _refuse(kind: str, evidence: str) -> None:
+    raise UnsupportedMoeError(f"routing replay does not know the router of {kind} ({evidence}); supported: "
+                              f"{', '.join(SUPPORTED)}. Turn it off to train without (routing_replay: false)")
 
 
 def is_moe(model: nn.Module) -> bool:
