@@ -74,6 +74,11 @@ class TrainConfig(AgentRunConfig):
     """A training run: engines and tools for the rollouts, the prompts, the loops, the trainer, the outputs."""
 
     grpo: GrpoSettings = Field(default_factory=GrpoSettings, description="The trainer.")
+    trainer: Literal["trl", "trl_async"] = Field(
+        "trl", description="trl: TRL's GRPOTrainer (sync or async mode, with the rollout correction). trl_async: "
+        "TRL's AsyncGRPOTrainer (implies mode: async; its own loss clips its ratio to the engine's logprobs, so "
+        "no correction, beta 0 and loss_type dapo; on a CPU it trains with SDPA tree attention and no MFU "
+        "metric: docs/trl.md).")
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: each step rolls out its prompts, then trains (engines idle while it trains). "
         "async: rollouts never stop; a step trains the oldest finished groups while the next ones roll out, each "
@@ -92,6 +97,34 @@ class TrainConfig(AgentRunConfig):
                                "with as many first steps.")
     output_dir: str = Field("runs/train", description="Metrics, TRL logs, report, last trajectories, final weights.")
     save_model: bool = Field(True, description="Write the final weights (safetensors) to output_dir/final.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_async_is_async(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("trainer") == "trl_async":
+            if data.get("mode", "async") != "async":
+                raise ValueError("trainer: trl_async trains fully-async: leave mode out or set mode: async")
+            data = {**data, "mode": "async"}
+        return data
+
+    @model_validator(mode="after")
+    def _trl_async_options(self) -> TrainConfig:
+        if self.trainer != "trl_async":
+            return self
+        refused = {
+            "grpo.beta": (self.grpo.beta != 0.0, "AsyncGRPOTrainer has no reference model (set 0)"),
+            "grpo.loss_type": (self.grpo.loss_type != "dapo", "AsyncGRPOTrainer's loss is its own, normalized "
+                               "by tokens as dapo (leave it out)"),
+            "correction.enabled": (self.correction.enabled is True, "AsyncGRPOTrainer's loss already clips its "
+                                   "ratio to the engine's logprobs; the rollout correction is trainer: trl's"),
+            "loop.constrain_tool_calls": (self.loop.constrain_tool_calls, "AsyncGRPOTrainer reads the engine's "
+                                          "logprobs as the policy's, and under the call grammar they are the "
+                                          "masked distribution's (set false)"),
+        }
+        for name, (bad, why) in refused.items():
+            if bad:
+                raise ValueError(f"{name} is not for trainer: trl_async: {why}")
+        return self
 
     @model_validator(mode="after")
     def _agent_reward(self) -> TrainConfig:

@@ -32,6 +32,8 @@ def progress_line(step: int, max_steps: int, entry: dict, checked: bool) -> str:
         cut = entry.get("correction/truncated_share", entry.get("correction/masked_share", 0.0))
         line += (f"  IS {entry['correction/ratio_mean']:.2f} [{entry['correction/ratio_min']:.2f}, "
                  f"{entry['correction/ratio_max']:.2f}] cut {cut:.0%}")
+    elif "policy_ratio_mean" in entry:  # AsyncGRPOTrainer: no correction, its loss clips this ratio
+        line += f"  IS trainer's clip, ratio {entry['policy_ratio_mean']:.2f}"
     elif entry.get("correction/excluded_constrained_tokens", 0) > 0:
         line += "  IS constrained"  # the correction is on, but every model token was a constrained trajectory's
     return line

@@ -165,9 +165,10 @@ def write_report(record, path: Path) -> None:
     columns = ["step", "reward_mean", "correct_rate", "valid_call_rate", "frac_groups_zero_std", "rollout_s",
                "train_s", "weight_sync_s", "trainer_idle_s", "engine_idle_s", "staleness_max", "queue_groups",
                "logprob_diff_sampler_max", "logprob_diff_policy_mean", "correction/ratio_mean",
-               "correction/ratio_max", "loss",
+               "correction/ratio_max", "policy_ratio_mean", "loss",
                "grad_norm"]
     head = "".join(f"<th>{c}</th>" for c in columns)
+    trainer = "AsyncGRPOTrainer" if summary.get("trainer") == "trl_async" else "GRPOTrainer"
     body = "".join(
         "<tr>" + "".join(f"<td>{_cell(s.get(c))}</td>" for c in columns) + "</tr>" for s in steps
     )
@@ -175,7 +176,7 @@ def write_report(record, path: Path) -> None:
 <style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}th{{background:#f4f4f4}}</style></head><body>
 <h1>GRPO training run</h1>
-<p>TRL GRPOTrainer learning from agentloop-grpc rollouts. The ratio compares the mean reward of the last steps
+<p>TRL {trainer} learning from agentloop-grpc rollouts. The ratio compares the mean reward of the last steps
 with the first steps.</p>
 <table>{rows}</table>
 {''.join(f'<p><img src="{name}" alt="{name}"></p>' for name in images)}

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from transformers import TrainerCallback
 from transformers.integrations import INTEGRATION_TO_CALLBACK
@@ -67,11 +68,19 @@ class TrainRecord:
                 int(sum(s.get("trajectories", 0) for s in self.steps)))
 
 
+class StepTimes(Protocol):
+    """Each optimizer step's seconds before the weight push (``step_s``) and of the push (``sync_s``), by step:
+    ``WeightSyncCallback`` (GRPOTrainer) or ``AgentLoopAsyncGRPOTrainer``."""
+
+    step_s: dict[int, float]
+    sync_s: dict[int, float]
+
+
 class StepLog(TrainerCallback):
     """One metrics record per optimizer step: the rollout's, the weight push's and TRL's own logs. It also adds
     the rollout's metrics to TRL's logs (as ``agentloop/NAME``), so the trackers that follow it log them."""
 
-    def __init__(self, rollout: AgentLoopRollout, sync: WeightSyncCallback, record: TrainRecord,
+    def __init__(self, rollout: AgentLoopRollout, sync: StepTimes, record: TrainRecord,
                  echo: Callable[[str], None]) -> None:
         self.rollout, self.sync, self.record, self.echo = rollout, sync, record, echo
         self._path = record.output_dir / "metrics.jsonl"
@@ -97,6 +106,8 @@ class StepLog(TrainerCallback):
             # the rollout correction's weights (CorrectedGRPOTrainer logs them to TRL's logs)
             **{k: _significant(v) for k, v in logs.items() if k.startswith("correction/")},
         }
+        if logs.get("ratio") is not None:  # AsyncGRPOTrainer: its PPO ratio to the engine's logprobs, before the clip
+            entry.update(policy_ratio_mean=_significant(logs["ratio"]), policy_kl=_significant(logs["kl"]))
         # sync: the trainer waits out the rollout, the engines the training and the push (async measures both)
         entry.setdefault("trainer_idle_s", entry["rollout_s"])
         entry.setdefault("engine_idle_s", round(entry["train_s"] + entry["weight_sync_s"], 3))
@@ -159,10 +170,8 @@ def worker_spec(config: TrainConfig, addresses: Sequence[str], model_dir: str | 
 def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], None] = print) -> TrainRecord:
     """Train on ``rows`` (the dataset's, as ``preflight.checked_rows`` gave them)."""
     import torch
-    from trl import GRPOConfig
 
     from agentloop_grpc.common import model_store
-    from agentloop_grpc.integrations.trl.corrected_trainer import CorrectedGRPOTrainer
 
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,64 +190,33 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
         checkpoint = model_store.resolve(model_dir)
         if config.grpo.torch_threads:
             torch.set_num_threads(config.grpo.torch_threads)
-        model, tokenizer = model_store.load(checkpoint)
-        train_top_layers(model, config.grpo.trainable_layers)
-        model.train()
+        trl_async = config.trainer == "trl_async"
         options = {"max_staleness": config.max_staleness, "seed": config.grpo.seed} if config.mode == "async" else {}
         with (AsyncAgentLoopRollout if config.mode == "async" else AgentLoopRollout)(
                 spec, rows, num_workers=config.workers, default_loop=config.dataset.default_loop,
-                ground_truth_kwargs=config.dataset.ground_truth_kwargs, check_logprobs=config.check_logprobs,
+                ground_truth_kwargs=config.dataset.ground_truth_kwargs,
+                # AsyncGRPOTrainer's model runs on packed trees only: its ratio and kl logs stand for the check
+                check_logprobs=0 if trl_async else config.check_logprobs,
                 ready_timeout_s=config.engines.launch.startup_timeout_s if config.engines.launch else 300.0,
                 agent=config.agent, **options) as rollout:
-            sync = WeightSyncCallback(rollout)
             g = config.grpo
-            args = GRPOConfig(
-                output_dir=str(out / "trl"),
-                # one rollout of prompts_per_step groups per optimizer step, trained in micro-batches of one group
-                per_device_train_batch_size=g.num_generations,
-                num_generations=g.num_generations,
-                gradient_accumulation_steps=g.prompts_per_step,
-                max_steps=g.max_steps,
-                learning_rate=g.learning_rate,
-                lr_scheduler_type="constant",
-                warmup_steps=0,
-                beta=g.beta,
-                loss_type=g.loss_type,
-                max_grad_norm=g.max_grad_norm,
-                temperature=config.loop.sampling.temperature,
-                seed=g.seed,
-                logging_steps=1,
-                save_strategy="no",
-                report_to=list(report_to) or "none",
-                run_name=config.trackers.name_of_run(out),
-                use_cpu=True,
-                bf16=False,
-                disable_tqdm=True,
-                dataloader_num_workers=0,
-                gradient_checkpointing=False,  # a 135M model fits; recomputing activations doubled the backward
-            )
             # the Trainer's tracker callbacks read their settings from the environment, at init and at train begin
             with scoped_environ(trainer_environ(report_to, config.trackers, out)):
-                trainer = CorrectedGRPOTrainer(
-                    model=model,
-                    reward_funcs=[agentloop_reward],
-                    args=args,
-                    train_dataset=prompt_dataset(rows),
-                    processing_class=tokenizer,
-                    rollout_func=rollout,
-                    callbacks=[sync],
-                    correction=config.correction.resolved(config.mode),
-                    version_of=rollout.clock.version_of,
-                )
+                if trl_async:
+                    trainer, times = _async_trainer(config, rollout, checkpoint, rows, report_to, echo)
+                else:
+                    trainer, times = _grpo_trainer(config, rollout, checkpoint, rows, report_to)
+                tokenizer = trainer.processing_class
                 trainer.remove_callback(PrinterCallback)  # its raw log dicts would drown the one line per step
-                trainer.add_callback(StepLog(rollout, sync, record, echo))
+                trainer.add_callback(StepLog(rollout, times, record, echo))
                 if report_to and config.trackers.samples:
                     trainer.add_callback(TrainerSampleTables(
                         report_to, config.trackers.tensorboard_dir(out),
                         lambda: sample_rows(rollout.history[-1].trajectories if rollout.history else [],
                                             lambda ids: tokenizer.decode(list(ids)), config.trackers.samples)))
                 trackers_last(trainer)
-                echo(f"training: {g.max_steps} steps of {g.prompts_per_step} prompts x {g.num_generations} "
+                echo(f"training{' with AsyncGRPOTrainer' if trl_async else ''}: {g.max_steps} steps of "
+                     f"{g.prompts_per_step} prompts x {g.num_generations} "
                      f"trajectories on {len(addresses)} engine replica(s)" +
                      (f", logging to {', '.join(report_to)}" if report_to else ""))
                 trainer.train()
@@ -258,8 +236,10 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
         servers.close()
     write_csv(record.steps, out / "metrics.csv")
     first, last, ratio = reward_ratio(record.steps, config.compare_steps) if record.steps else (0.0, 0.0, 1.0)
-    correction = config.correction.resolved(config.mode)
-    record.summary = {"mode": config.mode, "correction": correction.mode if correction else "off",
+    correction = None if config.trainer == "trl_async" else config.correction.resolved(config.mode)
+    record.summary = {"mode": config.mode, "trainer": config.trainer,
+                      "correction": ("the trainer's clipped ratio" if config.trainer == "trl_async"
+                                     else correction.mode if correction else "off"),
                       **summarize(record.steps, first, last, ratio, versions, time.monotonic() - started,
                                   config.compare_steps, transfer)}
     (out / "summary.json").write_text(json.dumps(record.summary, indent=2) + "\n")
@@ -267,6 +247,82 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
 
     write_report(record, out / "report.html")
     return record
+
+
+def _training_args(config: TrainConfig, report_to: Sequence[str]) -> dict[str, Any]:
+    """The Trainer settings both trainers take: one rollout of prompts_per_step groups per optimizer step, trained
+    in micro-batches of one group, on the CPU."""
+    g, out = config.grpo, Path(config.output_dir)
+    return {
+        "output_dir": str(out / "trl"),
+        "per_device_train_batch_size": g.num_generations,
+        "num_generations": g.num_generations,
+        "gradient_accumulation_steps": g.prompts_per_step,
+        "max_steps": g.max_steps,
+        "learning_rate": g.learning_rate,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "max_grad_norm": g.max_grad_norm,
+        "temperature": config.loop.sampling.temperature,
+        "seed": g.seed,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": list(report_to) or "none",
+        "run_name": config.trackers.name_of_run(out),
+        "use_cpu": True,
+        "bf16": False,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "gradient_checkpointing": False,  # a 135M model fits; recomputing activations doubled the backward
+    }
+
+
+def _grpo_trainer(config: TrainConfig, rollout: AgentLoopRollout, checkpoint: Path, rows: list[dict],
+                  report_to: Sequence[str]) -> tuple[Any, StepTimes]:
+    """TRL's GRPOTrainer (with the rollout correction) on ``rollout``, the weights pushed after every step."""
+    from trl import GRPOConfig
+
+    from agentloop_grpc.common import model_store
+    from agentloop_grpc.integrations.trl.corrected_trainer import CorrectedGRPOTrainer
+
+    model, tokenizer = model_store.load(checkpoint)
+    train_top_layers(model, config.grpo.trainable_layers)
+    model.train()
+    sync = WeightSyncCallback(rollout)
+    args = GRPOConfig(**_training_args(config, report_to), beta=config.grpo.beta, loss_type=config.grpo.loss_type)
+    trainer = CorrectedGRPOTrainer(
+        model=model,
+        reward_funcs=[agentloop_reward],
+        args=args,
+        train_dataset=prompt_dataset(rows),
+        processing_class=tokenizer,
+        rollout_func=rollout,
+        callbacks=[sync],
+        correction=config.correction.resolved(config.mode),
+        version_of=rollout.clock.version_of,
+    )
+    return trainer, sync
+
+
+def _async_trainer(config: TrainConfig, rollout: AgentLoopRollout, checkpoint: Path, rows: list[dict],
+                   report_to: Sequence[str], echo: Callable[[str], None]) -> tuple[Any, StepTimes]:
+    """TRL's AsyncGRPOTrainer on ``rollout``'s stream (``trainer: trl_async``), its CUDA parts replaced where absent."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from agentloop_grpc.common import model_store
+    from agentloop_grpc.integrations.trl.async_trainer import AgentLoopAsyncGRPOTrainer
+
+    # token_budget 0: fixed micro-batches of one group (a budget would be asked of a vLLM server)
+    args = AsyncGRPOConfig(**_training_args(config, report_to), max_staleness=config.max_staleness, token_budget=0)
+    trainer = AgentLoopAsyncGRPOTrainer(str(checkpoint), rollout, args=args, train_dataset=prompt_dataset(rows),
+                                        processing_class=model_store.load_tokenizer(checkpoint))
+    train_top_layers(trainer.model, config.grpo.trainable_layers)
+    for fallback in trainer.fallbacks:
+        echo(f"AsyncGRPOTrainer: {fallback}")
+    if config.check_logprobs:
+        echo("AsyncGRPOTrainer: no engine-vs-trainer logprob check (|dlogp| off); its ratio to the engine's "
+             "logprobs is in the line")
+    return trainer, trainer
 
 
 def summarize(steps: list[dict], first: float, last: float, ratio: float, versions: dict[str, int],

@@ -25,24 +25,29 @@ weights (``correction.py``, GRPOTrainer's path) would need its loss replaced. Wi
 engine's logprobs are under the call grammar's mask (see ``logprob_check.py``), so its ratio then mixes in the
 mass the grammar removed; leave calls unconstrained for this trainer.
 
-AsyncGRPOTrainer itself (trl 1.16) needs CUDA: it asks ``torch.cuda`` for the device's peak FLOPs when built, and
-its model's attention is the ``tree_fa3`` kernel fetched from the Hub by the ``kernels`` package (FlashAttention 3).
-On a CPU, ``agentloop train`` with ``mode: async`` runs the same stream under GRPOTrainer (``async_rollout.py``).
+AsyncGRPOTrainer itself (trl 1.16) needs CUDA in two places; ``async_trainer.py`` (``AgentLoopAsyncGRPOTrainer``,
+``agentloop train``'s ``trainer: trl_async``) builds both seams and falls back where CUDA or FlashAttention 3 is absent.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import queue
+import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
+from agentloop_grpc.agent import Trajectory
 from agentloop_grpc.common.types import PauseMode
 
 from ..named_tensors import named_tensor
 from .rollout import AgentLoopRollout
 from .rollout_samples import rollout_samples
+
+if TYPE_CHECKING:
+    import multiprocessing.queues
 
 
 class AgentLoopRolloutWorker:
@@ -54,10 +59,15 @@ class AgentLoopRolloutWorker:
             raise ValueError("num_generations and groups_per_step must be >= 1")
         self.rollout = rollout
         self.num_generations, self.groups_per_step = num_generations, groups_per_step
-        self.rollout_buffer: queue.Queue = queue.Queue()
-        self.metrics_queue: queue.Queue = queue.Queue()
+        self.model_version = 0  # the trainer's, as it last said
+        # typed as TRL's RolloutWorkerProtocol has them
+        self.rollout_buffer: queue.Queue | multiprocessing.queues.Queue = _TakenQueue(self._kept)
+        self.metrics_queue: queue.Queue | multiprocessing.queues.Queue = queue.Queue()
         self._pump: concurrent.futures.Future | None = None
         self._last_group_at = time.monotonic()
+        # each queued group's trajectories (failed ones too) by group_id, until the trainer says it trained them
+        self._groups: dict[int, tuple[Trajectory, ...]] = {}
+        self._groups_lock = threading.Lock()  # the pump fills it on the rollout's loop, the trainer takes
 
     def start(self) -> None:
         stream = self.rollout.open_stream(self.num_generations, self.groups_per_step)
@@ -69,12 +79,36 @@ class AgentLoopRolloutWorker:
             [group] = await stream.take(1)
             samples, metrics = rollout_samples(group.samples, group.trajectories, group.index,
                                                self.rollout.clock)
+            with self._groups_lock:
+                self._groups[group.index] = tuple(group.trajectories)
             for sample in samples:
                 self.rollout_buffer.put_nowait(sample)  # unbounded: admission bounds what can be queued
             self.metrics_queue.put_nowait({**metrics, "agentloop/rollout_queue_groups": float(stream.counters.waiting)})
             self._last_group_at = time.monotonic()
 
+    def _kept(self, sample: Any) -> bool:
+        """Whether the trainer keeps a sample it takes now: its own staleness rule, at its version."""
+        return self.model_version - sample.model_version <= self.rollout.clock.max_staleness
+
+    def trained_groups(self, samples: int) -> list[int]:
+        """The groups of the next ``samples`` samples the trainer took and kept, in its order: a step's, read
+        after the step (its dataloader takes a micro-batch ahead, so what was taken is not what was trained)."""
+        assert isinstance(self.rollout_buffer, _TakenQueue)  # ours
+        taken = self.rollout_buffer.taken
+        return list(dict.fromkeys(taken.popleft() for _ in range(min(samples, len(taken)))))
+
+    def take_groups(self, group_ids: Iterable[int]) -> tuple[Trajectory, ...]:
+        """The trajectories of the groups ``group_ids`` (those the trainer trained), which are forgotten with every
+        older group (taken oldest first: an older one left was dropped as too stale)."""
+        ids = sorted(group_ids)
+        with self._groups_lock:
+            taken = tuple(t for i in ids for t in self._groups.pop(i, ()))
+            for i in [i for i in self._groups if ids and i < ids[0]]:
+                del self._groups[i]
+        return taken
+
     def update_model_version(self, model_version: int) -> None:
+        self.model_version = model_version
         self.rollout.advance(model_version)
 
     def check_health(self, stale_after_s: float) -> None:
@@ -97,6 +131,21 @@ class AgentLoopRolloutWorker:
         self.rollout.close_stream()
 
 
+class _TakenQueue(queue.Queue):
+    """The rollout buffer, remembering the group of each sample the trainer takes and keeps (``kept``)."""
+
+    def __init__(self, kept: Callable[[Any], bool]) -> None:
+        super().__init__()
+        self.kept = kept
+        self.taken: collections.deque[int] = collections.deque()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        sample = super().get(block, timeout)
+        if self.kept(sample):
+            self.taken.append(sample.group_id)
+        return sample
+
+
 class AgentLoopWeightTransfer:
     """TRL's ``WeightTransferProtocol`` through the rollout's manager (see the module docstring)."""
 
@@ -104,6 +153,7 @@ class AgentLoopWeightTransfer:
         self.rollout = rollout
         self.keep = keep
         self.sent = 0  # the trainer's model_version after the last send
+        self.last_send_s = 0.0
 
     def init_weight_transfer(self) -> None:
         self.rollout.start()
@@ -116,11 +166,13 @@ class AgentLoopWeightTransfer:
             self._run(_pause_keep(self.rollout))
 
     def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
+        started = time.monotonic()
         tensors = [named_tensor(name, tensor) for name, tensor in iterator]
         # the trainer's model_version counts its updates from 0: the clock's base is where they start
         self._run(self.rollout.manager.update_weights(tensors, self.rollout.clock.base + self.sent + 1,
                                                       leave_out_unreachable=True))
         self.sent += 1
+        self.last_send_s = time.monotonic() - started
 
     def resume(self) -> None:
         if self.keep:

@@ -296,6 +296,13 @@ class AgentLoopRollout:
         assert self._loop is not None  # started
         return self._loop.run(self._streamed.open(group_size, groups_per_step))
 
+    def stream_metrics(self, trajectories: Sequence[Trajectory], version: int) -> dict[str, float]:
+        """The stream's metrics of a step that trained ``trajectories`` at ``version``: staleness, queue, idle
+        seconds since the last step (``StreamedGroups.metrics``)."""
+        if self._streamed is None:
+            raise RuntimeError("a synchronous rollout has no stream (set max_staleness)")
+        return self._streamed.metrics(trajectories, version)
+
     def close_stream(self) -> None:
         """Stop admitting and cancel the groups still rolling out (the manager stays up)."""
         if self._streamed is not None and self._loop is not None:
