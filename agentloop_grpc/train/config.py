@@ -93,6 +93,10 @@ class TrainConfig(AgentRunConfig):
         "what the agent posts (reward: session). None: the loops.")
     check_logprobs: int = Field(4, ge=0, description="Trajectories per step whose engine logprobs are compared "
                                 "with the trainer's recompute (0: none).")
+    routing_replay: bool = Field(
+        True, description="A MoE model (Qwen3-MoE): the rollouts record the experts each token was routed to and "
+        "the trainer's forward routes those tokens to them (R3, docs/trl.md); ignored for a dense model, an error "
+        "for a MoE architecture it does not know. false: the trainer routes with its own router.")
     compare_steps: int = Field(5, ge=1, description="The ratio compares the mean reward of this many last steps "
                                "with as many first steps.")
     output_dir: str = Field("runs/train", description="Metrics, TRL logs, report, last trajectories, final weights.")

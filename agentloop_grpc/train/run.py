@@ -104,7 +104,7 @@ class StepLog(TrainerCallback):
             "entropy": logs.get("entropy"),
             "completion_mean_length": logs.get("completions/mean_length"),
             # the rollout correction's weights (CorrectedGRPOTrainer logs them to TRL's logs)
-            **{k: _significant(v) for k, v in logs.items() if k.startswith("correction/")},
+            **{k: _significant(v) for k, v in logs.items() if k.startswith(("correction/", "routing_replay/"))},
         }
         if logs.get("ratio") is not None:  # AsyncGRPOTrainer: its PPO ratio to the engine's logprobs, before the clip
             entry.update(policy_ratio_mean=_significant(logs["ratio"]), policy_kl=_significant(logs["kl"]))
@@ -185,9 +185,10 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
         echo("starting engine and tool servers")
         (addresses, model_dir), tool_address = servers.run(_gather(start_engines(config.engines, stack, out),
                                                                     start_tools(config.tools, stack, out)))
-        spec = worker_spec(config, addresses, model_dir, tool_address)
         # 3. the rollout and the trainer, on the engines' checkpoint
         checkpoint = model_store.resolve(model_dir)
+        config = with_routing_replay(config, checkpoint)
+        spec = worker_spec(config, addresses, model_dir, tool_address)
         if config.grpo.torch_threads:
             torch.set_num_threads(config.grpo.torch_threads)
         trl_async = config.trainer == "trl_async"
@@ -300,8 +301,24 @@ def _grpo_trainer(config: TrainConfig, rollout: AgentLoopRollout, checkpoint: Pa
         callbacks=[sync],
         correction=config.correction.resolved(config.mode),
         version_of=rollout.clock.version_of,
+        routing_replay=config.routing_replay,
     )
     return trainer, sync
+
+
+def with_routing_replay(config: TrainConfig, checkpoint: Path) -> TrainConfig:
+    """``config`` with its loops asking the engines for routed experts when the trainer replays them (a MoE
+    checkpoint, ``routing_replay`` on), read from the checkpoint's config before anything loads."""
+    from transformers import AutoConfig
+
+    from agentloop_grpc.integrations.trl.routing_replay import replays
+
+    if not config.routing_replay or not replays(AutoConfig.from_pretrained(checkpoint, local_files_only=True)):
+        return config
+    if config.trainer == "trl_async":
+        raise ValueError("routing_replay: AsyncGRPOTrainer's forward does not replay routing; use trainer: trl, or "
+                         "set routing_replay: false to train this MoE model with its own routing")
+    return config.model_copy(update={"loop": config.loop.model_copy(update={"return_routed_experts": True})})
 
 
 def _async_trainer(config: TrainConfig, rollout: AgentLoopRollout, checkpoint: Path, rows: list[dict],

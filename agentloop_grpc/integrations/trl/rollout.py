@@ -352,21 +352,28 @@ class AgentLoopRollout:
         only their tokens made by that weight version, the trainer's)."""
         import torch
 
+        from .routing_replay import trajectory_replay  # torch and transformers: loaded when a trainer checks
+
         chosen = [t for t in trajectories if not t.failed and t.model_tokens
                   and (version is None or version in t.weight_versions)][: self.check_logprobs]
         if not chosen:
             return {}
         model = trainer.accelerator.unwrap_model(trainer.model)
         temperature = self.spec.loop.sampling.temperature
+        # routing replay (the loops recorded routing for it): the recompute routes as the training forward does,
+        # and the policy difference without it says what replay saves
+        replay = (lambda t: trajectory_replay(model, t)) if any(t.routed_experts is not None for t in chosen) else None
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
                 grammar = None if self._grammars is None else (lambda t: self._grammars(offered[t.sample_id]))
-                policy, sampler = compare(model, chosen, temperature, grammar, version)
+                policy, sampler = compare(model, chosen, temperature, grammar, version, replay)
+                native = compare(model, chosen, temperature, None, version)[0] if replay is not None else None
         finally:
             model.train(was_training)
-        return {**_diff("logprob_diff_policy", policy), **_diff("logprob_diff_sampler", sampler)}
+        return {**_diff("logprob_diff_policy", policy), **_diff("logprob_diff_sampler", sampler),
+                **(_diff("logprob_diff_policy_unreplayed", native) if native is not None else {})}
 
     # -- weights ----------------------------------------------------------------------------------------------
     def push_weights(self, model, step: int) -> float:
