@@ -41,6 +41,21 @@ def moe_checkpoint(tmp_path_factory, checkpoint):
 
 
 @pytest.fixture(scope="session")
+async def moe_address(moe_checkpoint) -> AsyncIterator[str]:
+    """One embedded server on the tiny MoE for every routing test (starting one costs seconds); a prefill chunk
+    shorter than the prompts, so a prompt's routing is gathered over several chunks."""
+    from agentloop_grpc.engine_adapters.factory import make_adapter
+    from agentloop_grpc.engine_adapters.server import create_server, start_adapter
+
+    adapter = make_adapter("embedded", {"model": str(moe_checkpoint), "max_running": 4, "max_model_len": 256,
+                                        "prefill_chunk": 4, "threads": 1, "grammar_workers": 1})
+    server = await create_server(adapter, "127.0.0.1:0")
+    await start_adapter(server)
+    yield f"127.0.0.1:{server.port}"
+    await server.stop(grace_s=1)
+
+
+@pytest.fixture(scope="session")
 def reference(checkpoint):
     """(model, tokenizer) run by plain transformers, for comparisons."""
     torch.set_num_threads(2)

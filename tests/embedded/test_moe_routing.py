@@ -27,16 +27,10 @@ MOE_LAYERS = tiny_moe.LAYERS - len(tiny_moe.DENSE_LAYERS)
 
 
 @pytest.fixture(scope="module")
-async def moe_server(moe_checkpoint):
-    # a prefill chunk shorter than the prompts: the prompt's routing is gathered over several chunks
-    adapter = make_adapter("embedded", {"model": str(moe_checkpoint), "max_running": 4, "max_model_len": 256,
-                                        "prefill_chunk": 4, "threads": 1, "grammar_workers": 1})
-    server = await create_server(adapter, "127.0.0.1:0")
-    await start_adapter(server)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+async def moe_server(moe_address):
+    channel = grpc.aio.insecure_channel(moe_address)
     yield generation_pb2_grpc.TokenGenerateStub(channel), engine_pb2_grpc.EngineControlStub(channel)
     await channel.close()
-    await server.stop(grace_s=1)
 
 
 def _request(request_id: str, prompt: list[int], routing: bool, **options) -> generation_pb2.GenerateRequest:

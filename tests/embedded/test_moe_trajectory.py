@@ -42,16 +42,6 @@ QUESTION = ({"role": "user", "content": "What is 2 + 3?"},)
 
 
 @pytest.fixture(scope="module")
-async def moe_address(moe_checkpoint):
-    adapter = make_adapter("embedded", {"model": str(moe_checkpoint), "max_running": 4, "max_model_len": 256,
-                                        "threads": 1, "grammar_workers": 1})
-    server = await create_server(adapter, "127.0.0.1:0")
-    await start_adapter(server)
-    yield f"127.0.0.1:{server.port}"
-    await server.stop(grace_s=1)
-
-
-@pytest.fixture(scope="module")
 def moe_codec(moe_checkpoint):
     return load_codec(str(moe_checkpoint))
 
