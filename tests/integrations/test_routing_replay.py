@@ -151,16 +151,20 @@ def test_replay_brings_the_trainers_logprobs_back_to_the_engines(moe) -> None:
     native = _gap(drifted, sampled, replay=False)
     for hook in hooks:
         hook.remove()
-    _, _, routing, _ = _batch(sampled)
-    recorded = routing.reshape(-1, MOE_LAYERS, tiny_moe.TOP_K)
+    recorded = _batch(sampled)[2].reshape(-1, MOE_LAYERS, tiny_moe.TOP_K)
     own = torch.stack(picked, dim=1)
     known = recorded[:, 0, 0] >= 0
-    flipped = int((own[known].sort(-1).values != recorded[known].long().sort(-1).values).any(-1).any(-1).sum())
+    flipped = int((own[known].sort(-1).values != recorded[known].long().sort(-1).values).any(-1).sum())
+    ids, mask, routing, _ = _batch(sampled)
+    with torch.no_grad(), RoutingReplay(drifted) as replay:
+        replay.bind(routing)
+        drifted(input_ids=ids, attention_mask=mask)
+        rerouted = replay.rerouted_share()
     replayed = _gap(drifted, sampled, replay=True)
     print(f"\nengine-vs-trainer |dlogp| mean over {sum(len(s.tokens) for s in sampled)} tokens, the trainer's "
-          f"router drifted ({flipped} of {int(known.sum())} positions routed elsewhere): without replay "
-          f"{native:.4g}, with replay {replayed:.4g}")
-    assert flipped > 0
+          f"router drifted ({flipped} of {int(known.sum()) * MOE_LAYERS} (position, layer) pairs routed "
+          f"elsewhere): without replay {native:.4g}, with replay {replayed:.4g}")
+    assert flipped > 0 and rerouted == flipped / (int(known.sum()) * MOE_LAYERS)
     assert replayed < native / 10
 
 

@@ -37,6 +37,8 @@ def test_two_steps_on_a_moe_model_replay_its_routing_and_log_the_gap(tmp_path):
               f"tokens: with replay {step['logprob_diff_policy_mean']:.4g}, without "
               f"{step['logprob_diff_policy_unreplayed_mean']:.4g}")
         assert step["routing_replay/rows"] == 1.0  # every trajectory brought its routing to the trainer
+        # the loss's forward routed as the engine did: the routing sat beside its own tokens in TRL's batch
+        assert step["routing_replay/rerouted_share"] < 0.01
         assert step["logprob_diff_policy_tokens"] > 0
         # the same weights in engine and trainer: replayed, only float rounding is left
         assert step["logprob_diff_policy_mean"] < 1e-4

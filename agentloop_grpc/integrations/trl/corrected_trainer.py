@@ -21,7 +21,8 @@ Routing replay (``routing_replay.py``, on by default for a MoE model, ``routing_
 rollout's routing (the ``agentloop_routed_experts`` field) is placed beside TRL's left-padded prompt and
 right-padded completion tensors as ``routed_experts``, which TRL shuffles and splits with the rest, and every
 forward of the policy (the loss's, its backward recompute, the recompute above) routes the recorded tokens to the
-engine's experts. ``routing_replay/rows`` logs the share of a step's rows that carried routing.
+engine's experts. ``routing_replay/rows`` logs the share of a step's rows that carried routing,
+``routing_replay/rerouted_share`` the share of replayed (token, MoE layer) pairs whose own routing differed.
 """
 
 from __future__ import annotations
@@ -133,9 +134,13 @@ class CorrectedGRPOTrainer(GRPOTrainer):
         with RoutingReplay(self.accelerator.unwrap_model(model)) as replay:
             self._replay = replay
             try:
-                return super().training_step(model, inputs, num_items_in_batch)
+                loss = super().training_step(model, inputs, num_items_in_batch)
             finally:
                 self._replay = None
+            share = replay.rerouted_share()
+        if share is not None:
+            self._metrics["train"]["routing_replay/rerouted_share"].append(share)
+        return loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self._replay is not None:

@@ -98,10 +98,21 @@ class RoutingReplay:
         self.num_experts = self.routers[0].num_experts
         self._routing: torch.Tensor | None = None  # [B*T, layers, top_k], long
         self._handles: list[Any] = []
+        # (replayed, rerouted) (position, layer) pairs over the forwards so far, as tensors: no sync per layer
+        self._counts: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     @property
     def layers(self) -> int:
         return len(self.routers)
+
+    def rerouted_share(self) -> float | None:
+        """Of the (position, MoE layer) pairs replayed since the block opened, the share where the model's own
+        router picked other experts than the recording (what replay changed; a share near 1 would say the routing
+        is not these tokens'); None when nothing was replayed."""
+        if not self._counts:
+            return None
+        replayed = sum(float(r) for r, _ in self._counts)
+        return sum(float(d) for _, d in self._counts) / replayed if replayed else None
 
     def __enter__(self) -> RoutingReplay:
         self._handles = [router.register_forward_hook(self._hook(layer))
@@ -138,6 +149,8 @@ class RoutingReplay:
             recorded = self._routing[:, layer].to(indices.device)
             known = (recorded >= 0).all(dim=-1, keepdim=True)
             forced = torch.where(known, recorded, indices)
+            own = (indices.sort(dim=-1).values != recorded.sort(dim=-1).values).any(dim=-1, keepdim=True)
+            self._counts.append((known.sum(), (known & own).sum()))
             # Qwen3MoeTopKRouter.forward's weights, at the forced experts
             probs = torch.nn.functional.softmax(logits, dtype=torch.float, dim=-1)
             weights = probs.gather(-1, forced)
