@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentloop_grpc.common import routed_experts
 from agentloop_grpc.common.media import MediaInput
 
 from .trajectory import Trajectory
@@ -46,26 +47,6 @@ class TrainerBatch:
 def _in_row(t: Trajectory, prompt_length: int) -> tuple[MediaInput, ...]:
     """``t``'s pictures moved from prompt + response offsets to the padded row's (the left padding before both)."""
     return tuple(m.moved(prompt_length - len(t.prompt_ids) + m.offset) for m in t.media)
-
-
-def _routing(kept: Sequence[Trajectory], prompt_length: int, response_length: int):  # -> torch.Tensor | None
-    """The rows' routing aligned with ``input_ids`` (-1 where unknown), or None when no row carries any."""
-    import torch
-
-    routed = [t.routed_experts for t in kept if t.routed_experts is not None]
-    if not routed:
-        return None
-    shapes = {(r.layers, r.per_token) for r in routed}
-    if len(shapes) > 1:
-        raise ValueError(f"trajectories carry routing of different shapes (layers, top-k): {sorted(shapes)}")
-    layers, per_token = shapes.pop()
-    out = torch.full((len(kept), prompt_length + response_length, layers, per_token), -1, dtype=torch.int16)
-    for i, t in enumerate(kept):
-        if t.routed_experts is not None and t.routed_experts.positions:
-            start = prompt_length - len(t.prompt_ids)
-            rows = torch.from_numpy(t.routed_experts.array().astype("int16"))
-            out[i, start : start + len(rows)] = rows
-    return out
 
 
 def to_batch(
@@ -109,7 +90,7 @@ def to_batch(
         model_positions = [j for j, m in enumerate(t.response_mask) if m]
         if model_positions:
             token_rewards[i, model_positions[-1]] = t.reward
-    routing = _routing(kept, p, r)
+    routing = routed_experts.placed([t.routed_experts for t in kept], [p - len(t.prompt_ids) for t in kept], p + r)
     position_ids = torch.clamp(torch.cumsum(attention, dim=1) - 1, min=0)
     tensors = {
         "prompts": input_ids[:, :p].clone(),
@@ -124,6 +105,6 @@ def to_batch(
         "rewards": torch.tensor([t.reward for t in kept], dtype=torch.float32),
     }
     if routing is not None:
-        tensors["routed_experts"] = routing
+        tensors["routed_experts"] = torch.from_numpy(routing)
     return TrainerBatch(tensors, tuple(t.sample_id for t in kept), tuple(t.group_id for t in kept), excluded,
                         tuple(_in_row(t, p) for t in kept))

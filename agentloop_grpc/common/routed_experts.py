@@ -13,6 +13,7 @@ after the last turn): those trailing positions' routing is unknown and left out 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +69,28 @@ class Routing:
     def array(self) -> np.ndarray:
         """``[positions, layers, per_token]`` expert ids (a read-only view)."""
         return unpack(self.ids, self.layers, self.per_token, self.num_experts)
+
+
+def placed(routings: Sequence[Routing | None], starts: Sequence[int], width: int) -> np.ndarray | None:
+    """Each row's routing from column ``starts[row]`` of a batch whose rows are ``width`` long (a trainer's padded
+    ids): int16 ``[rows, width, layers, per_token]``, -1 where unknown (padding, positions a routing does not cover,
+    rows without one); None when no row has routing. ValueError for rows of different shapes or a routing that
+    overruns its row."""
+    known = [r for r in routings if r is not None]
+    if not known:
+        return None
+    shapes = {(r.layers, r.per_token) for r in known}
+    if len(shapes) > 1:
+        raise ValueError(f"rows carry routing of different shapes (layers, top-k): {sorted(shapes)}")
+    layers, per_token = shapes.pop()
+    out = np.full((len(routings), width, layers, per_token), -1, dtype=np.int16)
+    for row, (routing, start) in enumerate(zip(routings, starts, strict=True)):
+        if routing is not None and routing.positions:
+            if start + routing.positions > width:
+                raise ValueError(f"row {row}: routing of {routing.positions} positions from {start} overruns its "
+                                 f"{width} columns")
+            out[row, start : start + routing.positions] = routing.array()
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from torch import nn
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock, Qwen3MoeTopKRouter
 
 from agentloop_grpc.agent.trajectory import Trajectory
+from agentloop_grpc.common import routed_experts
 from agentloop_grpc.common.routed_experts import Routing
 
 #: Config fields that give a model's experts per MoE layer, by family (Qwen/OLMoE, Mixtral, DeepSeek, Dbrx).
@@ -178,22 +179,8 @@ def left_padded_routing(routings: Sequence[Routing | None], prompt_lengths: Sequ
     """Each row's routing placed in a batch whose prompts are left-padded to ``prompt_width`` and whose rows are
     ``width`` long (TRL's prompt + completion tensors): int16 ``[rows, width, layers, top_k]``, -1 where unknown
     (padding, positions a row's routing does not cover, rows without one); None when no row has routing."""
-    known = [r for r in routings if r is not None]
-    if not known:
-        return None
-    shapes = {(r.layers, r.per_token) for r in known}
-    if len(shapes) > 1:
-        raise ValueError(f"rows carry routing of different shapes (layers, top-k): {sorted(shapes)}")
-    layers, per_token = shapes.pop()
-    out = torch.full((len(routings), width, layers, per_token), -1, dtype=torch.int16)
-    for row, (routing, length) in enumerate(zip(routings, prompt_lengths, strict=True)):
-        if routing is not None and routing.positions:
-            start = prompt_width - length
-            if start + routing.positions > width:
-                raise ValueError(f"row {row}: routing of {routing.positions} positions from {start} overruns its "
-                                 f"{width} columns")
-            out[row, start : start + routing.positions] = torch.from_numpy(routing.array().astype("int16"))
-    return out
+    rows = routed_experts.placed(routings, [prompt_width - length for length in prompt_lengths], width)
+    return None if rows is None else torch.from_numpy(rows)
 
 
 def trajectory_replay(model: nn.Module, trajectory: Trajectory) -> AbstractContextManager:
