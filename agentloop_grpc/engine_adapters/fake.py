@@ -129,6 +129,9 @@ class FakeEngine:
         self._weight_version: Callable[[], int] = lambda: 0
         self._frozen = False
         self._running: dict[str, _Request] = {}
+        # tokens the running requests hold in the KV cache (prompt + generated), kept as they change: every
+        # completion reports the load, which then reads it instead of summing over the running requests
+        self._in_kv = 0
         self._waiting: list[tuple[int, int, _Request]] = []  # heap of (-priority, arrival, request)
         self._arrivals = itertools.count()
         self._work = asyncio.Event()
@@ -171,12 +174,11 @@ class FakeEngine:
                 await self._loop_task
 
     def load(self) -> LoadInfo:
-        in_kv = sum(len(r.request.prompt_ids) + len(r.generated) for r in self._running.values())
         seen = self._prompt_tokens_seen
         return LoadInfo(
             running_requests=len(self._running),
             waiting_requests=len(self._waiting),
-            kv_cache_usage=min(1.0, in_kv / (self.config.max_running * self.config.max_model_len)),
+            kv_cache_usage=min(1.0, self._in_kv / (self.config.max_running * self.config.max_model_len)),
             prefix_cache_hit_rate=self._prompt_tokens_cached / seen if seen else 0.0,
             max_running_requests=self.config.max_running,
         )
@@ -251,6 +253,7 @@ class FakeEngine:
             while self._waiting and len(self._running) < self.config.max_running:
                 _, _, entry = heapq.heappop(self._waiting)
                 self._running[entry.request_id] = entry
+                self._in_kv += len(entry.request.prompt_ids)
             newcomers = [e for e in self._running.values() if not e.prefilled]
             uncached = 0
             for entry in newcomers:  # each stores before the next looks up: newcomers of one step share a prefix
@@ -308,6 +311,7 @@ class FakeEngine:
         if entry.scripted is not None:
             token = entry.scripted[position] if position < len(entry.scripted) else self.config.eos_token_id
         entry.generated.append(token)
+        self._in_kv += 1
         logprobs: tuple[float, ...] = ()
         top: tuple[tuple[tuple[int, float], ...], ...] = ()
         if sampling.logprobs:
@@ -336,6 +340,8 @@ class FakeEngine:
         if self._running.pop(entry.request_id, None) is None:  # never scheduled: waiting
             self._waiting = [item for item in self._waiting if item[2] is not entry]
             heapq.heapify(self._waiting)
+        else:
+            self._in_kv -= len(entry.request.prompt_ids) + len(entry.generated)
         if entry.prefilled:  # what it generated is reusable too (the next turn's prompt starts with it)
             stored = len(entry.blocks.keys)
             entry.blocks.extend(entry.generated)

@@ -22,7 +22,7 @@ from agentloop_grpc.serving.status import map_errors
 from agentloop_grpc.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 from . import convert, validation
-from .grouping import TokenGrouper
+from .grouping import TokenGrouper, merge_chunks
 from .lifecycle import EngineLifecycle
 from .weights import read_weight_stream
 
@@ -74,9 +74,8 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         on_complete: Callable[[GenerateComplete, TokenChunk | None], Awaitable[None]],
     ) -> None:
         """Run ``domain`` through the lifecycle, handing its chunks to ``on_chunk`` as ``grouper`` groups them,
-        then its completion and the tokens still held (``grouper.tail()``) to ``on_complete``.
-
-        Generate writes each as a message of its stream; GenerateUnary fills its one answer in place."""
+        then its completion and the tokens still held (``grouper.tail()``) to ``on_complete``: Generate writes
+        each as a message of its stream."""
         events = self.lifecycle.generate(domain)
         try:
             async for event in events:
@@ -110,18 +109,25 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
             raise InvalidRequestError(
                 "request.stream_options shapes a Generate stream; GenerateUnary answers in one message: leave it unset"
             )
-        response = generation_pb2.GenerateUnaryResponse()
-
-        async def add_chunk(chunk: TokenChunk) -> None:
-            convert.fill_token_chunk(response.chunks.add(), chunk)
-
-        async def set_complete(complete: GenerateComplete, tail: TokenChunk | None) -> None:
-            convert.fill_complete(response.complete, complete, tail, self.lifecycle.load())
-
-        # final_only holds every token; a chunk is cut only where the weight version changes
         domain = await self._request(request.request)
-        await self._run(domain, TokenGrouper(0, final_only=True), add_chunk, set_complete)
-        return response
+        # every token is held to the end (no grouper: nothing is sent before it), then merged into one chunk per
+        # weight version: the last travels in the completion, the others before it
+        chunks: list[TokenChunk] = []
+        events = self.lifecycle.generate(domain)
+        try:
+            async for event in events:
+                if isinstance(event, GenerateComplete):
+                    response = generation_pb2.GenerateUnaryResponse()
+                    merged = merge_chunks(chunks)
+                    for chunk in merged[:-1]:
+                        convert.fill_token_chunk(response.chunks.add(), chunk)
+                    convert.fill_complete(response.complete, event, merged[-1] if merged else None,
+                                          self.lifecycle.load())
+                    return response
+                chunks.append(event)
+        finally:
+            await events.aclose()  # a client gone: the lifecycle aborts its request now, not at GC
+        raise RuntimeError(f"the engine ended request {domain.request_id!r} without a completion")
 
     @map_errors
     async def Abort(self, request, context):

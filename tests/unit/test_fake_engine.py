@@ -303,3 +303,34 @@ async def test_the_prefix_cache_is_keyed_by_the_weight_version() -> None:
     version = 1
     assert (await cached("v1"), await cached("v1-again")) == (0, 48)
     await engine.shutdown()
+
+
+async def test_the_kv_usage_counts_the_running_requests_prompt_and_output_tokens() -> None:
+    """The fake keeps its KV count as requests start, decode and leave (every completion reports it); it must
+    stay what summing over the running requests gives, through finishes, aborts and requests left waiting."""
+    config = FakeEngineConfig(max_running=2, token_latency_s=0.002, max_model_len=512)
+    engine = FakeEngine(config)
+    await engine.start(lambda: 0)
+    capacity = config.max_running * config.max_model_len
+
+    def held() -> float:  # the definition: prompt + generated tokens of each running request
+        running = engine._running.values()  # the definition reads the engine's own table
+        return sum(len(r.request.prompt_ids) + len(r.generated) for r in running) / capacity
+
+    finished: list[str] = []
+    short = asyncio.create_task(_run(engine, _request("short", 3), finished))
+    long = asyncio.create_task(_run(engine, _request("long", 400), finished))
+    waiting = asyncio.create_task(_run(engine, _request("waiting", 400), finished))
+    async with asyncio.timeout(30):  # the machine may be slow; a count that never settles fails here, not later
+        while not finished:
+            assert engine.load().kv_cache_usage == held()
+            await asyncio.sleep(0.001)
+        while engine.load().running_requests < 2:  # the waiting one takes the finished one's place
+            await asyncio.sleep(0.001)
+    await engine.freeze()
+    assert engine.load().kv_cache_usage == held() > 0
+    await engine.thaw()
+    await engine.abort(["long", "waiting"])
+    await asyncio.gather(short, long, waiting)
+    assert engine.load().kv_cache_usage == held() == 0.0
+    await engine.shutdown()
