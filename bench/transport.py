@@ -15,7 +15,9 @@ Each is run at 1 and 64 calls in flight, REPEATS times (the cases one after anot
 other repeat in reverse order); the table reports medians. Each RATIO compares two cases within each repeat and
 reports the median of those paired ratios (the per-repeat ratios are printed above them): the shared host's
 speed drifts by 20-50% between repeats, and pairing cancels the part of that drift slower than a repeat (faster
-swings remain: the per-repeat ratios show them).
+swings remain: the per-repeat ratios show them). Each run also reports the CPU time per call of the calling process
+(the Router, Ray's driver, the bare client) and of the serving one (the engine server, Ray's actor, the echo
+server): on a shared host CPU time moves far less than wall time does.
 
 Then the same comparison with a real engine doing real work, vLLM's CPU build (the project's vllm adapter, same
 settings on both sides: eager, fp32, max_model_len 2048, 1 GiB of KV cache, OpenMP bound to this process's cores):
@@ -29,12 +31,14 @@ started, measured and stopped, with every process it spawned, before the other s
 each time. As for the fake cases, each ratio is the median of the ratios paired within a repeat. The RATIO lines
 `router_vllm_calls_vs_ray_vllm_<n>` target 1.0: once an engine does real work, the transport must not cost
 throughput. These cases run only when vLLM is importable; --no-vllm skips them. Nothing is downloaded
-(HF_HUB_OFFLINE=1 for every process).
+(HF_HUB_OFFLINE=1 for every process). With --embedded, (g) router_embedded and (h) ray_embedded do the same with
+the embedded engine (its defaults: the default model on CPU), the cheapest real engine to check a change of the
+serving path on.
 
 Usage: python bench/transport.py [--calls 1500] [--repeats 5] [--vllm-calls 40] [--no-vllm]
-       [--cases router,ray] [--in-flight 1] [--vllm-only]
---cases and --in-flight run a part of (a) to (d) while iterating (the ratios of the cases run are printed);
---vllm-only runs (e) and (f) alone.
+       [--cases router,ray] [--in-flight 1] [--vllm-only] [--embedded]
+--cases and --in-flight run a part of (a) to (d) while iterating (the ratios of the cases run are printed;
+--cases '' runs none of them); --vllm-only runs (e) and (f) alone.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import asyncio
 import dataclasses
 import functools
 import importlib.util
+import logging
 import os
 import re
 import statistics
@@ -52,10 +57,15 @@ import sys
 import threading
 import time
 from array import array
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 import grpc
 from closed_loop import drive
+
+if TYPE_CHECKING:
+    from agentloop_grpc.engine_adapters.protocol import EngineAdapter
 
 PROMPT = list(range(1000, 3000))  # 2000 int32 ids
 BIN = Path(sys.executable).parent
@@ -67,7 +77,7 @@ VLLM_IN_FLIGHT = (1, 8)
 VLLM_START_TIMEOUT_S = 600.0  # ~40 s on 2 idle cores; the machine may be shared
 
 
-def _forward(stream) -> None:
+def _forward(stream: IO[str]) -> None:
     """Copy a server's remaining stdout to our stderr: a full pipe would block the server (vLLM logs to stdout)."""
     for line in stream:
         sys.stderr.write(line)
@@ -79,10 +89,12 @@ def _start(args: list[str], env: dict[str, str] | None = None) -> tuple[subproce
     Lines before that one (vLLM logs while it is imported) are passed on, and so is everything after it.
     """
     process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
-    for line in process.stdout:
+    stdout = process.stdout
+    assert stdout is not None  # stdout=PIPE
+    for line in stdout:
         match = re.search(r"listening on (\S+)", line)
         if match is not None:
-            threading.Thread(target=_forward, args=(process.stdout,), daemon=True).start()
+            threading.Thread(target=_forward, args=(stdout,), daemon=True).start()
             return process, match.group(1)
         sys.stderr.write(line)
     process.kill()
@@ -91,12 +103,32 @@ def _start(args: list[str], env: dict[str, str] | None = None) -> tuple[subproce
 
 
 def _print_run(repeat: int, name: str, in_flight: int, outcome: dict[str, float], decimals: int = 0) -> None:
+    cpu = (f"  cpu/call client {outcome['client_cpu_us']:4.0f} us server {outcome['server_cpu_us']:4.0f} us"
+           if "client_cpu_us" in outcome else "")
     print(
         f"repeat {repeat + 1} {name:13s} in_flight {in_flight:2d}: "
         f"{outcome['calls_per_s']:7.{decimals}f} calls/s  p50 {outcome['p50_ms']:6.2f} ms  "
-        f"p99 {outcome['p99_ms']:6.2f} ms",
+        f"p99 {outcome['p99_ms']:6.2f} ms{cpu}",
         flush=True,
     )
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, its threads included."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+async def _drive_measured(call: Callable[[int], Awaitable[object]], calls: int, in_flight: int,
+                          server_pid: int) -> dict[str, float]:
+    """``drive`` and the CPU per call it cost this process and the serving process ``server_pid``."""
+    client, server = time.process_time(), _cpu_s(server_pid)
+    outcome = await drive(call, calls, in_flight)
+    outcome["client_cpu_us"] = (time.process_time() - client) / calls * 1e6
+    outcome["server_cpu_us"] = (_cpu_s(server_pid) - server) / calls * 1e6
+    return outcome
 
 
 # -- (c) bare grpc.aio echo ----------------------------------------------------------------------------------
@@ -113,10 +145,10 @@ async def _serve_echo() -> None:
         complete=generation_pb2.GenerateComplete(finish_reason=generation_pb2.FINISH_REASON_LENGTH)
     ).SerializeToString()
 
-    async def echo(request: bytes, context) -> bytes:
+    async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return request
 
-    async def stream(request: bytes, context):
+    async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         generation_pb2.GenerateRequest.FromString(request)
         yield chunk
         yield complete
@@ -133,35 +165,36 @@ async def _serve_echo() -> None:
     await server.wait_for_termination()
 
 
-async def _bench_echo(address: str, calls: int, in_flight: int) -> dict[str, float]:
+async def _bench_echo(address: str, calls: int, in_flight: int, server_pid: int) -> dict[str, float]:
     payload = b"".join(i.to_bytes(4, "little") for i in PROMPT)
     async with grpc.aio.insecure_channel(address) as channel:
-        echo = channel.unary_unary(_ECHO_METHOD)
+        echo: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(_ECHO_METHOD)
         await echo(payload)
-        return await drive(lambda i: echo(payload, timeout=30), calls, in_flight)
+        return await _drive_measured(lambda i: echo(payload, timeout=30), calls, in_flight, server_pid)
 
 
-async def _bench_stream(address: str, calls: int, in_flight: int) -> dict[str, float]:
+async def _bench_stream(address: str, calls: int, in_flight: int, server_pid: int) -> dict[str, float]:
     from agentloop_grpc.v1 import generation_pb2
 
     request = generation_pb2.GenerateRequest(
         request_id="x", prompt_ids=PROMPT, sampling_params=generation_pb2.SamplingParams(max_new_tokens=1)
     ).SerializeToString()
     async with grpc.aio.insecure_channel(address) as channel:
-        stream = channel.unary_stream(_STREAM_METHOD)
+        stream: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(_STREAM_METHOD)
 
         async def call(i: int) -> None:
             async for _ in stream(request, timeout=30):
                 pass
 
         await call(0)
-        return await drive(call, calls, in_flight)
+        return await _drive_measured(call, calls, in_flight, server_pid)
 
 
 # -- (a) Router + engine server ------------------------------------------------------------------------------
 
 
-async def _bench_router(address: str, calls: int, in_flight: int, unary: bool = True) -> dict[str, float]:
+async def _bench_router(address: str, calls: int, in_flight: int, server_pid: int,
+                        unary: bool = True) -> dict[str, float]:
     """The prompt as an agent loop holds it (the trajectory's append-only ``array('i')``, sent as its bytes); the
     Ray case gets the list verl keeps."""
     from agentloop_grpc.common.types import SamplingParams
@@ -172,17 +205,19 @@ async def _bench_router(address: str, calls: int, in_flight: int, unary: bool = 
     async with Router([address], RouterConfig(unary_generate=unary)) as router:
         await router.fleet.wait_ready()
         await router.generate(GenerateCall("warm", context, params))
-        return await drive(lambda i: router.generate(GenerateCall(f"s{i % 64}", context, params)), calls, in_flight)
+        return await _drive_measured(lambda i: router.generate(GenerateCall(f"s{i % 64}", context, params)), calls,
+                                     in_flight, server_pid)
 
 
 # -- (b) Ray async actor -------------------------------------------------------------------------------------
 
 
-async def _engine_call(engine, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
+async def _engine_call(engine: EngineAdapter, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
     """One generate on an engine adapter, answered as a plain dict: what a verl-style actor method returns."""
+    from agentloop_grpc.common.prompt import PromptIds
     from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
 
-    request = GenerateRequest(request_id, tuple(prompt_ids), SamplingParams(**sampling))
+    request = GenerateRequest(request_id, PromptIds(prompt_ids), SamplingParams(**sampling))
     tokens: list[int] = []
     async for event in engine.generate(request):
         if isinstance(event, GenerateComplete):
@@ -191,7 +226,7 @@ async def _engine_call(engine, prompt_ids: list[int], sampling: dict, request_id
     raise RuntimeError("no completion")
 
 
-def _ray_actor_class():
+def _ray_actor_class() -> Any:
     import ray
 
     @ray.remote
@@ -204,6 +239,9 @@ def _ray_actor_class():
             self.engine = make_adapter("fake")
             self.started = False
 
+        def pid(self) -> int:
+            return os.getpid()
+
         async def generate(self, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
             if not self.started:
                 await self.engine.start(lambda: 0)  # no weight updates here: version 0
@@ -213,10 +251,11 @@ def _ray_actor_class():
     return FakeEngineActor
 
 
-async def _bench_ray(actor, calls: int, in_flight: int) -> dict[str, float]:
+async def _bench_ray(actor: Any, calls: int, in_flight: int, actor_pid: int) -> dict[str, float]:
     sampling = {"max_new_tokens": 1, "ignore_eos": True}
     await actor.generate.remote(PROMPT, sampling, "warm")
-    return await drive(lambda i: actor.generate.remote(PROMPT, sampling, f"r{i}"), calls, in_flight)
+    return await _drive_measured(lambda i: actor.generate.remote(PROMPT, sampling, f"r{i}"), calls, in_flight,
+                                 actor_pid)
 
 
 # -- (e, f) vLLM: Router + vLLM server vs Ray actor holding vLLM ---------------------------------------------
@@ -226,6 +265,8 @@ async def _bench_ray(actor, calls: int, in_flight: int) -> dict[str, float]:
 class VllmSetup:
     """The one vLLM configuration both paths use, so that they differ only in how calls reach the engine."""
 
+    adapter: ClassVar[str] = "vllm"
+    label: ClassVar[str] = "vLLM (CPU)"
     max_model_len: int = 2048
     kv_cache_bytes: int = 1 << 30
     max_running: int = 32
@@ -248,6 +289,29 @@ class VllmSetup:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class EmbeddedSetup:
+    """The embedded engine with its defaults (the default model on this machine's CPU) on both paths."""
+
+    adapter: ClassVar[str] = "embedded"
+    label: ClassVar[str] = "embedded engine (CPU)"
+    threads: int = 2  # torch's intra-op threads, the same on both paths
+
+    @classmethod
+    def for_this_process(cls) -> EmbeddedSetup:
+        return cls(threads=len(os.sched_getaffinity(0)))
+
+    def serve_args(self) -> list[str]:
+        return [str(BIN / "agentloop"), "engine", "serve", "--adapter", "embedded", "--port", "0", "--log-level",
+                "WARNING", "--set", f"threads={self.threads}"]
+
+    def config_kwargs(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+EngineSetup = VllmSetup | EmbeddedSetup
+
+
 def _vllm_sampling() -> dict:
     return {"max_new_tokens": VLLM_NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
 
@@ -265,35 +329,43 @@ def _vllm_skip_reason(no_vllm: bool) -> str | None:
     return None
 
 
-def _check_tokens(token_ids, path: str) -> None:
+def _check_tokens(token_ids: Sequence[int], path: str) -> None:
     """Both paths must do the same work: exactly VLLM_NEW_TOKENS tokens per call."""
     if len(token_ids) != VLLM_NEW_TOKENS:
         raise RuntimeError(f"{path}: {len(token_ids)} tokens instead of {VLLM_NEW_TOKENS}")
 
 
-async def _warm_up(call) -> None:
+async def _warm_up(call: Callable[[str], Awaitable[None]]) -> None:
     """One call alone, then a full batch: vLLM's first steps at a new batch size are slower."""
     await call("warm")
     await asyncio.gather(*(call(f"warm{i}") for i in range(max(VLLM_IN_FLIGHT))))
 
 
-async def _measure_vllm(name: str, call, plan: list[tuple[int, int]], repeat: int) -> dict:
+async def _measure_engine(name: str, call: Callable[[str], Awaitable[None]], plan: list[tuple[int, int]], repeat: int,
+                          server_pid: int) -> dict:
     """Warm up, then one round of the plan (repeat number ``repeat``), one run line each; results keyed by
     (name, in flight).
 
     ``call(tag)`` makes one generate; every tag is unique (a request id for Ray, a session id for the Router).
+    ``server_pid``: the serving process (the engine server, Ray's actor), whose CPU per call is reported (vLLM's
+    engine core, a process of its own, is not counted).
     """
     await _warm_up(call)
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
     for in_flight, calls in plan:
         prefix = f"{name}-{repeat}-{in_flight}"
-        outcome = await drive(lambda i, prefix=prefix: call(f"{prefix}-{i}"), calls, in_flight)
+
+        def tagged(i: int, prefix: str = prefix) -> Awaitable[None]:
+            return call(f"{prefix}-{i}")
+
+        outcome = await _drive_measured(tagged, calls, in_flight, server_pid)
         results.setdefault((name, in_flight), []).append(outcome)
         _print_run(repeat, name, in_flight, outcome, decimals=2)
     return results
 
 
-async def _router_vllm_runs(address: str, plan: list[tuple[int, int]], repeat: int) -> dict:
+async def _router_engine_runs(name: str, address: str, server_pid: int, plan: list[tuple[int, int]],
+                              repeat: int) -> dict:
     from agentloop_grpc.common.types import SamplingParams
     from agentloop_grpc.router import GenerateCall, Router
 
@@ -301,13 +373,13 @@ async def _router_vllm_runs(address: str, plan: list[tuple[int, int]], repeat: i
 
     async def call(session_id: str) -> None:
         result = await router.generate(GenerateCall(session_id, VLLM_PROMPT, params))
-        _check_tokens(result.token_ids, "router_vllm")
+        _check_tokens(result.token_ids, name)
 
     async with Router([address]) as router:
         started = time.perf_counter()
         await router.fleet.wait_ready(timeout_s=VLLM_START_TIMEOUT_S)
-        print(f"router_vllm: server ready {time.perf_counter() - started:.1f} s after listening", flush=True)
-        return await _measure_vllm("router_vllm", call, plan, repeat)
+        print(f"{name}: server ready {time.perf_counter() - started:.1f} s after listening", flush=True)
+        return await _measure_engine(name, call, plan, repeat, server_pid)
 
 
 def _process_tree(pid: int) -> list:
@@ -333,48 +405,50 @@ def _reap(processes: list, what: str) -> None:
     psutil.wait_procs(alive, timeout=10)
 
 
-def _stop_server(server: subprocess.Popen) -> None:
-    """SIGTERM (the server drains, then shuts vLLM down), then make sure nothing it spawned is left."""
+def _stop_server(server: subprocess.Popen, name: str) -> None:
+    """SIGTERM (the server drains, then shuts its engine down), then make sure nothing it spawned is left."""
     tree = _process_tree(server.pid)
     server.terminate()
     try:
         server.wait(120)
     except subprocess.TimeoutExpired:
-        print("router_vllm: server did not stop within 120 s: killed", flush=True)
+        print(f"{name}: server did not stop within 120 s: killed", flush=True)
         server.kill()
         server.wait()
-    _reap(tree, "router_vllm")
+    _reap(tree, name)
 
 
-def _run_router_vllm(setup: VllmSetup, plan: list[tuple[int, int]], repeat: int) -> dict:
-    """Serve vLLM in its own process, measure through the Router, then stop the server and all it spawned."""
+def _run_router_engine(setup: EngineSetup, plan: list[tuple[int, int]], repeat: int) -> dict:
+    """Serve the engine in its own process, measure through the Router, then stop the server and all it
+    spawned."""
+    name = f"router_{setup.adapter}"
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
     started = time.perf_counter()
     server, address = _start(setup.serve_args(), env)
-    print(f"router_vllm: server listening on {address} after {time.perf_counter() - started:.1f} s", flush=True)
+    print(f"{name}: server listening on {address} after {time.perf_counter() - started:.1f} s", flush=True)
     try:
-        return asyncio.run(_router_vllm_runs(address, plan, repeat))
+        return asyncio.run(_router_engine_runs(name, address, server.pid, plan, repeat))
     finally:
-        _stop_server(server)
+        _stop_server(server, name)
 
 
-def _vllm_actor_class():
+def _engine_actor_class() -> Any:
     import ray
 
     @ray.remote
-    class VllmEngineActor:
-        """The project's vLLM adapter behind a Ray async actor, as verl holds its vLLM servers."""
+    class EngineActor:
+        """The project's adapter behind a Ray async actor, as verl holds its vLLM servers."""
 
-        def __init__(self, config_kwargs: dict) -> None:
+        def __init__(self, adapter: str, config_kwargs: dict) -> None:
             from agentloop_grpc.engine_adapters.factory import make_adapter
 
-            self.engine = make_adapter("vllm", config_kwargs)
+            self.engine = make_adapter(adapter, config_kwargs)
 
         def pid(self) -> int:
             return os.getpid()
 
         async def start(self) -> None:
-            """Start vLLM here: its engine process is spawned from the actor, as in verl."""
+            """Start the engine here: vLLM's engine process is spawned from the actor, as in verl."""
             await self.engine.start(lambda: 0)  # no weight updates here: version 0
 
         async def generate(self, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
@@ -383,57 +457,58 @@ def _vllm_actor_class():
         async def shutdown(self) -> None:
             await self.engine.shutdown()
 
-    return VllmEngineActor
+    return EngineActor
 
 
-async def _ray_vllm_runs(actor, plan: list[tuple[int, int]], repeat: int) -> dict:
+async def _ray_engine_runs(name: str, actor: Any, actor_pid: int, plan: list[tuple[int, int]], repeat: int) -> dict:
     sampling = _vllm_sampling()
 
     async def call(request_id: str) -> None:
         result = await actor.generate.remote(VLLM_PROMPT, sampling, request_id)
-        _check_tokens(result["token_ids"], "ray_vllm")
+        _check_tokens(result["token_ids"], name)
 
-    return await _measure_vllm("ray_vllm", call, plan, repeat)
+    return await _measure_engine(name, call, plan, repeat, actor_pid)
 
 
-def _stop_actor(actor, actor_pid: int) -> None:
-    """Shut vLLM down inside the actor, kill the actor, then make sure nothing it spawned is left."""
+def _stop_actor(actor: Any, actor_pid: int, name: str) -> None:
+    """Shut the engine down inside the actor, kill the actor, then make sure nothing it spawned is left."""
     import ray
 
     tree = _process_tree(actor_pid)
     try:
         ray.get(actor.shutdown.remote(), timeout=120)
     except (ray.exceptions.RayError, TimeoutError) as exc:
-        print(f"ray_vllm: shutdown failed ({type(exc).__name__}): killing the actor", flush=True)
+        print(f"{name}: shutdown failed ({type(exc).__name__}): killing the actor", flush=True)
     ray.kill(actor)
-    _reap(tree, "ray_vllm")
+    _reap(tree, name)
 
 
-def _run_ray_vllm(setup: VllmSetup, plan: list[tuple[int, int]], repeat: int) -> dict:
-    """Start vLLM inside a Ray actor, measure, then shut vLLM down, kill the actor and wait for all it spawned."""
+def _run_ray_engine(setup: EngineSetup, plan: list[tuple[int, int]], repeat: int) -> dict:
+    """Start the engine inside a Ray actor, measure, then shut it down, kill the actor and wait for all it
+    spawned."""
     import ray
 
-    actor = _vllm_actor_class().options(max_concurrency=1000).remote(setup.config_kwargs())
+    name = f"ray_{setup.adapter}"
+    actor = _engine_actor_class().options(max_concurrency=1000).remote(setup.adapter, setup.config_kwargs())
     actor_pid = ray.get(actor.pid.remote())
     try:
         started = time.perf_counter()
         ray.get(actor.start.remote())
-        print(f"ray_vllm: actor ready in {time.perf_counter() - started:.1f} s", flush=True)
-        return asyncio.run(_ray_vllm_runs(actor, plan, repeat))
+        print(f"{name}: actor ready in {time.perf_counter() - started:.1f} s", flush=True)
+        return asyncio.run(_ray_engine_runs(name, actor, actor_pid, plan, repeat))
     finally:
-        _stop_actor(actor, actor_pid)
+        _stop_actor(actor, actor_pid, name)
 
 
-def _vllm_cases(calls: int, repeats: int) -> dict:
-    """(e) and (f) in turns, one repeat each (every other repeat Ray first), each engine started afresh for its
-    turn and stopped after it, never both at once: each vLLM takes ~4 GB and all the cores. In turns, a repeat's
-    two runs are a minute or two apart and their ratio pairs them; all of (e) then all of (f) put minutes of host
-    drift between the two (three such runs on 2026-11-23 gave router / Ray 0.75 to 1.36)."""
-    setup = VllmSetup.for_this_process()
+def _engine_cases(setup: EngineSetup, calls: int, repeats: int) -> dict:
+    """(e) and (f), or (g) and (h), in turns, one repeat each (every other repeat Ray first), each engine started
+    afresh for its turn and stopped after it, never both at once: each vLLM takes ~4 GB and all the cores. In
+    turns, a repeat's two runs are a minute or two apart and their ratio pairs them; all of (e) then all of (f) put
+    minutes of host drift between the two (three such runs on 2026-11-23 gave router / Ray 0.75 to 1.36)."""
     plan = _vllm_plan(calls)
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
     for repeat in range(repeats):
-        turns = (_run_router_vllm, _run_ray_vllm) if repeat % 2 == 0 else (_run_ray_vllm, _run_router_vllm)
+        turns = (_run_router_engine, _run_ray_engine) if repeat % 2 == 0 else (_run_ray_engine, _run_router_engine)
         for run in turns:
             for key, runs in run(setup, plan, repeat).items():
                 results.setdefault(key, []).extend(runs)
@@ -466,15 +541,17 @@ def _transport_cases(calls: int, repeats: int, names: tuple[str, ...] = FAKE_CAS
         echo, echo_address = _start([sys.executable, __file__, "--serve-echo"])
         processes.append(echo)
         actor = _ray_actor_class().options(max_concurrency=1000).remote()
+        actor_pid = ray.get(actor.pid.remote())
         results: dict[tuple[str, int], list[dict[str, float]]] = {}
         for repeat in range(repeats):
             for in_flight in in_flights:
                 runs = {  # each made into a coroutine once its turn comes
-                    "router": functools.partial(_bench_router, engine_address, calls, in_flight, True),
-                    "router_stream": functools.partial(_bench_router, engine_address, calls, in_flight, False),
-                    "ray": functools.partial(_bench_ray, actor, calls, in_flight),
-                    "bare_grpc": functools.partial(_bench_echo, echo_address, calls, in_flight),
-                    "bare_stream": functools.partial(_bench_stream, echo_address, calls, in_flight),
+                    "router": functools.partial(_bench_router, engine_address, calls, in_flight, engine.pid, True),
+                    "router_stream": functools.partial(_bench_router, engine_address, calls, in_flight, engine.pid,
+                                                       False),
+                    "ray": functools.partial(_bench_ray, actor, calls, in_flight, actor_pid),
+                    "bare_grpc": functools.partial(_bench_echo, echo_address, calls, in_flight, echo.pid),
+                    "bare_stream": functools.partial(_bench_stream, echo_address, calls, in_flight, echo.pid),
                 }
                 cases = [(name, run) for name, run in runs.items() if name in names]
                 # every other repeat backwards: a host slowing down or speeding up within a repeat then favours
@@ -494,11 +571,13 @@ def _transport_cases(calls: int, repeats: int, names: tuple[str, ...] = FAKE_CAS
 
 def _print_transport(results: dict, calls: int, repeats: int) -> None:
     print(f"\nmedians of {repeats} runs, {calls} calls each, {len(PROMPT)}-id prompt, {os.cpu_count()} cores")
-    print(f"{'path':13s} {'in flight':>9s} {'calls/s':>8s} {'p50 ms':>7s} {'p99 ms':>7s}")
+    print(f"{'path':13s} {'in flight':>9s} {'calls/s':>8s} {'p50 ms':>7s} {'p99 ms':>7s} {'client us':>9s} "
+          f"{'server us':>9s}  (CPU per call)")
     for (name, in_flight), runs in sorted(results.items()):
         print(
             f"{name:13s} {in_flight:9d} {_median(runs, 'calls_per_s'):8.0f} {_median(runs, 'p50_ms'):7.2f} "
-            f"{_median(runs, 'p99_ms'):7.2f}"
+            f"{_median(runs, 'p99_ms'):7.2f} {_median(runs, 'client_cpu_us'):9.0f} "
+            f"{_median(runs, 'server_cpu_us'):9.0f}"
         )
 
 
@@ -533,27 +612,30 @@ def _print_transport_ratios(results: dict) -> None:
     print("\n".join(lines))
 
 
-def _print_vllm(results: dict, calls: int, repeats: int) -> None:
+def _print_engine(setup: EngineSetup, results: dict, calls: int, repeats: int) -> None:
     plan = ", ".join(f"{n} calls at {k} in flight" for k, n in _vllm_plan(calls))
     print(
-        f"\nvLLM (CPU): medians of {repeats} runs ({plan}), {len(VLLM_PROMPT)}-id prompt, "
+        f"\n{setup.label}: medians of {repeats} runs ({plan}), {len(VLLM_PROMPT)}-id prompt, "
         f"{VLLM_NEW_TOKENS} greedy tokens per call"
     )
-    print(f"{'path':11s} {'in flight':>9s} {'calls/s':>8s} {'tok/s':>7s} {'p50 ms':>7s} {'p99 ms':>7s}")
+    print(f"{'path':14s} {'in flight':>9s} {'calls/s':>8s} {'tok/s':>7s} {'p50 ms':>7s} {'p99 ms':>7s} "
+          f"{'client us':>9s} {'server us':>9s}  (CPU per call)")
     for (name, in_flight), runs in sorted(results.items()):
         calls_per_s = _median(runs, "calls_per_s")
         print(
-            f"{name:11s} {in_flight:9d} {calls_per_s:8.2f} {calls_per_s * VLLM_NEW_TOKENS:7.1f} "
-            f"{_median(runs, 'p50_ms'):7.1f} {_median(runs, 'p99_ms'):7.1f}"
+            f"{name:14s} {in_flight:9d} {calls_per_s:8.2f} {calls_per_s * VLLM_NEW_TOKENS:7.1f} "
+            f"{_median(runs, 'p50_ms'):7.1f} {_median(runs, 'p99_ms'):7.1f} {_median(runs, 'client_cpu_us'):9.0f} "
+            f"{_median(runs, 'server_cpu_us'):9.0f}"
         )
 
 
-def _print_vllm_ratios(results: dict) -> None:
+def _print_engine_ratios(setup: EngineSetup, results: dict) -> None:
     # with a real engine the transport should not cost throughput: target 1.0
+    router, ray = f"router_{setup.adapter}", f"ray_{setup.adapter}"
     for in_flight in VLLM_IN_FLIGHT:
-        ratio, per_repeat = _paired_ratio(results, "router_vllm", "ray_vllm", in_flight, "calls_per_s")
-        print(f"router_vllm_calls_vs_ray_vllm_{in_flight} per repeat: {' '.join(f'{r:.2f}' for r in per_repeat)}")
-        print(f"RATIO router_vllm_calls_vs_ray_vllm_{in_flight} {ratio:.2f} target 1.0")
+        ratio, per_repeat = _paired_ratio(results, router, ray, in_flight, "calls_per_s")
+        print(f"{router}_calls_vs_{ray}_{in_flight} per repeat: {' '.join(f'{r:.2f}' for r in per_repeat)}")
+        print(f"RATIO {router}_calls_vs_{ray}_{in_flight} {ratio:.2f} target 1.0")
 
 
 def main() -> int:
@@ -567,6 +649,8 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(FAKE_CASES), help="the fake-engine cases to run, comma-separated")
     parser.add_argument("--in-flight", default=",".join(map(str, IN_FLIGHT)), help="1, 64 or both (comma-separated)")
     parser.add_argument("--vllm-only", action="store_true", help="only the vLLM cases (e) and (f)")
+    parser.add_argument("--embedded", action="store_true",
+                        help="also (g) router_embedded and (h) ray_embedded: the embedded engine, as (e) and (f)")
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by the servers, Ray's workers and vLLM's processes
@@ -584,22 +668,29 @@ def main() -> int:
     skip_vllm = _vllm_skip_reason(args.no_vllm)
     if args.vllm_only and skip_vllm is not None:
         parser.error(f"--vllm-only, but the vLLM cases cannot run: {skip_vllm}")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     try:
-        results = {} if args.vllm_only else _transport_cases(args.calls, args.repeats, names, in_flights)
-        vllm_results = _vllm_cases(args.vllm_calls, args.repeats) if skip_vllm is None else {}
+        results = {} if args.vllm_only or not names else _transport_cases(args.calls, args.repeats, names, in_flights)
+        vllm = VllmSetup.for_this_process()
+        vllm_results = _engine_cases(vllm, args.vllm_calls, args.repeats) if skip_vllm is None else {}
+        embedded = EmbeddedSetup.for_this_process()
+        embedded_results = _engine_cases(embedded, args.vllm_calls, args.repeats) if args.embedded else {}
     finally:
         ray.shutdown()
 
     if results:
         _print_transport(results, args.calls, args.repeats)
     if skip_vllm is None:
-        _print_vllm(vllm_results, args.vllm_calls, args.repeats)
+        _print_engine(vllm, vllm_results, args.vllm_calls, args.repeats)
     else:
         print(f"\nvLLM cases (router_vllm, ray_vllm) skipped: {skip_vllm}")
+    if embedded_results:
+        _print_engine(embedded, embedded_results, args.vllm_calls, args.repeats)
     _print_transport_ratios(results)
     if skip_vllm is None:
-        _print_vllm_ratios(vllm_results)
+        _print_engine_ratios(vllm, vllm_results)
+    if embedded_results:
+        _print_engine_ratios(embedded, embedded_results)
     return 0
 
 
