@@ -268,7 +268,7 @@ class Paths:
     async def sdk_call(self, i: int) -> None:
         client = openai.AsyncOpenAI(base_url=f"{self.url}/sessions/{self.sid('sdk')}/v1", api_key="none",
                                     http_client=self.sdk_http, max_retries=0)
-        reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,  # type: ignore[arg-type]
+        reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
                                                      max_tokens=self.max_tokens, temperature=0.0)
         self._check(reply.usage.completion_tokens if reply.usage else -1)
 
@@ -398,7 +398,7 @@ async def _session(url: str, session_id: str, index: int, tag: str, turns: int) 
         ]
         tokens = 0
         for turn in range(turns):
-            reply = await client.chat.completions.create(model=MODEL, messages=messages,  # type: ignore[arg-type]
+            reply = await client.chat.completions.create(model=MODEL, messages=messages,
                                                          tools=TOOLS, max_tokens=MAX_TOKENS, temperature=0.0)
             tokens += reply.usage.completion_tokens if reply.usage else 0
             message = reply.choices[0].message

@@ -32,7 +32,7 @@ def module_name(path: Path) -> str:
 def imports(path: Path) -> set[str]:
     """Absolute names of every module ``path`` imports."""
     package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)

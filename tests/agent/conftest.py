@@ -113,7 +113,7 @@ class WatchedRouter:
     def __init__(self, router: Router) -> None:
         self.router = router
         self.tokens: dict[str, int] = {}
-        self.results = []
+        self.results: list[GenerateResult] = []
         self.changed = asyncio.Event()
 
     async def generate(self, call: GenerateCall) -> GenerateResult:

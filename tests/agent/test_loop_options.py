@@ -3,6 +3,8 @@ validation), tool metrics kept in the trajectory, and the loop's state sent to t
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from agentloop_grpc.agent import AgentLoopConfig, Sample, Termination
@@ -110,7 +112,8 @@ class Recording:
     """The gRPC tool client, recording what the loop passes to each Execute besides the call itself."""
 
     def __init__(self, inner: GrpcToolClient) -> None:
-        self.inner, self.extra = inner, []
+        self.inner = inner
+        self.extra: list[tuple[str, dict[str, Any]]] = []
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)

@@ -34,7 +34,7 @@ async def test_ended_trajectories_leave_no_session_in_the_router(codec):
                    for i in range(6)]
         trajectories = await AgentLoopWorker(loops).run(samples)
         assert not any(t.failed for t in trajectories)
-        assert ctx.generator.live_sessions == 0
+        assert isinstance(ctx.generator, Router) and ctx.generator.live_sessions == 0
 
 
 async def test_one_broken_sample_never_fails_the_batch(codec):

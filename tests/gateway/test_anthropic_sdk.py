@@ -67,7 +67,7 @@ async def test_an_agent_through_the_anthropic_sdk_records_what_the_tool_loop_rec
         second = await client.messages.create(
             model="m", max_tokens=256, messages=tool_result_turn(first.content, tool_use.id), tools=tools)
         assert [block.type for block in second.content] == ["text"]
-        assert second.content[0].text == "The answer is 5." and second.stop_reason == "end_turn"  # type: ignore[union-attr]
+        assert second.content[0].text == "The answer is 5." and second.stop_reason == "end_turn"
         assert second.model_extra["agentloop"]["chain"] == 0 and second.model_extra["agentloop"]["forked"] is False
         session, (t,) = await g.gateway.finish("s1")
     assert_records_the_tool_loop(session, t, expected)
@@ -129,8 +129,8 @@ async def test_a_malformed_request_is_a_bad_request_in_anthropics_shape(codec, f
             await client.messages.create(**{**request, **fields})
     error = caught.value
     assert error.status_code == 400
-    assert error.body["type"] == "error" and error.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
-    message = error.body["error"]["message"]  # type: ignore[index]
+    assert error.body["type"] == "error" and error.body["error"]["type"] == "invalid_request_error"
+    message = error.body["error"]["message"]
     assert param in message and words in message and message in str(error)
     assert g.script.requests == []  # refused before the engine
 

@@ -680,8 +680,8 @@ async def test_the_sdk_reassembles_the_stream() -> None:
         message = stream.get_final_message()
     assert text == "Hi there"
     assert [block.type for block in message.content] == ["text", "tool_use", "tool_use"]
-    assert message.content[1].input == {"city": "Paris"}  # type: ignore[union-attr]
-    assert message.content[2].input == {"city": "Rome", "unit": "C"}  # type: ignore[union-attr]
+    assert message.content[1].input == {"city": "Paris"}
+    assert message.content[2].input == {"city": "Rome", "unit": "C"}
     assert message.stop_reason == "tool_use"
     assert (message.usage.input_tokens, message.usage.output_tokens) == (6, 3)
 

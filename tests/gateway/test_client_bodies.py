@@ -130,7 +130,8 @@ THINKING_TEMPLATE = (
 async def test_thinking_switches_a_templates_thinking_mode_and_is_recorded_where_there_is_none(codec) -> None:
     thinking = ChatCodec(codec.tokenizer, THINKING_TEMPLATE)
     assert thinking.thinking_switch and not codec.thinking_switch
-    ask = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi?"}]}
+    question = [{"role": "user", "content": "Hi?"}]
+    ask = {"model": "m", "max_tokens": 16, "messages": question}
     async with scripted_gateway(thinking, ["Fine."]) as g, httpx.AsyncClient(base_url=g.url, timeout=30) as http:
         for session, mode in (("t1", {"type": "adaptive"}), ("t2", {"type": "disabled"}), ("t3", None)):
             body = {**ask, **({"thinking": mode} if mode else {})}
@@ -140,7 +141,7 @@ async def test_thinking_switches_a_templates_thinking_mode_and_is_recorded_where
         assert (await http.get("/sessions/t1")).json()["ignored"] == {}
         # a chain keeps the mode it started with: a request asking for the other one forks
         reply = (await http.post("/sessions/t1/v1/messages", json={**ask, "messages": [
-            *ask["messages"], {"role": "assistant", "content": "Fine."}, {"role": "user", "content": "Sure?"}]})).json()
+            *question, {"role": "assistant", "content": "Fine."}, {"role": "user", "content": "Sure?"}]})).json()
         assert reply["agentloop"]["forked"] is True
     async with scripted_gateway(codec, ["Fine."]) as g, httpx.AsyncClient(base_url=g.url, timeout=30) as http:
         assert (await http.post("/sessions/t4/v1/messages", json={**ask, "thinking": {"type": "adaptive"}})).is_success

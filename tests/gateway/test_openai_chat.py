@@ -8,6 +8,7 @@ import json
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from agentloop_grpc.agent import AgentLoopConfig, Sample, SamplingConfig
 from agentloop_grpc.gateway.config import ForcedSampling, GatewayConfig
@@ -35,6 +36,7 @@ async def test_an_agent_through_the_openai_sdk_records_what_the_tool_loop_record
         first = await client.chat.completions.create(model="m", messages=QUESTION, tools=tools)
         message = first.choices[0].message
         assert first.choices[0].finish_reason == "tool_calls"
+        assert message.tool_calls is not None
         (tool_call,) = message.tool_calls
         assert tool_call.function.name == "calculator"
         assert json.loads(tool_call.function.arguments) == {"expression": "2+3"}
@@ -90,9 +92,9 @@ async def test_streams_text_with_logprobs_and_a_tool_call_turn_streams_the_call(
     assert [t.assistant_turns for t in trajectories] == [1, 1]
 
 
-TOOL = {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
-                                         "parameters": {"type": "object", "properties": {
-                                             "expression": {"type": "string"}}, "required": ["expression"]}}}
+TOOL: ChatCompletionFunctionToolParam = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate arithmetic.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
 
 
 async def test_a_client_that_reserialises_the_call_still_appends_and_a_rewritten_history_forks(codec):
@@ -100,6 +102,7 @@ async def test_a_client_that_reserialises_the_call_still_appends_and_a_rewritten
     async with scripted_gateway(codec, replies) as g:
         client = g.openai("s3")
         first = (await client.chat.completions.create(model="m", messages=QUESTION, tools=[TOOL])).choices[0]
+        assert first.message.tool_calls is not None
         (sent,) = first.message.tool_calls
         # the client renames the call id, reorders and respaces the JSON, adds whitespace to the content
         arguments = json.dumps(dict(reversed(list(json.loads(sent.function.arguments).items()))), indent=2)

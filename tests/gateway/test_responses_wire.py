@@ -382,7 +382,8 @@ def test_a_deeply_nested_schema_is_refused_not_crashed() -> None:
     assert error.param == "tools[0].parameters"
 
 
-HOSTILE = (None, 0, -1, 10**400, 1.5, float("nan"), True, "", "x", "data:", [], [None], {}, {"type": None})
+HOSTILE: tuple[object, ...] = (
+    None, 0, -1, 10**400, 1.5, float("nan"), True, "", "x", "data:", [], [None], {}, {"type": None})
 
 
 def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -556,8 +557,8 @@ async def test_a_stream_is_sdk_events_in_order() -> None:
     final = Response.model_validate(events[-1]["response"])
     assert final.id == events[0]["response"]["id"] and final.status == "completed"
     assert final.output_text == "It is sunny."
-    assert final.tool_choice.type == "function" and final.temperature == 0.2  # type: ignore[union-attr]
-    assert [tool.name for tool in final.tools] == ["get_weather"]  # type: ignore[union-attr]
+    assert final.tool_choice.type == "function" and final.temperature == 0.2
+    assert [tool.name for tool in final.tools] == ["get_weather"]
     assert events[-1]["response"]["agentloop"] == {"token_ids": [11, 12, 13, 2], "chain": 1, "forked": True}
 
 

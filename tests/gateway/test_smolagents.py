@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from smolagents import OpenAIServerModel, ToolCallingAgent, tool
+# smolagents ships no type information
+from smolagents import OpenAIServerModel, ToolCallingAgent, tool  # type: ignore[import-untyped]
 
 from agentloop_grpc.gateway.config import ForcedSampling, GatewayConfig
 

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import json
 
+from anthropic.types import ToolParam
+from openai.types.chat import ChatCompletionFunctionToolParam
+from openai.types.responses import FunctionToolParam
+
 from ..agent.conftest import call
 from .conftest import scripted_gateway
 
 TEXT = "Let me add those two numbers for you."
 REPLIES = [f"{TEXT}\n\n{call('calculator', expression='1+1')}", "It is 2."]
 QUESTION = [{"role": "user", "content": "What is 1 + 1?"}]
-PARAMETERS = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
-TOOL = {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
-                                         "parameters": PARAMETERS}}
+PARAMETERS: dict[str, object] = {
+    "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+TOOL: ChatCompletionFunctionToolParam = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate arithmetic.", "parameters": PARAMETERS}}
 
 
 def assert_text_streamed_first(events: list[tuple[str, str]]) -> None:
@@ -53,7 +58,8 @@ async def test_responses_stream_the_text_before_the_call(codec):
     async with scripted_gateway(codec, REPLIES) as g:
         client = g.openai("responses", max_retries=0)
         events, final = [], None
-        tool = {"type": "function", "strict": False, **TOOL["function"]}
+        tool: FunctionToolParam = {"type": "function", "strict": False, "name": "calculator",
+                                   "description": "Evaluate arithmetic.", "parameters": PARAMETERS}
         async for event in await client.responses.create(model="m", input=QUESTION, stream=True, tools=[tool]):
             if event.type == "response.output_text.delta":
                 events.append(("text", event.delta))
@@ -69,7 +75,7 @@ async def test_responses_stream_the_text_before_the_call(codec):
 async def test_anthropic_messages_stream_the_text_before_the_call(codec):
     async with scripted_gateway(codec, REPLIES) as g:
         client = g.anthropic("messages", max_retries=0)
-        tool = {"name": "calculator", "description": "Evaluate arithmetic.", "input_schema": PARAMETERS}
+        tool: ToolParam = {"name": "calculator", "description": "Evaluate arithmetic.", "input_schema": PARAMETERS}
         events = []
         async with client.messages.stream(model="m", max_tokens=256, messages=QUESTION, tools=[tool]) as stream:
             async for event in stream:

@@ -8,8 +8,9 @@ import os
 import subprocess
 
 import openai
+from openai.types.chat import ChatCompletionFunctionToolParam
 
-BASH = {"type": "function", "function": {
+BASH: ChatCompletionFunctionToolParam = {"type": "function", "function": {
     "name": "bash", "description": "Run a bash command in the repository.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
 }}

@@ -42,7 +42,7 @@ def _write(module: str, source: str) -> str:
 
 def fix_of(prompt: str) -> str:
     """The shell command the scripted model runs: the known-good fix of clamp, a wrong one of anything else."""
-    package, name = re.search(r"The code is in `([a-z]+)/([a-z]+)\.py`", prompt).groups()  # type: ignore[union-attr]
+    package, name = re.search(r"The code is in `([a-z]+)/([a-z]+)\.py`", prompt).groups()
     source = next(b.fixed for b in BUGS if b.name == name) if name == "clamp" else WRONG
     return _write(f"{package}/{name}.py", source)
 
@@ -97,7 +97,7 @@ HARNESSES = {
 async def test_each_harness_completes_a_task_token_exact_and_is_rewarded_by_the_tests(tmp_path, engine, codec, name):
     if name != "command":
         try:
-            find_program(name)  # type: ignore[arg-type]
+            find_program(name)
         except HarnessError as error:
             pytest.fail(f"{error}: make setup installs it")
     address, _ = engine

@@ -116,7 +116,9 @@ class _Steps:
         from agentloop_grpc.integrations.trl import agentloop_reward, prompt_dataset, trl_fields
         from agentloop_grpc.integrations.trl.corrected_trainer import CorrectedGRPOTrainer
 
-        self.model, self.rolled, self.grads = model, [], {}
+        self.model = model
+        self.rolled: list[Trajectory] = []
+        self.grads: dict[str, torch.Tensor] = {}
         steps = self
 
         class Grads(TrainerCallback):

@@ -60,17 +60,18 @@ def _rollout(rows) -> AgentLoopRollout:
     return AgentLoopRollout(WorkerSpec(engines=("127.0.0.1:1",)), rows)
 
 
-ROWS = [
-    {"id": "r1", "messages": [{"role": "user", "content": "What is 1 + 2?"}], "ground_truth": "3",
-     "tools": ["calculator", "check_answer"]},
-    {"id": "r2", "messages": [{"role": "user", "content": "What is 2 + 2?"}], "ground_truth": 4},
+R1_PROMPT = [{"role": "user", "content": "What is 1 + 2?"}]
+R2_PROMPT = [{"role": "user", "content": "What is 2 + 2?"}]
+ROWS: list[dict[str, object]] = [
+    {"id": "r1", "messages": R1_PROMPT, "ground_truth": "3", "tools": ["calculator", "check_answer"]},
+    {"id": "r2", "messages": R2_PROMPT, "ground_truth": 4},
 ]
 
 
 def test_prompts_become_groups_with_the_rows_ground_truth():
     rollout = _rollout(ROWS)
     # what TRL's dataset gives back: missing keys filled with None
-    prompts = [[{"role": "user", "content": "What is 1 + 2?", "name": None}]] * 2 + [ROWS[1]["messages"]] * 2
+    prompts = [[{"role": "user", "content": "What is 1 + 2?", "name": None}]] * 2 + [R2_PROMPT] * 2
     samples = rollout.samples(prompts, group_size=2, prefix="s0.0")
     assert [s.group_id for s in samples] == ["s0.0/0", "s0.0/0", "s0.0/1", "s0.0/1"]
     assert len({s.sample_id for s in samples}) == 4
@@ -82,9 +83,9 @@ def test_prompts_become_groups_with_the_rows_ground_truth():
 def test_prompts_out_of_group_order_or_unknown_are_refused():
     rollout = _rollout(ROWS)
     with pytest.raises(ValueError, match="num_generations"):
-        rollout.samples([ROWS[0]["messages"], ROWS[1]["messages"]], group_size=2, prefix="x")
+        rollout.samples([R1_PROMPT, R2_PROMPT], group_size=2, prefix="x")
     with pytest.raises(ValueError, match="groups of num_generations=2"):
-        rollout.samples([ROWS[0]["messages"]] * 3, group_size=2, prefix="x")
+        rollout.samples([R1_PROMPT] * 3, group_size=2, prefix="x")
     with pytest.raises(KeyError, match="not in the rows"):
         rollout.samples([[{"role": "user", "content": "unknown"}]] * 2, group_size=2, prefix="x")
 

@@ -28,7 +28,7 @@ LOOP = AgentLoopConfig(
 )
 
 
-def position_in_group(completion_ids, **kwargs) -> list[float]:
+def position_in_group(completion_ids, **kwargs) -> list[float | None]:
     """A second reward that differs within every group (0, 1, ...), so every step has a gradient whatever the
     untrained model wrote (the test's, not ours)."""
     return [float(i % 2) for i in range(len(completion_ids))]

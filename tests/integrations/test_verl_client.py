@@ -23,7 +23,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from agentloop_grpc.common import model_store
-from agentloop_grpc.common.types import PauseMode, SamplingParams
+from agentloop_grpc.common.types import GenerateRequest, PauseMode, SamplingParams
 from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.fake_config import FakeEngineConfig
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
@@ -115,8 +115,13 @@ async def _fake_server(**config):
 
 
 async def test_the_rollout_configs_defaults_reach_the_engine_as_verls_servers_apply_them() -> None:
-    seen = []
-    server, address = await _fake_server(script=lambda request: seen.append(request) or [5])
+    seen: list[GenerateRequest] = []
+
+    def script(request: GenerateRequest) -> list[int]:
+        seen.append(request)
+        return [5]
+
+    server, address = await _fake_server(script=script)
     rollout = {"prompt_length": 256, "response_length": 24, "repetition_penalty": 1.3, "ignore_eos": True,
                "full_determinism": True, "seed": 7}
     client = AgentloopLLMClient(OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}}), servers=[address])

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
@@ -38,7 +38,7 @@ from agentloop_grpc.common import model_store
 from agentloop_grpc.common.types import SamplingParams, StructuredOutput
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
 from agentloop_grpc.integrations.verl.batch import FailedTrajectoriesError
-from agentloop_grpc.integrations.verl.manager import LoopSettings, samples_from
+from agentloop_grpc.integrations.verl.manager import AgentloopAgentLoopManager, LoopSettings, samples_from
 from agentloop_grpc.router import GenerateCall, Router
 from agentloop_grpc.tools.client import GrpcToolClient, ToolInfrastructureError
 from agentloop_grpc.tools.config import ToolServerConfig
@@ -118,7 +118,14 @@ def tool_server(servers):
     loop.run(server.stop(grace_s=1))
 
 
-def verl_config(engine: str, tools: str | None) -> OmegaConf:
+def load_manager() -> type[AgentloopAgentLoopManager]:
+    """Our manager, loaded by its name as verl's trainer loads ``agent_loop_manager_class``."""
+    loaded = load_class_from_fqn(MANAGER, "AgentLoopManager")
+    assert issubclass(loaded, AgentloopAgentLoopManager)
+    return loaded
+
+
+def verl_config(engine: str, tools: str | None) -> DictConfig:
     """The parts of verl's ppo_trainer config the manager reads."""
     return OmegaConf.create({"actor_rollout_ref": {
         "model": {"path": str(model_store.prepare())},
@@ -237,7 +244,7 @@ async def replay(engine: str, tools: str, output: DataProto) -> int:
 def test_our_loops_inside_verls_trainer_step(servers, tool_server, tmp_path: Path) -> None:
     engine, _, loop, _ = servers
     tools = tool_server[0]
-    manager_class = load_class_from_fqn(MANAGER, "AgentLoopManager")  # as verl's trainer loads it
+    manager_class = load_manager()
     reward_worker = RewardWorker(model_store.load_tokenizer(model_store.prepare()))
     manager = manager_class.create(config=verl_config(engine, tools), llm_client=None, teacher_client=None,
                                    reward_loop_worker_handles=[reward_worker])
@@ -307,7 +314,7 @@ def test_our_reward_function_scores_when_set(servers, tool_server) -> None:
         **{key: np.array([ROWS[2][key]] * 2, dtype=object) for key in ("data_source", "reward_model", "extra_info")},
     }, meta_info={"validate": True})
     reward_worker = RewardWorker(model_store.load_tokenizer(model_store.prepare()))
-    manager = load_class_from_fqn(MANAGER).create(config=config, llm_client=None,
+    manager = load_manager().create(config=config, llm_client=None,
                                                   reward_loop_worker_handles=[reward_worker])
     try:
         output = manager.generate_sequences(rows)  # ours scores: the reward workers are not asked
@@ -334,7 +341,7 @@ def test_an_agent_of_your_own_plays_verls_rows(servers, tool_server) -> None:
         "agent_name": np.array(["single_turn_agent"] * 2, dtype=object), "uid": np.array(["u", "u"], dtype=object),
         **{key: np.array([ROWS[2][key]] * 2, dtype=object) for key in ("data_source", "reward_model", "extra_info")},
     }, meta_info={"validate": True})
-    manager = load_class_from_fqn(MANAGER).create(config=config, llm_client=None)
+    manager = load_manager().create(config=config, llm_client=None)
     try:
         output = manager.generate_sequences(rows)
         assert manager.forked_chains == 0
@@ -359,7 +366,7 @@ def test_an_infrastructure_failure_raises_naming_the_trajectories(servers, tmp_p
         "agent_name": np.array(["tool_agent"], dtype=object),
         "uid": np.array(["u0"], dtype=object),
     }, meta_info={"validate": True})  # greedy: the model's call is the one the first test saw
-    manager = load_class_from_fqn(MANAGER).create(config=verl_config(engine, f"127.0.0.1:{doomed.port}"),
+    manager = load_manager().create(config=verl_config(engine, f"127.0.0.1:{doomed.port}"),
                                                   llm_client=None)
     try:
         loop.run(doomed.stop(grace_s=0))  # the tool server dies after the workers listed its tools
@@ -385,7 +392,7 @@ def test_verls_tool_config_path_is_served_by_a_launched_tool_server(servers, tmp
         finally:
             await client.close()
 
-    manager = load_class_from_fqn(MANAGER).create(config=config, llm_client=None)
+    manager = load_manager().create(config=config, llm_client=None)
     try:
         address = manager.tool_server
         assert loop.run(hosted(address)) == ["submit_answer"]  # verl's tool, in another process
@@ -397,8 +404,9 @@ def test_verls_tool_config_path_is_served_by_a_launched_tool_server(servers, tmp
 
 def test_verl_rows_become_samples_and_bad_rows_are_refused_by_name() -> None:
     def rows(**columns) -> DataProto:
-        base = {"dummy_tensor": torch.zeros(1, 1), "raw_prompt": np.array([ROWS[1]["prompt"]], dtype=object),
-                "uid": np.array(["u"], dtype=object)}
+        base: dict[str, torch.Tensor | np.ndarray] = {
+            "dummy_tensor": torch.zeros(1, 1), "raw_prompt": np.array([ROWS[1]["prompt"]], dtype=object),
+            "uid": np.array(["u"], dtype=object)}
         return DataProto.from_single_dict({**base, **{k: np.array([v], dtype=object) for k, v in columns.items()}})
 
     [sample] = samples_from(rows(agent_name="tool_agent", reward_model={"ground_truth": 17},
@@ -450,7 +458,7 @@ def test_the_pil_images_of_verls_rows_become_the_pictures_png_bytes() -> None:
 
 def test_bad_settings_are_refused_by_name() -> None:
     config = verl_config("127.0.0.1:1", "127.0.0.1:2")
-    manager_class = load_class_from_fqn(MANAGER)
+    manager_class = load_manager()
     config.actor_rollout_ref.rollout.custom.agentloop.loops.tool_servr = "x"
     with pytest.raises(ValidationError, match="tool_servr"):
         manager_class(config, None)

@@ -27,6 +27,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.llm_server import LLMServerClient
 
 from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import GenerateRequest
 from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.integrations.verl.client import AgentloopLLMClient
@@ -63,11 +64,16 @@ def tool_loop(manager: LLMServerClient, tokenizer, tools: list) -> ToolAgentLoop
 
 
 @asynccontextmanager
-async def fake_engine(tokenizer, reply: str, seen: list) -> AsyncIterator[str]:
+async def fake_engine(tokenizer, reply: str, seen: list[GenerateRequest]) -> AsyncIterator[str]:
     """A fake engine server whose every turn is ``reply`` (its requests kept in ``seen``); its address."""
     ids = tokenizer.encode(reply, add_special_tokens=False)
+
+    def script(request: GenerateRequest) -> list[int]:
+        seen.append(request)
+        return ids
+
     server = await create_server(make_adapter("fake", {
-        "script": lambda request: seen.append(request) or ids, "vocab_size": len(tokenizer),
+        "script": script, "vocab_size": len(tokenizer),
         "eos_token_id": tokenizer.eos_token_id,
     }), "127.0.0.1:0")
     await start_adapter(server)

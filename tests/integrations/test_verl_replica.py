@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterator
 
 import pytest
 
@@ -26,8 +27,10 @@ from verl.workers.rollout.replica import get_rollout_replica_class
 
 from agentloop_grpc.common import model_store
 from agentloop_grpc.common.types import EngineState, SamplingParams
+from agentloop_grpc.integrations.verl.checkpoint_engine import AgentloopCheckpointEngine
 from agentloop_grpc.integrations.verl.checkpoint_manager import AgentloopCheckpointManager
 from agentloop_grpc.integrations.verl.replica import AgentloopReplica
+from agentloop_grpc.integrations.verl.rollout_adapter import AgentloopRolloutAdapter
 from agentloop_grpc.integrations.verl.server_actor import EngineServerActor
 from agentloop_grpc.router import Fleet, GenerateCall, Router
 
@@ -177,9 +180,16 @@ async def test_verls_checkpoint_engine_pushes_the_trainers_weights_to_our_server
     import_external_libs("agentloop_grpc.integrations.verl.checkpoint_engine")  # as verl does for the config key
     sender = CheckpointEngineRegistry.new("agentloop", bucket_size=64 << 20, is_master=True)
     walker = CheckpointEngineRegistry.new("agentloop", bucket_size=64 << 20, is_master=False)
+    assert isinstance(sender, AgentloopCheckpointEngine)
     sender.init_process_group(servers=[address])
-    walked = []
-    assert await walker.send_weights(((n, walked.append(n) or p) for n, p in model.named_parameters()), 3) == {}
+    walked: list[str] = []
+
+    def walk() -> Iterator[tuple[str, torch.nn.Parameter]]:
+        for name, parameter in model.named_parameters():
+            walked.append(name)
+            yield name, parameter
+
+    assert await walker.send_weights(walk(), 3) == {}
     assert walked and await _version(address) != 3  # walked, nothing sent
     with torch.no_grad():
         model.model.norm.weight.mul_(0.5)
@@ -203,6 +213,7 @@ async def test_verls_hybrid_weight_sync_steps_reach_the_engine(manager) -> None:
     config = _config()
     adapter = get_rollout_class("agentloop", "async")(
         config=config.actor_rollout_ref.rollout, model_config=config.actor_rollout_ref.model, device_mesh=None)
+    assert isinstance(adapter, AgentloopRolloutAdapter)
     assert adapter.is_leader_rank and adapter.replica_rank == 0
     await adapter.release()
     assert await _state(address) == EngineState.SLEEPING
@@ -230,11 +241,11 @@ class TrainerRank(Worker):
         with torch.no_grad():
             self.model.model.norm.weight.mul_(0.5)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE, blocking=False)
+    @register(dispatch_mode=Dispatch["DP_COMPUTE"], blocking=False)  # verl registers its modes at import time
     def execute_checkpoint_engine(self, method: str, *args, **kwargs):
         return getattr(self.checkpoint_engine, method)(*args, **kwargs)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    @register(dispatch_mode=Dispatch["ONE_TO_ALL"], blocking=False)
     async def update_weights(self, global_steps: int | None = None, mode: str = "auto"):
         return await self.checkpoint_engine.send_weights(self.model.named_parameters(), global_steps=global_steps)
 

@@ -20,7 +20,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.llm_server import LLMServerClient
 
 from agentloop_grpc.common import model_store
-from agentloop_grpc.common.types import SamplingParams
+from agentloop_grpc.common.types import GenerateRequest, SamplingParams
 from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.integrations.verl.client import AgentloopLLMClient
@@ -34,10 +34,9 @@ ADD_SCHEMA = {"type": "function", "function": {
 }}
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 #: ``actor_rollout_ref.rollout`` as far as verl's tool loop reads it (``multi_turn``, lengths, determinism).
-ROLLOUT = {"prompt_length": 512, "response_length": 128, "full_determinism": False,
-           "multi_turn": {"max_user_turns": 2, "max_assistant_turns": 3, "max_parallel_calls": 1,
-                          "max_tool_response_length": 256, "tool_response_truncate_side": "middle",
-                          "format": "hermes"}}
+MULTI_TURN = {"max_user_turns": 2, "max_assistant_turns": 3, "max_parallel_calls": 1,
+              "max_tool_response_length": 256, "tool_response_truncate_side": "middle", "format": "hermes"}
+ROLLOUT = {"prompt_length": 512, "response_length": 128, "full_determinism": False, "multi_turn": MULTI_TURN}
 CONFIG = OmegaConf.create({"actor_rollout_ref": {"rollout": ROLLOUT}})
 #: verl's worker's dict for a greedy rollout with logprobs; a turn's budget is kept small for the 2-core CPU.
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True,
@@ -86,9 +85,14 @@ async def test_verls_tool_loop_records_the_engines_turns_and_masks_the_tool_resp
     embedded = servers[0]
     tokenizer = AutoTokenizer.from_pretrained(str(model_store.prepare()))
     call_ids = tokenizer.encode(CALL, add_special_tokens=False)
-    seen = []
+    seen: list[GenerateRequest] = []
+
+    def script(request: GenerateRequest) -> list[int]:
+        seen.append(request)
+        return call_ids
+
     fake = await create_server(make_adapter("fake", {
-        "script": lambda request: seen.append(request) or call_ids, "vocab_size": len(tokenizer),
+        "script": script, "vocab_size": len(tokenizer),
         "eos_token_id": tokenizer.eos_token_id,
     }), "127.0.0.1:0")
     await start_adapter(fake)

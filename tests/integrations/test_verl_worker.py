@@ -23,13 +23,18 @@ from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServer
 from verl.workers.rollout.router import get_router_handle
 
 from agentloop_grpc.common import model_store
+from agentloop_grpc.common.types import GenerateRequest
 from agentloop_grpc.engine_adapters.factory import make_adapter
 from agentloop_grpc.engine_adapters.server import create_server, start_adapter
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
 from agentloop_grpc.integrations.verl.client import AgentloopFullyAsyncLLMClient, AgentloopLLMClient
-from agentloop_grpc.integrations.verl.loops_manager import RouterAgentLoopWorker, agentloop_client
+from agentloop_grpc.integrations.verl.loops_manager import (
+    RouterAgentLoopManager,
+    RouterAgentLoopWorker,
+    agentloop_client,
+)
 
-from .test_verl_tool_loop import ADD_SCHEMA, CALL, ROLLOUT, AddTool, _direct, _segments
+from .test_verl_tool_loop import ADD_SCHEMA, CALL, MULTI_TURN, ROLLOUT, AddTool, _direct, _segments
 
 MANAGER = "agentloop_grpc.integrations.verl.loops_manager.RouterAgentLoopManager"
 ANSWER = "The answer is 5."
@@ -44,7 +49,7 @@ def verl_config(response_length: int, *, tool_config_path: str | None = None, se
         **ROLLOUT, "_target_": "verl.workers.config.RolloutConfig", "name": "agentloop",
         "response_length": response_length, "temperature": 0.0, "top_p": 1.0, "top_k": -1,
         "calculate_log_probs": True,
-        "multi_turn": {**ROLLOUT["multi_turn"], "_target_": "verl.workers.config.MultiTurnConfig",
+        "multi_turn": {**MULTI_TURN, "_target_": "verl.workers.config.MultiTurnConfig",
                        "tool_config_path": tool_config_path},
         "agent": {"_target_": "verl.workers.config.AgentLoopConfig", "num_workers": 1,
                   "default_agent_loop": "single_turn_agent", "agent_loop_manager_class": MANAGER},
@@ -83,7 +88,7 @@ async def _started(adapter):
     return server
 
 
-async def _scripted_fake(tokenizer, log: list | None = None, name: str = ""):
+async def _scripted_fake(tokenizer, log: list[tuple[str, str]] | None = None, name: str = ""):
     """A fake engine that answers a prompt without a tool response with the tool call, else with ANSWER; it logs
     (``name``, session) of each request in ``log``."""
     call, answer = (tokenizer.encode(text, add_special_tokens=False) for text in (CALL, ANSWER))
@@ -152,7 +157,7 @@ async def test_verls_worker_builds_its_batch_from_its_tool_loops_on_our_engine_a
 
 async def test_each_trajectory_of_verls_worker_sticks_to_one_of_our_servers(tmp_path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(model_store.prepare()))
-    log = []
+    log: list[tuple[str, str]] = []
     fakes = [await _scripted_fake(tokenizer, log, name) for name in ("a", "b")]
     config = verl_config(128, tool_config_path=_tool_config(tmp_path))
     client = AgentloopLLMClient(config, servers=[address for _, address, *_ in fakes])
@@ -162,7 +167,7 @@ async def test_each_trajectory_of_verls_worker_sticks_to_one_of_our_servers(tmp_
         await client.close()
         for server, *_ in fakes:
             await server.stop(grace_s=1)
-    placed = {}
+    placed: dict[str, set[str]] = {}
     for name, session in log:  # verl's request id per trajectory is the Router's session
         placed.setdefault(session, set()).add(name)
     assert len(log) == 8 and len(placed) == 4
@@ -174,7 +179,7 @@ async def test_our_worker_gives_the_router_each_samples_uid_as_its_grpo_group(tm
     """verl's loops never pass the sample's uid to generate(); our worker (RouterAgentLoopManager's) sets it for the
     sample's task, so the Router places a group's samples together: the prompt is prefilled once per server."""
     tokenizer = AutoTokenizer.from_pretrained(str(model_store.prepare()))
-    log = []
+    log: list[tuple[str, str]] = []
     fakes = [await _scripted_fake(tokenizer, log, name) for name in ("a", "b")]
     config = verl_config(128, tool_config_path=_tool_config(tmp_path))
     client = AgentloopLLMClient(config, servers=[address for _, address, *_ in fakes])
@@ -209,10 +214,15 @@ async def test_verls_worker_records_the_real_models_tokens_from_the_embedded_eng
 
 def test_verls_trainer_loads_our_manager_by_name_and_its_ray_workers_use_our_router() -> None:
     ray = pytest.importorskip("ray")
-    seen = []
+    seen: list[str] = []
+
+    def script(request: GenerateRequest) -> list[int]:
+        seen.append(request.session_id)
+        return [5, 6, 7]
+
     loop = BackgroundLoop("verl-manager-engine")  # the engine serves while verl's manager blocks this thread
     server = loop.run(_started(make_adapter("fake", {
-        "script": lambda request: seen.append(request.session_id) or [5, 6, 7], "vocab_size": 50_000,
+        "script": script, "vocab_size": 50_000,
     })))
     config = verl_config(8)  # no servers of ours: they come from verl's balancer, as in a run with name=agentloop
     started = not ray.is_initialized()
@@ -222,6 +232,7 @@ def test_verls_trainer_loads_our_manager_by_name_and_its_ray_workers_use_our_rou
     try:
         manager_class = load_class_from_fqn(config.actor_rollout_ref.rollout.agent.agent_loop_manager_class,
                                             "AgentLoopManager")  # as verl's trainer does
+        assert issubclass(manager_class, RouterAgentLoopManager)
         # verl's own client and balancer, whose server ids are our servers' addresses (our replica registers them)
         balancer = get_router_handle(servers={f"127.0.0.1:{server.port}": None})
         manager = manager_class.create(config=config, llm_client=LLMServerClient(config, balancer))

@@ -51,6 +51,7 @@ async def tool_agent(base_url: str, api_key: str, row: dict[str, Any], session_i
         message = first.choices[0].message
         if behaviour == "stall":  # hangs once the model answered
             await asyncio.sleep(3600)
+        assert message.tool_calls is not None
         (call,) = message.tool_calls
         result = _calculate(json.loads(call.function.arguments)["expression"])
         messages += [message.model_dump(exclude_none=True),

@@ -25,7 +25,7 @@ ROWS = [
     {"id": "b", "messages": [{"role": "user", "content": "What is 4 + 4?"}], "loop": "single_turn"},
 ]
 #: What each command adds to the sections they share (a training run small enough to start at once).
-COMMAND_FIELDS = {
+COMMAND_FIELDS: dict[str, dict[str, object]] = {
     "rollout": {"report": False},
     "train": {"grpo": {"max_steps": 1, "prompts_per_step": 1, "num_generations": 2, "trainable_layers": 1},
               "check_logprobs": 0, "save_model": False},

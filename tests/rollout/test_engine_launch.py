@@ -52,7 +52,7 @@ async def test_launch_dp2_serves_two_replicas_a_router_uses(tmp_path, adapter):
             info = await router.fleet.server_info()
             assert sorted(r.dp_rank for r in info.responses.values()) == [0, 1]
             assert {r.dp_size for r in info.responses.values()} == {2}
-            used = set()
+            used: set[str] = set()
             # sequential calls see equal loads: a hash of the session breaks the tie, so 64 new sessions miss a
             # server with probability 2**-63 (8 missed one in 128 runs)
             for i in range(64):

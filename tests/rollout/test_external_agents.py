@@ -256,7 +256,8 @@ async def test_a_session_key_opens_its_own_model_and_reward_routes_alone(engine,
             # the Anthropic SDK, as a command agent's ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY set it up (x-api-key)
             async with anthropic.AsyncAnthropic(base_url=f"{url}/sessions/s1", api_key=key,
                                                 max_retries=0) as anthropic_client:
-                reply = await anthropic_client.messages.create(model="m", max_tokens=16, messages=[QUESTION])
+                reply = await anthropic_client.messages.create(model="m", max_tokens=16, messages=[
+                    {"role": "user", "content": QUESTION["content"]}])
             assert reply.content[0].text == ANSWER
             keys.revoke("s1")
             assert (await http.post("/sessions/s1/v1/chat/completions", json=turn, headers=auth)).status_code == 401

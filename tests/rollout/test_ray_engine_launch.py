@@ -65,7 +65,7 @@ async def test_one_placement_group_per_dp_group_serving_a_router(local_ray, tmp_
             await router.fleet.wait_ready(min_servers=2, timeout_s=30)
             info = await router.fleet.server_info()
             assert sorted(r.dp_rank for r in info.responses.values()) == [0, 1]
-            used = set()
+            used: set[str] = set()
             for i in range(64):  # equal loads: a hash of the session breaks the tie, so both get used
                 result = await router.generate(GenerateCall(f"s{i}", [1, 2, 3], SamplingParams(max_new_tokens=2)))
                 used.update(result.servers)

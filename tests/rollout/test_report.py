@@ -92,6 +92,7 @@ class _Dom(HTMLParser):
         self.row_ids: list[str] = []
         self.classes: dict[str, int] = {}
         self.in_tokens = 0
+        self.raw = ""  # the whole page as rendered, for what the parser does not collect
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)

@@ -92,7 +92,7 @@ async def test_a_rollout_writes_the_routing_trace(tmp_path):
         assert all(turn.generate_s is not None and turn.generate_s > 0 for turn in r.turns)
         rebuilt = r.prompt_tokens + sum(turn.context_tokens + turn.generated_tokens for turn in r.turns)
         assert rebuilt == len(t.prompt_ids) + len(t.response_ids)  # every turn's prompt length is reproducible
-    groups = {}
+    groups: dict[str, list[tuple[str, ...]]] = {}
     for r in trace:
         groups.setdefault(r.group_id, []).append(r.prompt_blocks)
     assert len(groups) == 3 and all(len(members) == 2 and members[0] == members[1] for members in groups.values())

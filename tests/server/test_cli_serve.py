@@ -53,7 +53,8 @@ async def _wait_serving(address: str) -> int:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for _ in range(100):
-            status = (await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)).status
+            # typeshed's HealthStub declares no methods
+            status = (await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)).status  # type: ignore[attr-defined]
             if status == health_pb2.HealthCheckResponse.SERVING:
                 return status
             await asyncio.sleep(0.05)

@@ -31,7 +31,8 @@ def test_make_adapter_builds_from_a_model_or_its_fields() -> None:
     engine = make_adapter("fake", {"max_running": 3, "token_latency_s": "0.5"})
     assert isinstance(engine, FakeEngine) and engine.config.max_running == 3 and engine.config.token_latency_s == 0.5
     config = FakeEngineConfig(vocab_size=100)
-    assert make_adapter("fake", config).config is config
+    built = make_adapter("fake", config)
+    assert isinstance(built, FakeEngine) and built.config is config
     with pytest.raises(ValueError, match="configures the fake adapter, not embedded"):
         make_adapter("embedded", config)
     with pytest.raises(ValueError, match="no adapter is named 'tgi'"):
@@ -46,7 +47,7 @@ def test_every_config_shares_the_placement_check_and_forbids_unknown_fields() ->
         with pytest.raises(ValidationError, match="max_runing"):
             engine_config(kind, {"max_runing": 4})
     with pytest.raises(ValidationError, match="max_running"):
-        SglangEngineConfig(max_running=4)  # SGLang's limits are set where its actors are deployed
+        SglangEngineConfig.model_validate({"max_running": 4})  # SGLang's limits are set where its actors are deployed
 
 
 @pytest.mark.parametrize("config", [
