@@ -78,6 +78,7 @@ def test_two_grpo_steps_move_the_trainer_and_the_engines_together(own_servers, m
         assert record.metrics["logprob_diff_sampler_max"] < 2e-3, (record.step, record.metrics)
     # the last rollout against the trainer's final weights, token by token, with the grammar replayed
     last = [t for t in steps[-1].trajectories if not t.failed]
+    assert rollout._grammars is not None  # the rollout replays constrained calls in its logprob check
     grammar = rollout._grammars(("calculator", "check_answer"))
     model.eval()
     for t in last:

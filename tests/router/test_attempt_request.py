@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 from array import array
+from collections.abc import Sequence
 
 import pytest
 
@@ -23,7 +24,7 @@ def _ids(raw: bytes) -> list[int]:
     return list(struct.unpack(f"<{len(raw) // 4}i", raw))
 
 
-def _request(call: GenerateCall, received: list[int] = (), options=None, request_id: str = "r"):
+def _request(call: GenerateCall, received: Sequence[int] = (), options=None, request_id: str = "r"):
     request = generation_pb2.GenerateRequest()
     attempt_request(request_id, call, wire.prompt_to_raw(call.prompt_ids), list(received), options, into=request)
     return request

@@ -16,7 +16,8 @@ CONFIG = RouterConfig(imbalance_ratio=2.0, imbalance_min_gap=4)
 
 def test_the_lowest_is_the_min_over_servers_through_begins_ends_reports_and_health() -> None:
     rng = random.Random(37)
-    lowest, counted, out = LowestLoad(), {}, {f"s{i}": 0 for i in range(32)}
+    counted: dict[str, int] = {}
+    lowest, out = LowestLoad(), {f"s{i}": 0 for i in range(32)}
     assert lowest.value is None
     for _ in range(20_000):
         server = rng.choice(sorted(counted.keys() | out.keys()))

@@ -110,8 +110,8 @@ async def test_overloaded_server_sheds_a_session_which_pays_one_miss() -> None:
             await _until(lambda: router.fleet.servers[home].reported_load >= 20)
             history = [*prompt, *first.token_ids, 5]
             moved = await router.generate(GenerateCall("mover", history, params(4, temperature=0)))
-            for hog in hogs:
-                hog.cancel()
+            for call in hogs:
+                call.cancel()
         assert moved.servers[0] != home
         assert moved.cached_prompt_tokens == 0  # the price of moving: one cache miss
         assert router.metrics.value("agentloop_router_routing_decisions_total", decision="moved") == 1
@@ -280,6 +280,7 @@ async def test_fan_out_control_reports_per_server_outcomes() -> None:
         slept = await router.fleet.sleep(1)
         assert len(slept.errors) == 1 and len(slept.responses) == 1
         (error,) = slept.errors.values()
+        assert isinstance(error, grpc.aio.AioRpcError)
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
         with pytest.raises(InfrastructureError, match="1 of 2 failed"):
             slept.raise_for_errors()

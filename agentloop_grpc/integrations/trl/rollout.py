@@ -35,7 +35,7 @@ import logging
 import statistics
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +138,8 @@ class AgentLoopRollout:
             self._rows.setdefault(key, row)
         self._loop: BackgroundLoop | None = None
         self._manager: AgentLoopManager | None = None
-        self._grammars = None
+        #: offered tool names -> the compiled call grammar, for the logprob check's replay (None: nothing to replay)
+        self._grammars: Callable[[tuple[str, ...] | None], Any] | None = None
         self._calls = 0
         self._forked_seen = 0
         self.placeholder_id = 0
@@ -189,7 +190,7 @@ class AgentLoopRollout:
         if self._players is not None:
             await self._players.start(manager.router, self.spec.model_dir, self.spec.loop)
 
-    async def _grammar_compiler(self, codec, vocab_size: int):
+    async def _grammar_compiler(self, codec, vocab_size: int) -> Callable[[tuple[str, ...] | None], Any]:
         """A function: offered tool names -> the call grammar the loops constrained those turns with, compiled
         for the replay (the grammar depends on the tools a sample was offered: each name is a choice in it)."""
         import xgrammar
@@ -205,7 +206,7 @@ class AgentLoopRollout:
                                                                                     vocab_size=vocab_size))
         compiled: dict[tuple[str, ...], Any] = {}
 
-        def grammar(names: tuple[str, ...] | None):
+        def grammar(names: tuple[str, ...] | None) -> Any:
             key = tuple(sorted(specs if names is None else names))
             if key not in compiled:
                 compiled[key] = compiler.compile_grammar(call_grammar(self.spec.loop, [specs[n] for n in key]))
@@ -367,7 +368,8 @@ class AgentLoopRollout:
         model.eval()
         try:
             with torch.no_grad():
-                grammar = None if self._grammars is None else (lambda t: self._grammars(offered[t.sample_id]))
+                grammars = self._grammars
+                grammar = None if grammars is None else (lambda t: grammars(offered[t.sample_id]))
                 policy, sampler = compare(model, chosen, temperature, grammar, version, replay)
                 native = compare(model, chosen, temperature, None, version)[0] if replay is not None else None
         finally:
