@@ -89,8 +89,9 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         finally:
             await events.aclose()  # a client gone mid-stream: the lifecycle aborts its request now, not at GC
 
+    # it streams by context.write, which grpc.aio allows; the generated servicer types only the iterator form
     @map_errors
-    async def Generate(self, request, context):
+    async def Generate(self, request, context):  # type: ignore[override]
         grouper = convert.grouper_from_proto(request)
 
         async def send_chunk(chunk: TokenChunk) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -50,7 +51,11 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, metrics: ServerMetrics) -> None:
         self._metrics = metrics
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
@@ -70,7 +75,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
 
         behavior = behavior_of(handler)
         if inspect.isasyncgenfunction(behavior):
-            async def observed(request, context):
+            async def observed_stream(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 in_flight.inc()
                 started, error = time.perf_counter(), None
                 try:
@@ -81,17 +86,19 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                     raise
                 finally:
                     finished(context, started, error)
-        else:
-            async def observed(request, context):
-                in_flight.inc()
-                started, error = time.perf_counter(), None
-                try:
-                    return await behavior(request, context)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    finished(context, started, error)
+
+            return with_behavior(handler, observed_stream)
+
+        async def observed(request: object, context: grpc.aio.ServicerContext) -> Any:
+            in_flight.inc()
+            started, error = time.perf_counter(), None
+            try:
+                return await behavior(request, context)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                finished(context, started, error)
 
         return with_behavior(handler, observed)
 
@@ -124,7 +131,7 @@ class _Combined(Collector):
     def __init__(self, *registries: CollectorRegistry) -> None:
         self._registries = registries
 
-    def collect(self):
+    def collect(self) -> Iterator[Any]:
         for registry in self._registries:
             yield from registry.collect()
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 from pydantic import ConfigDict, Field, model_validator
@@ -93,7 +94,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         #: Told the status code name of every refused call (the metrics count them).
         self._on_refusal = on_refusal or (lambda code: None)
 
-    def _role(self, metadata) -> str:
+    def _role(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
         """'admin', 'user', 'none' (no token) or 'invalid' (a token that matches nothing)."""
         value = next((v for k, v in metadata or () if k == AUTHORIZATION), None)
         if value is None:
@@ -107,7 +108,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         is_user = self._token is not None and hmac.compare_digest(presented, self._token)
         return "admin" if is_admin else "user" if is_user else "invalid"
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
         if method.startswith(_OPEN_PREFIX):
             return await continuation(handler_call_details)
@@ -133,7 +138,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def _deny(self, handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
         self._on_refusal(code.name)
 
-        async def refuse(_request, context: grpc.aio.ServicerContext):
+        async def refuse(_request: object, context: grpc.aio.ServicerContext) -> None:
             await context.abort(code, message)
 
         return with_behavior(handler, refuse)
@@ -141,7 +146,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def _guard_abort_all(self, handler: grpc.RpcMethodHandler, refusal: grpc.StatusCode) -> grpc.RpcMethodHandler:
         behavior = handler.unary_unary
 
-        async def abort(request, context: grpc.aio.ServicerContext):
+        async def abort(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if request.all:
                 self._on_refusal(refusal.name)
                 await context.abort(refusal, "Abort(all) needs the admin token")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar, cast
 
 import grpc
 
@@ -67,25 +69,30 @@ async def _abort(context: grpc.aio.ServicerContext, error: Exception, method: st
     await context.abort(grpc.StatusCode.INTERNAL, bounded(message))
 
 
-def map_errors(handler):
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+
+def map_errors(handler: Handler) -> Handler:
     """Decorate a servicer method (coroutine or async generator) so its exceptions become status codes."""
     if inspect.isasyncgenfunction(handler):
 
         @functools.wraps(handler)
-        async def stream_handler(self, request, context):
+        async def stream_handler(
+            self: object, request: object, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Any]:
             try:
                 async for response in handler(self, request, context):
                     yield response
             except Exception as error:  # noqa: BLE001 - mapped to a status, never swallowed
                 await _abort(context, error, handler.__name__)
 
-        return stream_handler
+        return cast(Handler, stream_handler)
 
     @functools.wraps(handler)
-    async def unary_handler(self, request, context):
+    async def unary_handler(self: object, request: object, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await handler(self, request, context)
         except Exception as error:  # noqa: BLE001 - mapped to a status, never swallowed
             await _abort(context, error, handler.__name__)
 
-    return unary_handler
+    return cast(Handler, unary_handler)
