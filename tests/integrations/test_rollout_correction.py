@@ -136,6 +136,15 @@ class _Steps:
             rollout_func=lambda prompts, trainer: trl_fields(self.rolled, 0),
             correction=correction, version_of=lambda step: step + 1)  # it trains version 1: version 0 is stale
 
+        self.recomputes = 0
+        recompute = self.trainer._recompute
+
+        def counted(out: dict, length: int) -> torch.Tensor:
+            self.recomputes += 1
+            return recompute(out, length)
+
+        self.trainer._recompute = counted  # counts the trainer's extra forwards (an instance attribute)
+
     def gradients(self) -> dict[str, torch.Tensor]:
         return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
 
@@ -212,6 +221,14 @@ def test_the_correction_changes_the_gradient_by_exactly_the_stale_tokens_terms(p
     excluded, logs = steps.gradient(constrained, correction)
     assert logs["correction/excluded_constrained_tokens"] == sum(MASK)
     assert all(torch.allclose(excluded[n], plain[n], atol=1e-7) for n in plain)
+    recomputed = steps.recomputes
+    every_call_constrained = [_trajectory(t.sample_id, t.reward, t.weight_versions, list(t.response_logprobs),
+                                          constrained=True, response=t.response_ids) for t in constrained]
+    unweighed, logs = steps.gradient(every_call_constrained, correction)
+    assert steps.recomputes == recomputed, "a forward for a batch with no token to weigh"
+    assert logs["correction/count"] == 0
+    assert all(torch.allclose(unweighed[n], steps.gradient(every_call_constrained, None)[0][n], atol=1e-7)
+               for n in plain)
     included, logs = steps.gradient(constrained, RolloutCorrection("token_truncate", None, 5.0, "include"))
     assert logs["correction/excluded_constrained_tokens"] == 0
     assert logs["correction/lag_0/ratio_min"] < 0.7  # fresh tokens weighed down by the removed mass: the bias

@@ -15,7 +15,8 @@ v-1 and trained at v would be trained as if on-policy. This subclass does, after
 4. the step's metrics (``correction/...``, by version lag from the ``agentloop_weight_versions`` field) into TRL's
    logs, which reach its trackers and ``agentloop train``'s metrics.
 
-``correction=None``: GRPOTrainer, unchanged (no extra forward pass).
+``correction=None``: GRPOTrainer, unchanged (no extra forward pass); nor is there one for a batch with no token to
+weigh (every trajectory constrained and left out).
 
 Routing replay (``routing_replay.py``, on by default for a MoE model, ``routing_replay=False`` turns it off): the
 rollout's routing (the ``agentloop_routed_experts`` field) is placed beside TRL's left-padded prompt and
@@ -88,10 +89,11 @@ class CorrectedGRPOTrainer(GRPOTrainer):
             constrained = torch.tensor(rolled["agentloop_constrained"], dtype=torch.bool, device=corrected.device)
             corrected &= ~constrained.unsqueeze(1)
         old = out.get("old_per_token_logps")
-        if old is None:
+        if old is None and corrected.any():  # nothing to weigh (every token constrained): no forward for weights 1
             old = self._recompute(out, length)
-        weights = importance_weights(old, behaviour, corrected, self.correction)
-        out["old_per_token_logps"] = old
+        weights = importance_weights(behaviour if old is None else old, behaviour, corrected, self.correction)
+        if old is not None:
+            out["old_per_token_logps"] = old
         advantages = out["advantages"]
         out["advantages"] = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights.weights
         lag = None
