@@ -67,6 +67,10 @@ class _CompilerProcess:
         (size,) = LENGTH.unpack(await self._process.stdout.readexactly(LENGTH.size))
         return status == OK, await self._process.stdout.readexactly(size)
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def kill(self) -> None:
         if self._process.returncode is None:
             self._process.kill()
@@ -133,6 +137,13 @@ class GrammarCompiler:
         for process in processes:
             if process is not None:
                 await process.close()
+
+    def process_ids(self) -> set[int]:
+        """Pids of its compiler processes, idle or compiling (a process killed may not have exited yet)."""
+        idle = [self._slots.get_nowait() for _ in range(self._slots.qsize())]
+        for process in idle:  # back in the same order
+            self._slots.put_nowait(process)
+        return {process.pid for process in [*idle, *self._busy] if process is not None}
 
     async def compile(self, constraint: StructuredOutput) -> xgr.CompiledGrammar:
         """``constraint`` compiled; InvalidRequestError names the field when it does not compile (or not in time).
