@@ -19,6 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 
 UINT8_EXPERTS = 256
+#: Config fields that give a model's routed experts per MoE layer, by family (Qwen/OLMoE, Mixtral, DeepSeek, Dbrx).
+EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def expert_count(config: object) -> int:
+    """Routed experts per MoE layer in a Hugging Face text config (0: a dense model)."""
+    return next((int(getattr(config, name)) for name in EXPERT_COUNT_FIELDS if getattr(config, name, None)), 0)
 
 
 def id_dtype(num_experts: int) -> np.dtype:

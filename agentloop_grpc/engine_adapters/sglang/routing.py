@@ -27,8 +27,6 @@ import numpy as np
 
 from agentloop_grpc.common import routed_experts
 
-_EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
-
 
 @dataclass(frozen=True, slots=True)
 class RoutingLayout:
@@ -44,14 +42,9 @@ class RoutingLayout:
         return routed_experts.wire_bytes(1, len(self.moe_layers), self.per_token, self.num_experts)
 
 
-def expert_count(config: Any) -> int:
-    """Routed experts per MoE layer in a Hugging Face text config (0: a dense model)."""
-    return next((int(getattr(config, name)) for name in _EXPERT_COUNTS if getattr(config, name, None)), 0)
-
-
 def moe_layers(config: Any) -> tuple[int, ...]:
     """The decoder layers of a Hugging Face text config that have a MoE block (module docstring's rules)."""
-    if not expert_count(config):
+    if not routed_experts.expert_count(config):
         return ()
     dense = set(getattr(config, "mlp_only_layers", None) or ())
     step = getattr(config, "decoder_sparse_step", None) or 1
@@ -66,7 +59,9 @@ def layout_of(config: Any) -> RoutingLayout | None:
     layers = moe_layers(config)
     if not layers:
         return None
-    return RoutingLayout(int(config.num_hidden_layers), layers, int(config.num_experts_per_tok), expert_count(config))
+    return RoutingLayout(
+        int(config.num_hidden_layers), layers, int(config.num_experts_per_tok), routed_experts.expert_count(config)
+    )
 
 
 def packed_rows(encoded: str | None, layout: RoutingLayout) -> bytes:

@@ -33,8 +33,6 @@ from agentloop_grpc.agent.trajectory import Trajectory
 from agentloop_grpc.common import routed_experts
 from agentloop_grpc.common.routed_experts import Routing
 
-#: Config fields that give a model's experts per MoE layer, by family (Qwen/OLMoE, Mixtral, DeepSeek, Dbrx).
-_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _MOE_MODULE = re.compile(r"moe|expert|router", re.IGNORECASE)
 SUPPORTED = ("qwen3_moe",)
 
@@ -72,7 +70,7 @@ def replays(config: Any, modules: Sequence[str] = ()) -> bool:
     kind = getattr(text, "model_type", "")
     if kind in SUPPORTED:
         return True
-    experts = max((int(getattr(text, name, 0) or 0) for name in _EXPERT_FIELDS), default=0)
+    experts = routed_experts.expert_count(text)
     if experts > 1 or modules:
         _refuse(kind, ", ".join(modules) or f"{experts} experts")
     return False
