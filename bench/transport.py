@@ -11,6 +11,10 @@ latency, so what is measured is transport and our own overhead, not an engine:
   (c) a bare grpc.aio unary echo of the same bytes in another process: the floor for any gRPC design,
   (d) a bare grpc.aio server stream answering the same GenerateRequest with two fixed messages (one chunk, one
       completion) and no engine: the floor for a streaming Generate in grpc.aio.
+  (d') bare_fake: a bare grpc.aio unary call carrying the same GenerateUnaryRequest to the same FakeEngine, held
+      by a handler that only converts the request and the answer (no Router, no servicer, no validation, no
+      lifecycle): the least any grpc.aio design holding this fake can cost, so `bare_fake_calls_vs_ray` bounds
+      what `router_calls_vs_ray` can reach and `router_p50_over_bare_fake` is what our layers add to it.
 Each is run at 1 and 64 calls in flight, REPEATS times (the cases one after another within a repeat, every
 other repeat in reverse order); the table reports medians. Each RATIO compares two cases within each repeat and
 reports the median of those paired ratios (the per-repeat ratios are printed above them): the shared host's
@@ -135,6 +139,7 @@ async def _drive_measured(call: Callable[[int], Awaitable[object]], calls: int, 
 
 _ECHO_METHOD = "/bench.Echo/Echo"
 _STREAM_METHOD = "/bench.Echo/Stream"
+_FAKE_METHOD = "/bench.Echo/Fake"
 
 
 async def _serve_echo() -> None:
@@ -153,9 +158,12 @@ async def _serve_echo() -> None:
         yield chunk
         yield complete
 
+    engine = _started_fake()
+    fake = functools.partial(_bare_fake, await engine)
     handler = grpc.method_handlers_generic_handler(
         "bench.Echo",
-        {"Echo": grpc.unary_unary_rpc_method_handler(echo), "Stream": grpc.unary_stream_rpc_method_handler(stream)},
+        {"Echo": grpc.unary_unary_rpc_method_handler(echo), "Stream": grpc.unary_stream_rpc_method_handler(stream),
+         "Fake": grpc.unary_unary_rpc_method_handler(fake)},
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))
@@ -163,6 +171,54 @@ async def _serve_echo() -> None:
     await server.start()
     print(f"echo listening on 127.0.0.1:{port}", flush=True)
     await server.wait_for_termination()
+
+
+async def _started_fake() -> EngineAdapter:
+    """The fake as the engine server runs it (`--set max_running=256`), started at weight version 0."""
+    from agentloop_grpc.engine_adapters.factory import make_adapter
+
+    engine = make_adapter("fake", {"max_running": 256})
+    await engine.start(lambda: 0)
+    return engine
+
+
+async def _bare_fake(engine: EngineAdapter, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    """(d'): the request's prompt bytes and budget to the fake, its tokens and finish reason back."""
+    from agentloop_grpc.common.prompt import PromptIds
+    from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
+    from agentloop_grpc.common.wire import FINISH_REASONS
+    from agentloop_grpc.v1 import generation_pb2
+
+    message = generation_pb2.GenerateUnaryRequest.FromString(request).request
+    sampling = SamplingParams(max_new_tokens=message.sampling_params.max_new_tokens,
+                              ignore_eos=message.sampling_params.ignore_eos)
+    domain = GenerateRequest(message.request_id, PromptIds.from_raw(message.prompt_ids_raw), sampling)
+    response = generation_pb2.GenerateUnaryResponse()
+    async for event in engine.generate(domain):
+        if isinstance(event, GenerateComplete):
+            response.complete.finish_reason = FINISH_REASONS[event.finish_reason]
+            return response.SerializeToString()
+        response.complete.tokens.token_ids.extend(event.token_ids)
+    raise RuntimeError("no completion")
+
+
+async def _bench_bare_fake(address: str, calls: int, in_flight: int, server_pid: int) -> dict[str, float]:
+    """The prompt's bytes as the Router sends them, a fresh request id per call (the fake refuses a duplicate)."""
+    from agentloop_grpc.v1 import generation_pb2
+
+    message = generation_pb2.GenerateUnaryRequest()
+    message.request.prompt_ids_raw = array("i", PROMPT).tobytes()
+    message.request.sampling_params.max_new_tokens = 1
+    message.request.sampling_params.ignore_eos = True
+    async with grpc.aio.insecure_channel(address) as channel:
+        fake: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(_FAKE_METHOD)
+
+        def call(i: int) -> Awaitable[bytes]:
+            message.request.request_id = f"b{i}"
+            return fake(message.SerializeToString(), timeout=30)
+
+        await call(-1)
+        return await _drive_measured(call, calls, in_flight, server_pid)
 
 
 async def _bench_echo(address: str, calls: int, in_flight: int, server_pid: int) -> dict[str, float]:
@@ -522,7 +578,7 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-FAKE_CASES = ("router", "router_stream", "ray", "bare_grpc", "bare_stream")
+FAKE_CASES = ("router", "router_stream", "ray", "bare_grpc", "bare_stream", "bare_fake")
 IN_FLIGHT = (1, 64)
 
 
@@ -552,6 +608,7 @@ def _transport_cases(calls: int, repeats: int, names: tuple[str, ...] = FAKE_CAS
                     "ray": functools.partial(_bench_ray, actor, calls, in_flight, actor_pid),
                     "bare_grpc": functools.partial(_bench_echo, echo_address, calls, in_flight, echo.pid),
                     "bare_stream": functools.partial(_bench_stream, echo_address, calls, in_flight, echo.pid),
+                    "bare_fake": functools.partial(_bench_bare_fake, echo_address, calls, in_flight, echo.pid),
                 }
                 cases = [(name, run) for name, run in runs.items() if name in names]
                 # every other repeat backwards: a host slowing down or speeding up within a repeat then favours
@@ -600,6 +657,9 @@ def _print_transport_ratios(results: dict) -> None:
         # a streaming RPC itself; lower is better)
         ("router_stream_calls_vs_ray", "router_stream", "ray", "calls_per_s", 1.5),
         ("router_stream_p50_over_bare_stream", "router_stream", "bare_stream", "p50_ms", 1.2),
+        # informative: the bound of any grpc.aio design holding this fake, and what our layers add to it
+        ("bare_fake_calls_vs_ray", "bare_fake", "ray", "calls_per_s", 1.5),
+        ("router_p50_over_bare_fake", "router", "bare_fake", "p50_ms", 1.2),
     )
     lines = []
     for in_flight in IN_FLIGHT:
