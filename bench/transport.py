@@ -714,6 +714,9 @@ def main() -> int:
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by the servers, Ray's workers and vLLM's processes
+    # `agentloop` sets this for its engine processes before torch loads; Ray's actors inherit it from here, so the
+    # embedded engine's libgomp waits alike on both paths (without it the actor's spin-waits stall on 2 cores)
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     if args.serve_echo:
         asyncio.run(_serve_echo())
         return 0
