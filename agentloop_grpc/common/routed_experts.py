@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 UINT8_EXPERTS = 256
+#: The most experts per layer whose ids a trainer's int16 batch holds (ids 0 .. 32,767; -1 marks unknown).
+BATCH_EXPERTS = 1 << 15
 #: Config fields that give a model's routed experts per MoE layer, by family (Qwen/OLMoE, Mixtral, DeepSeek, Dbrx).
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
@@ -81,8 +83,8 @@ class Routing:
 def placed(routings: Sequence[Routing | None], starts: Sequence[int], width: int) -> np.ndarray | None:
     """Each row's routing from column ``starts[row]`` of a batch whose rows are ``width`` long (a trainer's padded
     ids): int16 ``[rows, width, layers, per_token]``, -1 where unknown (padding, positions a routing does not cover,
-    rows without one); None when no row has routing. ValueError for rows of different shapes or a routing that
-    overruns its row."""
+    rows without one); None when no row has routing. ValueError for rows of different shapes, a routing that
+    overruns its row, or a model with more experts than int16 ids hold (BATCH_EXPERTS)."""
     known = [r for r in routings if r is not None]
     if not known:
         return None
@@ -90,6 +92,10 @@ def placed(routings: Sequence[Routing | None], starts: Sequence[int], width: int
     if len(shapes) > 1:
         raise ValueError(f"rows carry routing of different shapes (layers, top-k): {sorted(shapes)}")
     layers, per_token = shapes.pop()
+    widest = max(r.num_experts for r in known)
+    if widest > BATCH_EXPERTS:  # a larger id would wrap to a negative one, which reads as unknown
+        raise ValueError(f"routing of a model with {widest} experts per layer does not fit the batch's int16 ids "
+                         f"(at most {BATCH_EXPERTS} experts)")
     out = np.full((len(routings), width, layers, per_token), -1, dtype=np.int16)
     for row, (routing, start) in enumerate(zip(routings, starts, strict=True)):
         if routing is not None and routing.positions:
