@@ -171,6 +171,13 @@ class GroupStream:
             self.counters.trainer_wait_s += self._timer() - started
         return taken
 
+    def exhausted(self) -> bool:
+        """Whether the stream can give nothing more until the clock moves: no group running, none finished and
+        untaken, none admitted or about to be, no error. Read on the stream's loop."""
+        counters = self.counters
+        return (not counters.in_flight and not counters.waiting and counters.admitted >= self.limit()
+                and self._error is None)
+
     def engine_idle_s(self) -> float:
         """Seconds with no group in flight so far (engines idle: admission held them back)."""
         idle = self.counters.engine_idle_s

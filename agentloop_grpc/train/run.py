@@ -29,7 +29,7 @@ from transformers import TrainerCallback
 from transformers.integrations import INTEGRATION_TO_CALLBACK
 from transformers.trainer_callback import PrinterCallback
 
-from agentloop_grpc.agent import WorkerSpec, write_parquet
+from agentloop_grpc.agent import Trajectory, WorkerSpec, write_parquet
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
 from agentloop_grpc.integrations.trl import (
     AgentLoopRollout,
@@ -39,7 +39,7 @@ from agentloop_grpc.integrations.trl import (
     prompt_dataset,
     train_top_layers,
 )
-from agentloop_grpc.rollout.run import engine_source, error_causes, routing, start_engines, start_tools
+from agentloop_grpc.rollout.run import RolloutError, engine_source, error_causes, routing, start_engines, start_tools
 from agentloop_grpc.trackers import resolve_report_to
 from agentloop_grpc.trackers.rollout import sample_rows
 from agentloop_grpc.trackers.trainer_env import scoped_environ, trainer_environ
@@ -60,12 +60,14 @@ class TrainRecord:
     summary: dict = field(default_factory=dict)
     #: The failed trajectories' most common error causes over the rollouts kept in the rollout's history.
     error_causes: list[tuple[str, int]] = field(default_factory=list)
+    #: ``trainer: trl_async`` stopped before its first step, every trajectory failed: those trajectories.
+    untrained: tuple[Trajectory, ...] = ()
 
     @property
     def failed_and_all(self) -> tuple[int, int]:
-        """(failed, all) trajectories over every step."""
-        return (int(sum(s.get("failures", 0) for s in self.steps)),
-                int(sum(s.get("trajectories", 0) for s in self.steps)))
+        """(failed, all) trajectories over every step, and those no step trained."""
+        return (int(sum(s.get("failures", 0) for s in self.steps)) + sum(t.failed for t in self.untrained),
+                int(sum(s.get("trajectories", 0) for s in self.steps)) + len(self.untrained))
 
 
 class StepTimes(Protocol):
@@ -172,6 +174,7 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
     import torch
 
     from agentloop_grpc.common import model_store
+    from agentloop_grpc.integrations.trl.async_worker import StreamStarved
 
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -220,7 +223,13 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
                      f"{g.prompts_per_step} prompts x {g.num_generations} "
                      f"trajectories on {len(addresses)} engine replica(s)" +
                      (f", logging to {', '.join(report_to)}" if report_to else ""))
-                trainer.train()
+                try:
+                    trainer.train()
+                except StreamStarved as starved:  # AsyncGRPOTrainer's stream can never give the step a sample
+                    if not starved.every_trajectory_failed:
+                        raise RolloutError(f"AsyncGRPOTrainer stopped: {starved}") from starved
+                    echo(f"AsyncGRPOTrainer stopped before its first step: {starved}")
+                    record.untrained = starved.trajectories
             versions = rollout.engine_versions()
             transfer = rollout.manager.weight_transfer
             echo(f"weights reached the engines by {transfer} (the fastest transfer that worked here)")
@@ -228,7 +237,8 @@ def run_training(config: TrainConfig, rows: list[dict], echo: Callable[[str], No
             (out / "trl_log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1) + "\n")
             if rollout.history:
                 write_parquet(list(rollout.history[-1].trajectories), out / "trajectories.parquet")
-            record.error_causes = error_causes([t for step in rollout.history for t in step.trajectories])
+            record.error_causes = error_causes([t for step in rollout.history for t in step.trajectories]
+                                               + list(record.untrained))
             if config.save_model:
                 trainer.save_model(str(out / "final"))
                 tokenizer.save_pretrained(str(out / "final"))

@@ -132,3 +132,54 @@ def test_a_worker_whose_groups_hang_raises_once_its_bound_passes():
             worker.check_health(0.1)
     finally:
         worker.stop()
+
+
+def _starved_worker(group):
+    """A started worker whose every group rolls out as ``group(k)`` (k: the sample's position) on a stream that
+    admits two groups of two (max_staleness 1) before the trainer steps, once the stream ran dry (or 5 s)."""
+    import time
+
+    from agentloop_grpc.agent.manager import RolloutBatch
+    from agentloop_grpc.agent.metrics import RolloutMetrics
+    from agentloop_grpc.integrations.trl.async_worker import AgentLoopRolloutWorker
+
+    async def run_group(samples):
+        trajectories = tuple(group(k) for k in range(len(samples)))
+        return RolloutBatch(trajectories, RolloutMetrics.of(trajectories, 0.0))
+
+    worker = AgentLoopRolloutWorker(_Rollout(run_group), num_generations=2, groups_per_step=1)
+    worker.start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and worker.metrics_queue.qsize() < 2:  # both groups taken by the pump
+        time.sleep(0.01)
+    return worker
+
+
+def test_a_worker_whose_every_trajectory_failed_raises_stream_starved_at_once():
+    """No group may start before the trainer steps, and it cannot step without a sample: said at the first health
+    check (not after stale_after_s, nor never), with the trajectories for the causes."""
+    from agentloop_grpc.integrations.trl.async_worker import StreamStarved
+
+    worker = _starved_worker(lambda k: failed(f"s{k}", infrastructure=True))
+    try:
+        with pytest.raises(StreamStarved, match="every one of the 4 trajectories rolled out failed") as raised:
+            worker.check_health(300)
+        assert raised.value.every_trajectory_failed and raised.value.samples_given == 0
+        assert [t.error for t in raised.value.trajectories] == ["engine gone"] * 4
+    finally:
+        worker.stop()
+
+
+def test_a_worker_left_short_by_failures_raises_stream_starved_once_its_samples_are_taken():
+    from agentloop_grpc.integrations.trl.async_worker import StreamStarved
+
+    worker = _starved_worker(lambda k: trajectory(f"s{k}") if k == 0 else failed(f"s{k}", infrastructure=False))
+    try:
+        worker.check_health(300)  # two samples queued: the trainer has something to take
+        taken = [worker.rollout_buffer.get_nowait() for _ in range(2)]
+        assert len(taken) == 2 and worker.rollout_buffer.empty()
+        with pytest.raises(StreamStarved, match="2 of the 4 trajectories not yet trained failed") as raised:
+            worker.check_health(300)
+        assert not raised.value.every_trajectory_failed and raised.value.samples_given == 2
+    finally:
+        worker.stop()

@@ -1,6 +1,7 @@
 """A training run whose every trajectory failed ends non-zero, as a failed rollout does, with the error causes and
 no ratio; the trajectories ran the config's ``dataset.default_loop`` (the CLI in its own process: a fake engine it
-launches, TRL's trainer on the default model)."""
+launches, TRL's trainer on the default model). With ``trainer: trl_async`` too, which can take no step at all (no
+sample to train): it stops at once rather than wait for samples that never come."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_run_whose_every_trajectory_failed_exits_3_naming_the_cause(tmp_path):
+# trl_async: one group of two admitted (max_staleness 0), as many trajectories as the sync step's
+@pytest.mark.parametrize("trainer", [{}, {"trainer": "trl_async", "max_staleness": 0}], ids=["trl", "trl_async"])
+def test_a_run_whose_every_trajectory_failed_exits_3_naming_the_cause(tmp_path, trainer):
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "What is 2 + 3?"}]}) + "\n")
     out = tmp_path / "out"
@@ -32,12 +35,14 @@ def test_a_run_whose_every_trajectory_failed_exits_3_naming_the_cause(tmp_path):
         "tools": {"launch": None},
         "dataset": {"path": str(data), "default_loop": "broken"},
         "loops": {"broken": {"path": f"{PATH}:FailEveryRun"}},
-        "loop": {"max_new_tokens_per_turn": 8, "sampling": {"temperature": 1.0, "seed": 0}},
+        "loop": {"max_new_tokens_per_turn": 8, "constrain_tool_calls": False, "sampling": {"temperature": 1.0,
+                                                                                         "seed": 0}},
         "grpo": {"max_steps": 1, "prompts_per_step": 1, "num_generations": 2, "trainable_layers": 1},
         "check_logprobs": 0,
         "report_to": [],
         "save_model": False,
         "output_dir": str(out),
+        **trainer,
     }))
     env = {**os.environ, "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -49,4 +54,8 @@ def test_a_run_whose_every_trajectory_failed_exits_3_naming_the_cause(tmp_path):
     assert "  2 x internal error: RuntimeError: this loop fails every trajectory" in result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith("error: 2 of 2 trajectories failed (100%)") and str(out) in line
-    assert (out / "metrics.jsonl").is_file() and (out / "summary.json").is_file()  # the outputs are written
+    assert (out / "summary.json").is_file() and (out / "report.html").is_file()  # the outputs are written
+    if trainer:
+        assert "AsyncGRPOTrainer stopped before its first step: every one of the 2 trajectories" in result.stdout
+    else:
+        assert (out / "metrics.jsonl").is_file()

@@ -12,7 +12,9 @@ with AsyncAgentLoopRollout(spec, rows, max_staleness=args.max_staleness) as roll
   agent's gateway sessions) without stopping, admitted by the trainer's version (``update_model_version``), and a
   pump turns each finished group, oldest first, into ``RolloutSample``s (``rollout_samples.py``) on
   ``rollout_buffer``; failures are counted on ``metrics_queue``, never queued as samples. ``check_health`` raises
-  the stream's error, or when no group finished for ``stale_after_s`` while groups were running.
+  the stream's error, when no group finished for ``stale_after_s`` while groups were running, or ``StreamStarved``
+  at once when the trainer waits on an empty buffer that no group can fill before it steps (their trajectories
+  failed: every one of them, or enough to leave the step short).
 - ``AgentLoopWeightTransfer`` (``WeightTransferProtocol``): ``send_weights`` pushes the trainer's tensors through
   the manager (collective, path or stream, as ``auto`` chooses), versioned so that engine version minus the
   engines' version at start is the trainer's ``model_version``; ``pause``/``resume`` do nothing by default (the
@@ -49,6 +51,12 @@ from .rollout_samples import rollout_samples
 if TYPE_CHECKING:
     import multiprocessing.queues
 
+    from ..group_stream import GroupStream
+
+
+#: The longest the trainer waits on an empty rollout buffer before it checks the worker's health again.
+HEALTH_POLL_S = 0.5
+
 
 class AgentLoopRolloutWorker:
     """TRL's ``RolloutWorkerProtocol`` over an ``AgentLoopRollout`` (see the module docstring).
@@ -68,6 +76,7 @@ class AgentLoopRolloutWorker:
         # each queued group's trajectories (failed ones too) by group_id, until the trainer says it trained them
         self._groups: dict[int, tuple[Trajectory, ...]] = {}
         self._groups_lock = threading.Lock()  # the pump fills it on the rollout's loop, the trainer takes
+        self.samples_given = 0  # queued on rollout_buffer so far
 
     def start(self) -> None:
         stream = self.rollout.open_stream(self.num_generations, self.groups_per_step)
@@ -83,6 +92,7 @@ class AgentLoopRolloutWorker:
                 self._groups[group.index] = tuple(group.trajectories)
             for sample in samples:
                 self.rollout_buffer.put_nowait(sample)  # unbounded: admission bounds what can be queued
+            self.samples_given += len(samples)
             self.metrics_queue.put_nowait({**metrics, "agentloop/rollout_queue_groups": float(stream.counters.waiting)})
             self._last_group_at = time.monotonic()
 
@@ -122,6 +132,15 @@ class AgentLoopRolloutWorker:
         if stream is not None and stream.counters.in_flight and idle > stale_after_s:
             raise RuntimeError(f"no group finished for {idle:.1f} s (> {stale_after_s:g} s) while "
                                f"{stream.counters.in_flight} ran")
+        # the trainer asks only after waiting on an empty buffer; the stream's state is read on its own loop, where
+        # the pump moves a taken group's samples to the buffer without yielding
+        if stream is not None and self.rollout.submit(self._starved(stream)).result():
+            with self._groups_lock:
+                untrained = tuple(t for group in self._groups.values() for t in group)
+            raise StreamStarved(untrained, self.samples_given)
+
+    async def _starved(self, stream: GroupStream) -> bool:
+        return stream.exhausted() and self.rollout_buffer.empty()
 
     def stop(self) -> None:
         """Stop the pump and the stream; the rollout (its manager and engines' channels) stays its owner's."""
@@ -129,6 +148,25 @@ class AgentLoopRolloutWorker:
             self._pump.cancel()
             self._pump = None
         self.rollout.close_stream()
+
+
+class StreamStarved(RuntimeError):
+    """The trainer waits for samples that no group can give before it steps: the failed trajectories of the groups
+    admitted at its version left it short. ``trajectories``: those of the groups it has not trained (failed ones
+    too); ``samples_given``: the samples the stream gave in all (0: none, so no step trained)."""
+
+    def __init__(self, trajectories: tuple[Trajectory, ...], samples_given: int) -> None:
+        self.trajectories, self.samples_given = trajectories, samples_given
+        failed = sum(t.failed for t in trajectories)
+        super().__init__(
+            f"every one of the {len(trajectories)} trajectories rolled out failed, so no step had a sample to train"
+            if self.every_trajectory_failed else
+            f"{failed} of the {len(trajectories)} trajectories not yet trained failed, leaving the trainer short of "
+            f"samples, and no group may start before it steps (max_staleness)")
+
+    @property
+    def every_trajectory_failed(self) -> bool:
+        return not self.samples_given and all(t.failed for t in self.trajectories)
 
 
 class _TakenQueue(queue.Queue):
@@ -140,7 +178,9 @@ class _TakenQueue(queue.Queue):
         self.taken: collections.deque[int] = collections.deque()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        sample = super().get(block, timeout)
+        # the trainer checks the worker's health each time a wait times out: each half second, not its 5 s, so that
+        # a starved stream stops it at once
+        sample = super().get(block, timeout if timeout is None else min(timeout, HEALTH_POLL_S))
         if self.kept(sample):
             self.taken.append(sample.group_id)
         return sample
