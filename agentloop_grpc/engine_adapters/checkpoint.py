@@ -12,6 +12,7 @@ import math
 import mmap
 import struct
 from pathlib import Path
+from typing import Any
 
 from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.safetensors_format import SAFETENSORS_DTYPES
@@ -122,7 +123,8 @@ def _header(file: Path, mapped: mmap.mmap) -> tuple[dict, int]:
     return header, 8 + length
 
 
-def _tensor(file: Path, mapped: mmap.mmap, start: int, name: str, entry, with_data: bool) -> NamedTensor:
+# ``entry`` is the header's JSON value as read, unchecked: a malformed one raises below and is refused by name
+def _tensor(file: Path, mapped: mmap.mmap, start: int, name: str, entry: Any, with_data: bool) -> NamedTensor:
     try:
         dtype, itemsize = SAFETENSORS_DTYPES[entry["dtype"]]
         shape = tuple(int(d) for d in entry["shape"])

@@ -7,8 +7,10 @@ within the engine's limits, with every default resolved.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
+from google.protobuf.message import Message
 
 from agentloop_grpc.common import wire as wire_maps
 from agentloop_grpc.common.errors import InvalidRequestError
@@ -51,7 +53,8 @@ WAKE_UP_TAGS = {wire: resource for resource, wire in wire_maps.RESOURCE_TAGS.ite
 SLEEP_LEVELS = {wire: level for level, wire in wire_maps.SLEEP_LEVELS.items()}
 
 
-def _optional(message, name: str, default):
+def _optional(message: Message, name: str, default: object) -> Any:
+    """The optional field ``name`` of ``message``, ``default`` when unset (typed by the field, named at run time)."""
     return getattr(message, name) if message.HasField(name) else default
 
 

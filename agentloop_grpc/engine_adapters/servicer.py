@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import grpc
 from grpc_health.v1 import health_pb2
+from grpc_health.v1.health import aio as health_aio
 
 from agentloop_grpc.common.errors import InvalidRequestError
 from agentloop_grpc.common.types import ALL_RESOURCES, GenerateComplete, GenerateRequest, TokenChunk
@@ -28,6 +30,9 @@ from .weights import read_weight_stream
 
 log = logging.getLogger(__name__)
 
+# a method's grpc.aio context, typed by its request and response messages
+Context = grpc.aio.ServicerContext
+
 SERVICE_NAMES = (
     generation_pb2.DESCRIPTOR.services_by_name["TokenGenerate"].full_name,
     engine_pb2.DESCRIPTOR.services_by_name["EngineControl"].full_name,
@@ -37,7 +42,7 @@ SERVICE_NAMES = (
 class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.EngineControlServicer):
     """TokenGenerate + EngineControl over one engine's lifecycle; publishes health through ``health``."""
 
-    def __init__(self, lifecycle: EngineLifecycle, health) -> None:
+    def __init__(self, lifecycle: EngineLifecycle, health: health_aio.HealthServicer) -> None:
         self.lifecycle = lifecycle
         self._health = health
 
@@ -91,7 +96,11 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
 
     # it streams by context.write, which grpc.aio allows; the generated servicer types only the iterator form
     @map_errors
-    async def Generate(self, request, context):  # type: ignore[override]
+    async def Generate(  # type: ignore[override]
+        self,
+        request: generation_pb2.GenerateRequest,
+        context: Context[generation_pb2.GenerateRequest, generation_pb2.GenerateResponse],
+    ) -> None:
         grouper = convert.grouper_from_proto(request)
 
         async def send_chunk(chunk: TokenChunk) -> None:
@@ -103,7 +112,11 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         await self._run(await self._request(request), grouper, send_chunk, send_complete)
 
     @map_errors
-    async def GenerateUnary(self, request, context):
+    async def GenerateUnary(
+        self,
+        request: generation_pb2.GenerateUnaryRequest,
+        context: Context[generation_pb2.GenerateUnaryRequest, generation_pb2.GenerateUnaryResponse],
+    ) -> generation_pb2.GenerateUnaryResponse:
         if not request.HasField("request"):
             raise InvalidRequestError("GenerateUnaryRequest.request is required")
         if request.request.HasField("stream_options"):
@@ -131,7 +144,11 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         raise RuntimeError(f"the engine ended request {domain.request_id!r} without a completion")
 
     @map_errors
-    async def Abort(self, request, context):
+    async def Abort(
+        self,
+        request: generation_pb2.AbortRequest,
+        context: Context[generation_pb2.AbortRequest, generation_pb2.AbortResponse],
+    ) -> generation_pb2.AbortResponse:
         if not request.all and not request.request_ids:
             raise InvalidRequestError("Abort needs request_ids or all = true")
         for index, request_id in enumerate(request.request_ids):
@@ -140,11 +157,19 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         return generation_pb2.AbortResponse(aborted_request_ids=aborted)
 
     @map_errors
-    async def GetLoad(self, request, context):
+    async def GetLoad(
+        self,
+        request: generation_pb2.GetLoadRequest,
+        context: Context[generation_pb2.GetLoadRequest, generation_pb2.GetLoadResponse],
+    ) -> generation_pb2.GetLoadResponse:
         return convert.load_to_proto(self.lifecycle.load())
 
     @map_errors
-    async def EndSessions(self, request, context):
+    async def EndSessions(
+        self,
+        request: generation_pb2.EndSessionsRequest,
+        context: Context[generation_pb2.EndSessionsRequest, generation_pb2.EndSessionsResponse],
+    ) -> generation_pb2.EndSessionsResponse:
         validation.check_session_ids(request.session_ids)
         demoted = await self.lifecycle.end_sessions(request.session_ids)
         return generation_pb2.EndSessionsResponse(demoted_blocks=demoted)
@@ -152,12 +177,20 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
     # -- EngineControl ---------------------------------------------------------------------------------------
 
     @map_errors
-    async def GetServerInfo(self, request, context):
+    async def GetServerInfo(
+        self,
+        request: engine_pb2.GetServerInfoRequest,
+        context: Context[engine_pb2.GetServerInfoRequest, engine_pb2.GetServerInfoResponse],
+    ) -> engine_pb2.GetServerInfoResponse:
         lifecycle = self.lifecycle
         return convert.info_to_proto(lifecycle.facts, lifecycle.state, lifecycle.weight_version)
 
     @map_errors
-    async def Sleep(self, request, context):
+    async def Sleep(
+        self,
+        request: engine_pb2.SleepRequest,
+        context: Context[engine_pb2.SleepRequest, engine_pb2.SleepResponse],
+    ) -> engine_pb2.SleepResponse:
         if request.level not in convert.SLEEP_LEVELS:
             raise InvalidRequestError("Sleep.level must be SLEEP_LEVEL_KV_CACHE or SLEEP_LEVEL_KV_CACHE_AND_WEIGHTS")
         released = await self.lifecycle.sleep(convert.SLEEP_LEVELS[request.level])
@@ -165,7 +198,11 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         return engine_pb2.SleepResponse(state=self._state(), memory_released=released)
 
     @map_errors
-    async def WakeUp(self, request, context):
+    async def WakeUp(
+        self,
+        request: engine_pb2.WakeUpRequest,
+        context: Context[engine_pb2.WakeUpRequest, engine_pb2.WakeUpResponse],
+    ) -> engine_pb2.WakeUpResponse:
         if any(tag not in convert.WAKE_UP_TAGS for tag in request.tags):
             raise InvalidRequestError("WakeUp.tags must be WAKE_UP_TAG_WEIGHTS or WAKE_UP_TAG_KV_CACHE")
         resources = frozenset(convert.WAKE_UP_TAGS[t] for t in request.tags) or ALL_RESOURCES
@@ -174,7 +211,11 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         return engine_pb2.WakeUpResponse(state=self._state())
 
     @map_errors
-    async def Pause(self, request, context):
+    async def Pause(
+        self,
+        request: engine_pb2.PauseRequest,
+        context: Context[engine_pb2.PauseRequest, engine_pb2.PauseResponse],
+    ) -> engine_pb2.PauseResponse:
         if request.mode not in convert.PAUSE_MODES:
             raise InvalidRequestError("Pause.mode must be PAUSE_MODE_ABORT, PAUSE_MODE_KEEP or PAUSE_MODE_WAIT")
         result = await self.lifecycle.pause(convert.PAUSE_MODES[request.mode])
@@ -183,12 +224,20 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         )
 
     @map_errors
-    async def Resume(self, request, context):
+    async def Resume(
+        self,
+        request: engine_pb2.ResumeRequest,
+        context: Context[engine_pb2.ResumeRequest, engine_pb2.ResumeResponse],
+    ) -> engine_pb2.ResumeResponse:
         await self.lifecycle.resume()
         return engine_pb2.ResumeResponse(state=self._state())
 
     @map_errors
-    async def UpdateWeights(self, request_iterator, context):
+    async def UpdateWeights(
+        self,
+        request_iterator: AsyncIterator[engine_pb2.UpdateWeightsRequest],
+        context: Context[engine_pb2.UpdateWeightsRequest, engine_pb2.UpdateWeightsResponse],
+    ) -> engine_pb2.UpdateWeightsResponse:
         tensors, commit, received = await read_weight_stream(request_iterator)
         version = commit.weight_version if commit.HasField("weight_version") else None
         result = await self.lifecycle.update_weights(tensors, version, commit.flush_cache)
@@ -198,7 +247,11 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         )
 
     @map_errors
-    async def LoadWeights(self, request, context):
+    async def LoadWeights(
+        self,
+        request: engine_pb2.LoadWeightsRequest,
+        context: Context[engine_pb2.LoadWeightsRequest, engine_pb2.LoadWeightsResponse],
+    ) -> engine_pb2.LoadWeightsResponse:
         version = request.weight_version if request.HasField("weight_version") else None
         result, read = await self.lifecycle.load_weights(request.path, version, request.flush_cache)
         log.info("weights loaded from %s as version %d (%d tensors, %d bytes)", request.path, result.weight_version,
@@ -208,7 +261,11 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         )
 
     @map_errors
-    async def JoinWeightGroup(self, request, context):
+    async def JoinWeightGroup(
+        self,
+        request: engine_pb2.JoinWeightGroupRequest,
+        context: Context[engine_pb2.JoinWeightGroupRequest, engine_pb2.JoinWeightGroupResponse],
+    ) -> engine_pb2.JoinWeightGroupResponse:
         group = convert.weight_group_from_proto(request)
         ranks = await self.lifecycle.join_weight_group(group)
         log.info("joined weight group %r at %s:%d as ranks %s of %d (%s)", group.name, group.master_address,
@@ -216,7 +273,11 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         return engine_pb2.JoinWeightGroupResponse(ranks=ranks)
 
     @map_errors
-    async def ReceiveWeights(self, request, context):
+    async def ReceiveWeights(
+        self,
+        request: engine_pb2.ReceiveWeightsRequest,
+        context: Context[engine_pb2.ReceiveWeightsRequest, engine_pb2.ReceiveWeightsResponse],
+    ) -> engine_pb2.ReceiveWeightsResponse:
         layout = convert.layout_from_proto(request)
         version = request.weight_version if request.HasField("weight_version") else None
         result = await self.lifecycle.receive_weights(request.group_name, layout, version, request.flush_cache)
@@ -228,11 +289,19 @@ class EngineServicer(generation_pb2_grpc.TokenGenerateServicer, engine_pb2_grpc.
         )
 
     @map_errors
-    async def LeaveWeightGroup(self, request, context):
+    async def LeaveWeightGroup(
+        self,
+        request: engine_pb2.LeaveWeightGroupRequest,
+        context: Context[engine_pb2.LeaveWeightGroupRequest, engine_pb2.LeaveWeightGroupResponse],
+    ) -> engine_pb2.LeaveWeightGroupResponse:
         await self.lifecycle.leave_weight_group(request.group_name)
         return engine_pb2.LeaveWeightGroupResponse()
 
     @map_errors
-    async def FlushCache(self, request, context):
+    async def FlushCache(
+        self,
+        request: engine_pb2.FlushCacheRequest,
+        context: Context[engine_pb2.FlushCacheRequest, engine_pb2.FlushCacheResponse],
+    ) -> engine_pb2.FlushCacheResponse:
         await self.lifecycle.flush_cache()
         return engine_pb2.FlushCacheResponse()

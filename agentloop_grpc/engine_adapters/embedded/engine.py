@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar, TypeVarTuple
 
 import torch
 
@@ -68,6 +68,10 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
 log = logging.getLogger(__name__)
+
+# what _on_worker runs: a function and its arguments, typed as the function takes them
+Args = TypeVarTuple("Args")
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +174,7 @@ class EmbeddedEngine:
         if self._loaded is not None:
             await self._loaded.grammars.close()
 
-    async def _on_worker(self, function, *args):
+    async def _on_worker(self, function: Callable[[*Args], Result], *args: *Args) -> Result:
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
     @property

@@ -17,7 +17,10 @@ import json
 import os
 import struct
 import sys
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 LENGTH = struct.Struct("<Q")
 OK, FAILED = b"\x00", b"\x01"
@@ -36,7 +39,7 @@ def _read(stream: BinaryIO) -> bytes | None:
     return stream.read(size)
 
 
-def _compile(compiler, kind: str, spec: str):
+def _compile(compiler: xgr.GrammarCompiler, kind: str, spec: str) -> xgr.CompiledGrammar:
     if kind == "json_schema":
         return compiler.compile_json_schema(spec, any_whitespace=False)
     if kind == "regex":
@@ -44,7 +47,7 @@ def _compile(compiler, kind: str, spec: str):
     return compiler.compile_grammar(spec)
 
 
-def _answer(compiler, job: bytes, max_bytes: int) -> tuple[bytes, bytes]:
+def _answer(compiler: xgr.GrammarCompiler, job: bytes, max_bytes: int) -> tuple[bytes, bytes]:
     kind, spec = json.loads(job)
     try:
         compiled = _compile(compiler, kind, spec)

@@ -44,7 +44,9 @@ def parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return dict(model.named_parameters(remove_duplicate=False))
 
 
-def _parameter(params: dict[str, torch.nn.Parameter], name: str, dtype_name: str, shape) -> torch.nn.Parameter:
+def _parameter(
+    params: dict[str, torch.nn.Parameter], name: str, dtype_name: str, shape: tuple[int, ...]
+) -> torch.nn.Parameter:
     """The parameter ``name`` if the tensor fits it; InvalidRequestError naming the tensor otherwise."""
     param = params.get(name)
     if param is None:

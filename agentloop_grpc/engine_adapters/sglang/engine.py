@@ -67,6 +67,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 
@@ -198,7 +199,7 @@ class SglangEngine:
     def _gone(self, error: Exception) -> EngineUnavailableError:
         return EngineUnavailableError(f"the SGLang rank-0 actor {self._group.names[0]!r} is gone: {error}")
 
-    async def _call(self, method: str, *args):
+    async def _call(self, method: str, *args: object) -> Any:  # Ray's remote methods, named at run time
         """Await one call on the rank-0 actor; a dead actor is UNAVAILABLE (retry on another server)."""
         try:
             return await getattr(self._leader(), method).remote(*args)

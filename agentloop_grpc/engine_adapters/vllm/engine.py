@@ -48,16 +48,19 @@ import itertools
 import logging
 import os
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from dataclasses import astuple, dataclass, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import vllm
+from transformers import PreTrainedTokenizerBase
+from vllm import SamplingParams as VllmSamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
+from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.platforms import current_platform
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
@@ -201,7 +204,9 @@ class VllmEngine:
         log.info("vLLM %s engine: %s from %s (max_model_len %d)", vllm.__version__, model_id, folder, cfg.max_model_len)
         return self._loaded.facts
 
-    async def _facts_of(self, llm: AsyncLLM, folder: Path, tokenizer, model_id: str) -> _Loaded:
+    async def _facts_of(
+        self, llm: AsyncLLM, folder: Path, tokenizer: PreTrainedTokenizerBase, model_id: str
+    ) -> _Loaded:
         """What the started engine serves, asked of vLLM (the first calls reach its engine process)."""
         cfg, weight_version = self.config, self._weight_version
         await llm.is_paused()  # starts the client's output task on this loop (engine failures reach us early)
@@ -293,23 +298,25 @@ class VllmEngine:
             if not self._salted[version]:
                 del self._salted[version]
 
-    async def _generate(self, llm: AsyncLLM, request: GenerateRequest, prompt: TokensPrompt, params,
+    async def _generate(self, llm: AsyncLLM, request: GenerateRequest, prompt: TokensPrompt, params: VllmSamplingParams,
                         layout: routing.RoutingLayout | None) -> AsyncIterator[GenerateEvent]:
         """``generate``'s stream once the prompt is built: vLLM's outputs as our chunks, then the completion. A
         request that asked for its routed experts gets them from the finished output only (``routing.py``), so its
         deltas are held and all its chunks, each with its tokens' routing, leave then (as with ``final_only``)."""
         emitted, last_token, last_version = 0, None, None
         unchecked = bool(request.media)
-        held: list | None = [] if request.sampling.return_routed_experts and layout is not None else None
+        routed = request.sampling.return_routed_experts and layout is not None
+        held: list[CompletionOutput] | None = [] if routed else None
         prompt_routing = b""
         stream = llm.generate(prompt, params, request.request_id, priority=sampling.priority(request))
         async with contextlib.aclosing(_translated_errors(stream)) as stream_outputs:
             async for output in stream_outputs:
                 if unchecked:  # before any token leaves; raising closes the stream, so vLLM aborts the request
+                    assert output.prompt_token_ids is not None  # None only for a prompt of embeddings, never ours
                     images.check_expansion(request.prompt_ids, request.media, output.prompt_token_ids)
                     unchecked = False
                 completion = output.outputs[0]
-                if held is None:
+                if held is None or layout is None:  # held only with a layout
                     starts = self._version_starts(request.request_id, output) if completion.token_ids else []
                     chunks = outputs.token_chunks(completion, request.sampling, emitted, starts)
                 else:
@@ -327,8 +334,10 @@ class VllmEngine:
                     return
         raise RuntimeError(f"vLLM ended request {request.request_id!r} without a finished output")
 
-    def _routed_chunks(self, request: GenerateRequest, output, held: list, layout
-                       ) -> tuple[bytes, list[TokenChunk]]:
+    def _routed_chunks(
+        self, request: GenerateRequest, output: RequestOutput, held: list[CompletionOutput],
+        layout: routing.RoutingLayout,
+    ) -> tuple[bytes, list[TokenChunk]]:
         """The prompt's routing and the chunks of every held delta with their tokens' routing, from the finished
         ``output`` (whose weight-version spans cover every output token)."""
         starts = self._version_starts(request.request_id, output)
@@ -337,7 +346,7 @@ class VllmEngine:
             chunks += outputs.token_chunks(delta, request.sampling, sum(len(c.token_ids) for c in chunks), starts)
         return routing.attach(output.outputs[0].routed_experts, layout, len(request.prompt_ids), chunks)
 
-    def _version_starts(self, request_id: str, output) -> list[tuple[int, int]]:
+    def _version_starts(self, request_id: str, output: RequestOutput) -> list[tuple[int, int]]:
         """(first output-token index, weight version) of each version span of the request so far, as vLLM
         recorded them: from the final output, or from vLLM's output processor while the request runs (its state
         outlives every non-final output we read: vLLM drops it only where it emits the final one, into which
@@ -353,7 +362,12 @@ class VllmEngine:
         return [(start, int(version)) for version, start in state.weight_version_starts]
 
     def _complete(
-        self, request: GenerateRequest, output, emitted: int, last_token: int | None, last_version: int | None
+        self,
+        request: GenerateRequest,
+        output: RequestOutput,
+        emitted: int,
+        last_token: int | None,
+        last_version: int | None,
     ) -> GenerateComplete:
         completion = output.outputs[0]
         return outputs.completion(
@@ -440,7 +454,7 @@ class VllmEngine:
     def _update_key(self, transport: str) -> str:
         return f"{transport}/{next(self._updates)}"
 
-    async def _job(self, key: str, method: str, *args) -> list[object]:
+    async def _job(self, key: str, method: str, *args: object) -> list[object]:
         """Start ``method``'s background job in every worker and poll until all finished; their results. A failed
         weight group is UNAVAILABLE (its message names the group's address)."""
         llm = self._loaded.llm
@@ -525,7 +539,9 @@ def reap(processes: Seq[BaseProcess]) -> None:
             log.warning("vLLM's engine process %s (pid %s) outlived SIGKILL", process.name, process.pid)
 
 
-async def _translated_errors(stream: AsyncIterator) -> AsyncIterator:
+async def _translated_errors(
+    stream: AsyncGenerator[RequestOutput, None],
+) -> AsyncGenerator[RequestOutput, None]:
     """vLLM's generate stream with its errors turned into ours: a request vLLM rejects is INVALID_ARGUMENT, a dead
     engine is UNAVAILABLE; anything else stays an engine error (INTERNAL). Closing it closes vLLM's stream,
     which aborts the request inside the engine."""

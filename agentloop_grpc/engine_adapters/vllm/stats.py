@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase, StatLoggerFactory
+from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 
 @dataclass(slots=True)
@@ -43,10 +45,16 @@ class SchedulerLoad:
 class SchedulerStatsRecorder(StatLoggerBase):
     """A vLLM stat logger that records into a ``SchedulerLoad`` (and logs nothing)."""
 
-    def __init__(self, sink: SchedulerLoad, vllm_config, engine_index: int = 0) -> None:
+    def __init__(self, sink: SchedulerLoad, vllm_config: VllmConfig, engine_index: int = 0) -> None:
         self._sink = sink
 
-    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: MultiModalCacheStats | None = None,
+        engine_idx: int = 0,
+    ) -> None:
         sink = self._sink
         if iteration_stats is not None:  # preemption events come with the outputs of the requests preempted
             sink.preemptions += iteration_stats.num_preempted_reqs
