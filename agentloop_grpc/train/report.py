@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from agentloop_grpc.rollout.report_plots import pyplot as _pyplot
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-def _save(plt, fig, path: Path) -> None:
+    from .run import TrainRecord
+
+
+def _save(plt: ModuleType, fig: Figure, path: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     for ax in fig.axes:
@@ -24,7 +31,7 @@ def _save(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
-def _labels(ax, ylabel: str, title: str) -> None:
+def _labels(ax: Axes, ylabel: str, title: str) -> None:
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -126,7 +133,7 @@ def _correction_lags(steps: list[dict]) -> list[int]:
                    if k.startswith("correction/lag_") and k.endswith("/ratio_mean")})
 
 
-def _correction_panel(ax: Any, steps: list[dict], lags: list[int]) -> None:
+def _correction_panel(ax: Axes, steps: list[dict], lags: list[int]) -> None:
     """Each lag's mean importance weight with its min..max band, and the share the bounds truncated or masked."""
     for lag in lags:
         measured = [s for s in steps if f"correction/lag_{lag}/ratio_mean" in s]
@@ -149,7 +156,7 @@ def _correction_panel(ax: Any, steps: list[dict], lags: list[int]) -> None:
     share.legend(loc="upper right", fontsize=8)
 
 
-def write_report(record, path: Path) -> None:
+def write_report(record: TrainRecord, path: Path) -> None:
     steps, summary = record.steps, record.summary
     folder = path.parent
     images = []
@@ -186,7 +193,7 @@ with the first steps.</p>
     path.write_text(page)
 
 
-def _cell(value) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, float):

@@ -19,11 +19,11 @@ import json
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from transformers import TrainerCallback
 from transformers.integrations import INTEGRATION_TO_CALLBACK
@@ -48,9 +48,15 @@ from agentloop_grpc.trackers.trainer_samples import TrainerSampleTables
 from .config import TrainConfig
 from .progress import progress_line
 
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
+
 RATIO_NAME = "train_reward_last_over_first"
 #: Rollout metrics TRL logs itself (as reward and frac_reward_zero_std): left out of its logs, not logged twice.
 _LOGGED_BY_TRL = frozenset({"reward_mean", "frac_groups_zero_std"})
+
+First = TypeVar("First")
+Second = TypeVar("Second")
 
 
 @dataclass
@@ -88,17 +94,26 @@ class StepLog(TrainerCallback):
         self._path = record.output_dir / "metrics.jsonl"
         self._path.unlink(missing_ok=True)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: object,
+    ) -> None:
         step = state.global_step
         if not logs or "loss" not in logs or not self.rollout.history:
             return  # the closing summary log, or a log before any step
         rollout = self.rollout.history[-1]
         step_s = self.sync.step_s.get(step, 0.0)
+        train_s = round(max(step_s - rollout.rollout_s, 0.0), 3)
+        weight_sync_s = round(self.sync.sync_s.get(step, 0.0), 3)
         entry = {
             "step": step,
             **{k: _significant(v) for k, v in rollout.metrics.items()},
-            "train_s": round(max(step_s - rollout.rollout_s, 0.0), 3),
-            "weight_sync_s": round(self.sync.sync_s.get(step, 0.0), 3),
+            "train_s": train_s,
+            "weight_sync_s": weight_sync_s,
             "loss": logs.get("loss"),
             "grad_norm": logs.get("grad_norm"),
             "trl_reward": logs.get("reward"),
@@ -112,7 +127,7 @@ class StepLog(TrainerCallback):
             entry.update(policy_ratio_mean=_significant(logs["ratio"]), policy_kl=_significant(logs["kl"]))
         # sync: the trainer waits out the rollout, the engines the training and the push (async measures both)
         entry.setdefault("trainer_idle_s", entry["rollout_s"])
-        entry.setdefault("engine_idle_s", round(entry["train_s"] + entry["weight_sync_s"], 3))
+        entry.setdefault("engine_idle_s", round(train_s + weight_sync_s, 3))
         self.record.steps.append(entry)
         logs.update(rollout_log_metrics(entry, rollout.metrics))
         with self._path.open("a") as f:
@@ -127,7 +142,7 @@ def rollout_log_metrics(entry: dict, rollout_keys: Iterable[str]) -> dict[str, f
     return {f"agentloop/{key}": entry[key] for key in keys}
 
 
-def trackers_last(trainer) -> None:
+def trackers_last(trainer: Trainer) -> None:
     """Move the Trainer's tracker callbacks after ours: callbacks run in order, so they see the metrics ours add
     to the logs (the Trainer puts them first)."""
     for callback in [c for c in trainer.callback_handler.callbacks if type(c) in INTEGRATION_TO_CALLBACK.values()]:
@@ -140,8 +155,8 @@ def _significant(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-async def _gather(*coroutines):
-    return await asyncio.gather(*coroutines)
+async def _gather(first: Awaitable[First], second: Awaitable[Second]) -> tuple[First, Second]:
+    return await asyncio.gather(first, second)
 
 
 def _window(steps: list[dict], compare_steps: int) -> int:
