@@ -71,4 +71,5 @@ class GatewayConfig(BaseModel):
     max_resumes: int = Field(16, ge=0, description="Resumes of one turn after aborts (weight updates).")
     return_routed_experts: bool = Field(
         False, description="Record the experts a MoE model routed every token to in the trajectories "
-        "(Trajectory.routed_experts, as AgentLoopConfig's); an engine that cannot report them fails the turn.")
+        "(Trajectory.routed_experts, as AgentLoopConfig's); engines that cannot report them are refused when the "
+        "gateway starts (or at its first request, if none had answered by then), never turn by turn.")

@@ -33,6 +33,7 @@ async def serve_agents(router: Router, codec: ChatCodec, config: GatewayConfig, 
     """Serve the gateway until the block ends; yields the agents to ``run`` samples with (see ``ExternalAgents``
     for the arguments; ``reward``: the gateway's reward function, for sessions whose agent posted none)."""
     gateway = SessionGateway(router, codec, config, reward=reward)
+    await gateway.check_engines()
     token = secrets.token_urlsafe(32)
     keys = SessionKeys(token)
     app = create_app(gateway, user_token=token)

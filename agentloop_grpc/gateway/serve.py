@@ -41,6 +41,7 @@ async def serve_gateway(
     async with AsyncExitStack() as stack:
         fleet = await stack.enter_async_context(Router(list(engines), router or RouterConfig(), discovery_file))
         gateway = SessionGateway(fleet, codec, config)
+        await gateway.check_engines()  # an engine that cannot serve the config's turns is refused before serving
         app = create_app(gateway, user_token, admin_token)
         url = await stack.enter_async_context(serve_app(
             app, host, port, security.cert_file, security.key_file, config.limits))

@@ -9,6 +9,9 @@ engines' max_model_len less its prompt): one with none ends at once with finish_
 engines fails the chain as an infrastructure failure (never trained on) and answers 502; a request the engine
 refuses answers 400 and leaves the chain as it was; a client that goes away mid-turn records nothing. What a
 request held that the gateway ignored is recorded on its session, counted by name and logged once (wire_checks.py).
+Engines that cannot serve what the config asks of every turn (``return_routed_experts`` of an engine reporting no
+routed layers) are refused once, when the gateway starts (``check_engines``), or, when no engine had answered
+then, at the first request: 502, before any session is created.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from agentloop_grpc.agent.chat import ChatCodec
 from agentloop_grpc.agent.parsers import ParsedTurn, make_parser, stop_token_ids
 from agentloop_grpc.agent.reward import Outcome, RewardFunction, score
+from agentloop_grpc.agent.routing_check import RoutingUnavailableError, check_engine_routing
 from agentloop_grpc.agent.sample import Sample
 from agentloop_grpc.agent.trajectory import Termination, Trajectory
 from agentloop_grpc.common.types import SamplingParams, StructuredOutput
@@ -63,6 +67,18 @@ class SessionGateway:
             self._codecs |= {True: codec.with_thinking(True), False: codec.with_thinking(False)}
         self._encoders = {mode: PromptEncoder(c) for mode, c in self._codecs.items()}
         self._fields_seen: set[str] = set()
+        self._engines_checked = False
+
+    async def check_engines(self) -> bool:
+        """Refuse engines that cannot serve what the config asks of every turn (RoutingUnavailableError, naming
+        them, as the agent loops' check: agent/routing_check.py), among the servers that answer; whether one did
+        (until then the check is made again before each request)."""
+        if not self.config.return_routed_experts or self._engines_checked:
+            return True
+        infos = (await self.router.fleet.server_info()).responses
+        check_engine_routing(infos)
+        self._engines_checked = bool(infos)
+        return self._engines_checked
 
     @property
     def paused(self) -> bool:
@@ -136,7 +152,13 @@ class SessionGateway:
     async def chat_stream(self, session_id: str, request: ChatRequest) -> AsyncGenerator[TextDelta | ChatReply, None]:
         """TextDeltas (when the request streams: a turn offered tools streams the content before its calls) and then
         the ChatReply, whose content starts with what the deltas held."""
-        # 1. the session and its bounds; what the request held that the gateway ignores, recorded
+        # 1. the engines checked once, the session and its bounds; what the request held that the gateway ignores,
+        # recorded
+        if not self._engines_checked:
+            try:
+                await self.check_engines()
+            except RoutingUnavailableError as error:
+                raise GatewayError(str(error), status=502, kind="infrastructure") from None
         session = self.sessions.get(session_id, create=True)
         self._count_sessions()
         thinking = request.thinking if request.thinking in self._codecs else None
