@@ -35,7 +35,7 @@ import itertools
 import random
 import zlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -185,7 +185,7 @@ class FakeEngine:
 
     # -- generation ------------------------------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateEvent, None]:
         if request.structured_output is not None:
             raise UnsupportedError("the fake engine does not support structured output")
         if len(self._running) + len(self._waiting) >= self.config.max_running + self.config.max_waiting:

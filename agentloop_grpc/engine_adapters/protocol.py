@@ -12,7 +12,7 @@ Adapters raise the exceptions in ``common/errors.py``; anything else is treated 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
 from agentloop_grpc.common.errors import EngineError
@@ -38,11 +38,11 @@ class EngineAdapter(Protocol):
         lifecycle's and are not counted here."""
         ...
 
-    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateEvent, None]:
         """Yield TokenChunks, then exactly one GenerateComplete.
 
-        Closing the iterator early (client gone) must not leave the request running; the lifecycle also calls
-        ``abort`` in that case.
+        An async generator: the lifecycle closes it (``aclose``) when the client goes, and that must not leave the
+        request running; the lifecycle also calls ``abort`` in that case.
         """
         ...
 

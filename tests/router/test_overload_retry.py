@@ -5,7 +5,7 @@ spends the call's attempts, and the call ends as an infrastructure failure namin
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -29,7 +29,7 @@ class RefusesAtFirst(FakeEngine):
         self.refusals = refusals
         self.calls = 0
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateEvent, None]:
         self.calls += 1
         if self.calls <= self.refusals:
             raise EngineOverloadedError("the waiting queue is full (a test's refusal)")

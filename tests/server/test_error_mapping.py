@@ -3,7 +3,7 @@ client with its code and a bounded message."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import grpc
 import pytest
@@ -18,7 +18,7 @@ from agentloop_grpc.v1 import generation_pb2, generation_pb2_grpc
 class FakeEngineWithABug(FakeEngine):
     """Test-only fake: fails with an unexpected exception after one token for prompts starting with 666."""
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateEvent, None]:
         async for event in super().generate(request):
             yield event
             if request.prompt_ids[0] == 666:
@@ -66,7 +66,7 @@ class FakeEngineQuotingItsInput(FakeEngine):
         super().__init__()
         self.error = error
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateEvent, None]:
         raise self.error
         yield  # an async generator, like every adapter's generate
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import pytest
 
@@ -40,9 +40,8 @@ class RecordingFake(FakeEngine):
         self.aborted += request_ids
         await super().abort(request_ids)
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        # the adapter protocol declares AsyncIterator; the implementation is an async generator, which aclosing needs
-        async with contextlib.aclosing(super().generate(request)) as events:  # type: ignore[type-var]
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateEvent, None]:
+        async with contextlib.aclosing(super().generate(request)) as events:
             async for event in events:
                 if isinstance(event, GenerateComplete) and self.drop_completion:
                     return

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -198,7 +198,7 @@ class EmbeddedEngine:
 
     # -- generation ------------------------------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateEvent, None]:
         # The request is valid (convert.py checks it against the catalogue); only what the model alone knows, its
         # images' expansion, is checked here.
         images = await self._read_images(request)

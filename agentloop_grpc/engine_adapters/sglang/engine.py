@@ -65,7 +65,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,7 +221,7 @@ class SglangEngine:
 
     # -- generation ------------------------------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateEvent, None]:
         if self._facts.image_token_id is not None:
             check_no_stray_image_token(request.prompt_ids, request.media, self._facts.image_token_id)
         entry = _InFlight(request)

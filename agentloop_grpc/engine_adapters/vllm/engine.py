@@ -48,7 +48,7 @@ import itertools
 import logging
 import os
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from collections.abc import Sequence as Seq
 from dataclasses import astuple, dataclass, replace
 from multiprocessing.process import BaseProcess
@@ -271,7 +271,7 @@ class VllmEngine:
 
     # -- generation ------------------------------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateEvent, None]:
         loaded = self._loaded  # the request is valid (convert.py); only what vLLM alone knows is checked here
         if self._in_engine() >= self.config.max_running + self.config.max_waiting:
             raise EngineOverloadedError(f"the waiting queue is full ({self.config.max_waiting} requests)")
@@ -299,7 +299,7 @@ class VllmEngine:
                 del self._salted[version]
 
     async def _generate(self, llm: AsyncLLM, request: GenerateRequest, prompt: TokensPrompt, params: VllmSamplingParams,
-                        layout: routing.RoutingLayout | None) -> AsyncIterator[GenerateEvent]:
+                        layout: routing.RoutingLayout | None) -> AsyncGenerator[GenerateEvent, None]:
         """``generate``'s stream once the prompt is built: vLLM's outputs as our chunks, then the completion. A
         request that asked for its routed experts gets them from the finished output only (``routing.py``), so its
         deltas are held and all its chunks, each with its tokens' routing, leave then (as with ``final_only``)."""
