@@ -124,6 +124,9 @@ class TrainConfig(AgentRunConfig):
             "loop.constrain_tool_calls": (self.loop.constrain_tool_calls, "AsyncGRPOTrainer reads the engine's "
                                           "logprobs as the policy's, and under the call grammar they are the "
                                           "masked distribution's (set false)"),
+            "max_staleness: 0": (self.max_staleness < 1, "AsyncGRPOTrainer asks for a micro-batch of its next "
+                                 "step before it steps, and 0 admits no group for it until then: it would wait "
+                                 "forever (set 1 or more)"),
         }
         for name, (bad, why) in refused.items():
             if bad:

@@ -183,3 +183,17 @@ def test_a_worker_left_short_by_failures_raises_stream_starved_once_its_samples_
         assert not raised.value.every_trajectory_failed and raised.value.samples_given == 2
     finally:
         worker.stop()
+
+
+def test_a_worker_starved_without_a_failure_says_the_trainer_asked_past_what_may_start():
+    from agentloop_grpc.integrations.trl.async_worker import StreamStarved
+
+    worker = _starved_worker(lambda k: trajectory(f"s{k}"))
+    try:
+        taken = [worker.rollout_buffer.get_nowait() for _ in range(4)]  # a trainer that asked for more than a step's
+        assert len(taken) == 4
+        with pytest.raises(StreamStarved, match="asks for samples of its next step before it steps") as raised:
+            worker.check_health(300)
+        assert not raised.value.every_trajectory_failed and raised.value.samples_given == 4
+    finally:
+        worker.stop()

@@ -68,6 +68,7 @@ def test_trl_async_implies_async_and_refuses_what_only_grpo_trainer_has():
     for fields, name in [({"mode": "sync"}, "mode: async"), ({"grpo": {"beta": 0.1}}, "grpo.beta"),
                          ({"grpo": {"loss_type": "grpo"}}, "grpo.loss_type"),
                          ({"correction": {"enabled": True}}, "correction.enabled"),
-                         ({"loop": {"constrain_tool_calls": True}}, "loop.constrain_tool_calls")]:
+                         ({"loop": {"constrain_tool_calls": True}}, "loop.constrain_tool_calls"),
+                         ({"max_staleness": 0}, "max_staleness: 0")]:
         with pytest.raises(ValidationError, match=name.replace(".", r"\.")):
             _config_of(trainer="trl_async", **fields)

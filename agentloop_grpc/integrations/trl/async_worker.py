@@ -162,7 +162,9 @@ class StreamStarved(RuntimeError):
             f"every one of the {len(trajectories)} trajectories rolled out failed, so no step had a sample to train"
             if self.every_trajectory_failed else
             f"{failed} of the {len(trajectories)} trajectories not yet trained failed, leaving the trainer short of "
-            f"samples, and no group may start before it steps (max_staleness)")
+            f"samples, and no group may start before it steps (max_staleness)" if failed else
+            "the trainer asks for samples of its next step before it steps, and max_staleness admits no group for "
+            "them until then (AsyncGRPOTrainer reads a micro-batch ahead: max_staleness 0 cannot feed it)")
 
     @property
     def every_trajectory_failed(self) -> bool:
