@@ -23,9 +23,10 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# trl_async: one group of two admitted (max_staleness 0), as many trajectories as the sync step's
-@pytest.mark.parametrize("trainer", [{}, {"trainer": "trl_async", "max_staleness": 0}], ids=["trl", "trl_async"])
-def test_a_run_whose_every_trajectory_failed_exits_3_naming_the_cause(tmp_path, trainer):
+# trl_async: the two groups of two that max_staleness 1 admits before its first step
+@pytest.mark.parametrize(("trainer", "trajectories"), [({}, 2), ({"trainer": "trl_async"}, 4)],
+                         ids=["trl", "trl_async"])
+def test_a_run_whose_every_trajectory_failed_exits_3_naming_the_cause(tmp_path, trainer, trajectories):
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "What is 2 + 3?"}]}) + "\n")
     out = tmp_path / "out"
@@ -51,11 +52,11 @@ def test_a_run_whose_every_trajectory_failed_exits_3_naming_the_cause(tmp_path, 
     assert result.returncode == EXIT_TOO_MANY_FAILED, result.stderr[-3000:]
     assert "RATIO" not in result.stdout  # (the stderr has the loop's traceback, logged by the worker per sample)
     # the default loop ran: every trajectory failed with its error, counted among the causes
-    assert "  2 x internal error: RuntimeError: this loop fails every trajectory" in result.stderr
+    assert f"  {trajectories} x internal error: RuntimeError: this loop fails every trajectory" in result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert line.startswith("error: 2 of 2 trajectories failed (100%)") and str(out) in line
+    assert line.startswith(f"error: {trajectories} of {trajectories} trajectories failed (100%)") and str(out) in line
     assert (out / "summary.json").is_file() and (out / "report.html").is_file()  # the outputs are written
     if trainer:
-        assert "AsyncGRPOTrainer stopped before its first step: every one of the 2 trajectories" in result.stdout
+        assert f"AsyncGRPOTrainer stopped before its first step: every one of the {trajectories}" in result.stdout
     else:
         assert (out / "metrics.jsonl").is_file()
