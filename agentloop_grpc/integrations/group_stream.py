@@ -171,6 +171,12 @@ class GroupStream:
             self.counters.trainer_wait_s += self._timer() - started
         return taken
 
+    def replace(self, groups: int) -> None:
+        """Admit ``groups`` more, in place of groups whose trajectories gave a consumer nothing to train (a
+        consumer of samples, whose failed trajectories are none). Call on the stream's loop."""
+        self._discarded += groups
+        self.wake()
+
     def exhausted(self) -> bool:
         """Whether the stream can give nothing more until the clock moves: no group running, none finished and
         untaken, none admitted or about to be, no error. Read on the stream's loop."""

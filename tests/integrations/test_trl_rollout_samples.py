@@ -134,51 +134,71 @@ def test_a_worker_whose_groups_hang_raises_once_its_bound_passes():
         worker.stop()
 
 
-def _starved_worker(group):
-    """A started worker whose every group rolls out as ``group(k)`` (k: the sample's position) on a stream that
-    admits two groups of two (max_staleness 1) before the trainer steps, once the stream ran dry (or 5 s)."""
+def _starved_worker(group, groups: int):
+    """A started worker whose ``n``-th group rolls out as ``group(n, k)`` (k: the sample's position) on a stream that
+    admits two groups of two (max_staleness 1) before the trainer steps, once its pump took ``groups`` (or 5 s)."""
+    import itertools
     import time
 
     from agentloop_grpc.agent.manager import RolloutBatch
     from agentloop_grpc.agent.metrics import RolloutMetrics
     from agentloop_grpc.integrations.trl.async_worker import AgentLoopRolloutWorker
 
+    count = itertools.count()
+
     async def run_group(samples):
-        trajectories = tuple(group(k) for k in range(len(samples)))
+        n = next(count)
+        trajectories = tuple(group(n, k) for k in range(len(samples)))
         return RolloutBatch(trajectories, RolloutMetrics.of(trajectories, 0.0))
 
     worker = AgentLoopRolloutWorker(_Rollout(run_group), num_generations=2, groups_per_step=1)
     worker.start()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and worker.metrics_queue.qsize() < 2:  # both groups taken by the pump
+    while time.monotonic() < deadline and worker.metrics_queue.qsize() < groups:  # taken by the pump
         time.sleep(0.01)
+    time.sleep(0.05)  # and no more coming
+    assert worker.metrics_queue.qsize() == groups
     return worker
 
 
 def test_a_worker_whose_every_trajectory_failed_raises_stream_starved_at_once():
-    """No group may start before the trainer steps, and it cannot step without a sample: said at the first health
-    check (not after stale_after_s, nor never), with the trajectories for the causes."""
+    """No group gives a sample: one is admitted in place of the first (a window of two in a row gave none: the
+    engines are gone), then the trainer cannot step and says so at the first health check (not after
+    stale_after_s, nor never), with the trajectories for the causes."""
     from agentloop_grpc.integrations.trl.async_worker import StreamStarved
 
-    worker = _starved_worker(lambda k: failed(f"s{k}", infrastructure=True))
+    worker = _starved_worker(lambda n, k: failed(f"s{k}", infrastructure=True), groups=3)
     try:
-        with pytest.raises(StreamStarved, match="every one of the 4 trajectories rolled out failed") as raised:
+        with pytest.raises(StreamStarved, match="every one of the 6 trajectories rolled out failed") as raised:
             worker.check_health(300)
         assert raised.value.every_trajectory_failed and raised.value.samples_given == 0
-        assert [t.error for t in raised.value.trajectories] == ["engine gone"] * 4
+        assert [t.error for t in raised.value.trajectories] == ["engine gone"] * 6
     finally:
         worker.stop()
 
 
-def test_a_worker_left_short_by_failures_raises_stream_starved_once_its_samples_are_taken():
+def test_a_worker_admits_groups_in_place_of_failed_trajectories():
+    """The trainer counts samples: with one trajectory of each group failing, the two groups admitted give two,
+    and the groups admitted in place of the failed ones make up the four a step and its read-ahead take."""
+    worker = _starved_worker(lambda n, k: failed(f"s{k}", infrastructure=False) if k else trajectory(f"s{k}"),
+                             groups=4)
+    try:
+        assert worker.samples_given == 4
+        worker.check_health(300)  # samples queued: the trainer has them to take
+    finally:
+        worker.stop()
+
+
+def test_a_worker_whose_latest_groups_all_failed_raises_stream_starved_once_its_samples_are_taken():
     from agentloop_grpc.integrations.trl.async_worker import StreamStarved
 
-    worker = _starved_worker(lambda k: trajectory(f"s{k}") if k == 0 else failed(f"s{k}", infrastructure=False))
+    worker = _starved_worker(lambda n, k: trajectory(f"s{k}") if n == 0 else failed(f"s{k}", infrastructure=True),
+                             groups=3)
     try:
         worker.check_health(300)  # two samples queued: the trainer has something to take
         taken = [worker.rollout_buffer.get_nowait() for _ in range(2)]
         assert len(taken) == 2 and worker.rollout_buffer.empty()
-        with pytest.raises(StreamStarved, match="2 of the 4 trajectories not yet trained failed") as raised:
+        with pytest.raises(StreamStarved, match="4 of the 6 trajectories not yet trained failed") as raised:
             worker.check_health(300)
         assert not raised.value.every_trajectory_failed and raised.value.samples_given == 2
     finally:
@@ -188,7 +208,7 @@ def test_a_worker_left_short_by_failures_raises_stream_starved_once_its_samples_
 def test_a_worker_starved_without_a_failure_says_the_trainer_asked_past_what_may_start():
     from agentloop_grpc.integrations.trl.async_worker import StreamStarved
 
-    worker = _starved_worker(lambda k: trajectory(f"s{k}"))
+    worker = _starved_worker(lambda n, k: trajectory(f"s{k}"), groups=2)
     try:
         taken = [worker.rollout_buffer.get_nowait() for _ in range(4)]  # a trainer that asked for more than a step's
         assert len(taken) == 4

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# trl_async: the two groups of two that max_staleness 1 admits before its first step
-@pytest.mark.parametrize(("trainer", "trajectories"), [({}, 2), ({"trainer": "trl_async"}, 4)],
+# trl_async: the two groups of two that max_staleness 1 admits before its first step, and one in place of the
+# first (a window of two in a row gave no sample: it admits no more)
+@pytest.mark.parametrize(("trainer", "trajectories"), [({}, 2), ({"trainer": "trl_async"}, 6)],
                          ids=["trl", "trl_async"])
 def test_a_run_whose_every_trajectory_failed_exits_3_naming_the_cause(tmp_path, trainer, trajectories):
     data = tmp_path / "rows.jsonl"

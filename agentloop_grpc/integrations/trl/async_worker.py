@@ -11,7 +11,9 @@ with AsyncAgentLoopRollout(spec, rows, max_staleness=args.max_staleness) as roll
 - ``AgentLoopRolloutWorker`` (``RolloutWorkerProtocol``): the rollout's ``GroupStream`` runs our loops (or an
   agent's gateway sessions) without stopping, admitted by the trainer's version (``update_model_version``), and a
   pump turns each finished group, oldest first, into ``RolloutSample``s (``rollout_samples.py``) on
-  ``rollout_buffer``; failures are counted on ``metrics_queue``, never queued as samples. ``check_health`` raises
+  ``rollout_buffer``; failures are counted on ``metrics_queue``, never queued as samples, and groups are admitted
+  in place of failed trajectories and of samples the trainer drops as too stale (it counts samples, not groups),
+  until a window of groups in a row gave none (the engines are gone). ``check_health`` raises
   the stream's error, when no group finished for ``stale_after_s`` while groups were running, or ``StreamStarved``
   at once when the trainer waits on an empty buffer that no group can fill before it steps (their trajectories
   failed: every one of them, or enough to leave the step short).
@@ -77,6 +79,8 @@ class AgentLoopRolloutWorker:
         self._groups: dict[int, tuple[Trajectory, ...]] = {}
         self._groups_lock = threading.Lock()  # the pump fills it on the rollout's loop, the trainer takes
         self.samples_given = 0  # queued on rollout_buffer so far
+        self._owed = 0  # samples that will not come (failed, dropped) less those admitted in their place
+        self._empty_in_a_row = 0  # groups, in admission order, that gave no sample since the last that gave one
 
     def start(self) -> None:
         stream = self.rollout.open_stream(self.num_generations, self.groups_per_step)
@@ -93,12 +97,33 @@ class AgentLoopRolloutWorker:
             for sample in samples:
                 self.rollout_buffer.put_nowait(sample)  # unbounded: admission bounds what can be queued
             self.samples_given += len(samples)
+            self._empty_in_a_row = 0 if samples else self._empty_in_a_row + 1
+            self._owe(len(group.trajectories) - len(samples))
             self.metrics_queue.put_nowait({**metrics, "agentloop/rollout_queue_groups": float(stream.counters.waiting)})
             self._last_group_at = time.monotonic()
 
+    def _owe(self, samples: int) -> None:
+        """``samples`` the trainer will not get: admit groups in their place (rounded up to whole groups), unless a
+        window's worth of groups in a row gave none (the stream then runs dry and ``check_health`` says why). On
+        the rollout's loop."""
+        self._owed += samples
+        stream = self.rollout.stream
+        window = self.groups_per_step * (self.rollout.clock.max_staleness + 1)
+        if stream is not None and self._owed > 0 and self._empty_in_a_row < window:
+            groups = -(-self._owed // self.num_generations)
+            stream.replace(groups)
+            self._owed -= groups * self.num_generations
+
+    async def _owe_on_loop(self, samples: int) -> None:
+        self._owe(samples)
+
     def _kept(self, sample: Any) -> bool:
-        """Whether the trainer keeps a sample it takes now: its own staleness rule, at its version."""
-        return self.model_version - sample.model_version <= self.rollout.clock.max_staleness
+        """Whether the trainer keeps a sample it takes now: its own staleness rule, at its version (one it drops
+        is owed)."""
+        kept = self.model_version - sample.model_version <= self.rollout.clock.max_staleness
+        if not kept:
+            self.rollout.submit(self._owe_on_loop(1))
+        return kept
 
     def trained_groups(self, samples: int) -> list[int]:
         """The groups of the next ``samples`` samples the trainer took and kept, in its order: a step's, read
@@ -151,9 +176,9 @@ class AgentLoopRolloutWorker:
 
 
 class StreamStarved(RuntimeError):
-    """The trainer waits for samples that no group can give before it steps: the failed trajectories of the groups
-    admitted at its version left it short. ``trajectories``: those of the groups it has not trained (failed ones
-    too); ``samples_given``: the samples the stream gave in all (0: none, so no step trained)."""
+    """The trainer waits for samples that no group can give before it steps: failed trajectories left it short and
+    no more groups are admitted in their place. ``trajectories``: those of the groups it has not trained (failed
+    ones too); ``samples_given``: the samples the stream gave in all (0: none, so no step trained)."""
 
     def __init__(self, trajectories: tuple[Trajectory, ...], samples_given: int) -> None:
         self.trajectories, self.samples_given = trajectories, samples_given
@@ -161,8 +186,8 @@ class StreamStarved(RuntimeError):
         super().__init__(
             f"every one of the {len(trajectories)} trajectories rolled out failed, so no step had a sample to train"
             if self.every_trajectory_failed else
-            f"{failed} of the {len(trajectories)} trajectories not yet trained failed, leaving the trainer short of "
-            f"samples, and no group may start before it steps (max_staleness)" if failed else
+            f"{failed} of the {len(trajectories)} trajectories not yet trained failed, the latest groups' every one, "
+            "so no more were admitted in their place and the trainer is short of samples" if failed else
             "the trainer asks for samples of its next step before it steps, and max_staleness admits no group for "
             "them until then (AsyncGRPOTrainer reads a micro-batch ahead: max_staleness 0 cannot feed it)")
 
