@@ -7,7 +7,7 @@ every trajectory of the run failed (outputs written, the top error causes printe
 from __future__ import annotations
 
 import os
-import warnings
+import sys
 from pathlib import Path
 
 import typer
@@ -30,10 +30,8 @@ def train(
     max_steps: int = typer.Option(None, help="Override grpo.max_steps."),
 ) -> None:
     """Train the engines' model with TRL's GRPOTrainer on agent-loop rollouts; write metrics and a report."""
-    # TRL warns once per import about the vLLM it finds (ours serves engines, TRL never uses it) and about the
-    # experimental rollout_func, whose version is pinned and tested here
+    # TRL warns once per import about the experimental rollout_func, whose version is pinned and tested here
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
     settings = load_settings(config, load_train_config, "training", output_dir)
     if max_steps is not None:
         settings = settings.model_copy(update={"grpo": settings.grpo.model_copy(update={"max_steps": max_steps})})
@@ -44,6 +42,12 @@ def train(
         _fail(str(error))
     except DatasetError as error:
         _fail(str(error).splitlines()[0], 1)
+    # TRL's trainer modules import vLLM whenever the package is installed (``is_vllm_available()`` is a
+    # ``find_spec("vllm")``; GRPOTrainer's module imports its vLLM generation path unconditionally), which costs
+    # seconds and memory in every run; this process never generates with vLLM (the engines are other processes,
+    # reached over gRPC), so it tells the import system vllm is absent here, before TRL is imported. Only this
+    # process: engines it launches import what they need.
+    sys.modules.setdefault("vllm", None)  # type: ignore[arg-type]  # None is "absent" to imports; typeshed omits it
     try:
         from .run import RATIO_NAME, run_training
     except ImportError as error:

@@ -17,6 +17,19 @@ from agentloop_grpc.agent import read_parquet
 from agentloop_grpc.train.run import reward_ratio
 
 AGENTLOOP = [sys.executable, "-m", "agentloop_grpc.cli"]
+IMPORT_LINE = "import time:"
+
+
+def run_train(config: Path, timeout: float) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """`agentloop train --config config` in its own process: its result, and the modules it imported, which
+    ``-X importtime`` lists on its stderr (those lines taken out of the result's; modules loaded by
+    ``importlib.import_module``, as TRL's lazy top-level names are, are not listed, those they import are)."""
+    result = subprocess.run([sys.executable, "-X", "importtime", *AGENTLOOP[1:], "train", "--config", str(config)],
+                            capture_output=True, text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = result.stderr.splitlines(keepends=True)
+    stderr = "".join(line for line in lines if not line.startswith(IMPORT_LINE))
+    imported = {line.rpartition("|")[2].strip() for line in lines if line.startswith(IMPORT_LINE)}
+    return subprocess.CompletedProcess(result.args, result.returncode, result.stdout, stderr), imported
 
 
 def _config(tmp_path: Path, **overrides) -> Path:

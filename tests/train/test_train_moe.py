@@ -1,19 +1,18 @@
 """`agentloop train` on a mixture-of-experts model with routing replay: the tiny Qwen3-MoE (tests/embedded/tiny_moe.py)
 served by an embedded engine the CLI launches, its rollouts recording routed experts, TRL's trainer replaying them;
-each step's metrics hold the engine-vs-trainer logprob difference with replay and without."""
+each step's metrics hold the engine-vs-trainer logprob difference with replay and without; the train process never
+imports vLLM."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import yaml
 
 from agentloop_grpc.common import model_store
 from tests.embedded import tiny_moe
 
-from .test_train_cli import AGENTLOOP, _config
+from .test_train_cli import _config, run_train
 
 
 def test_two_steps_on_a_moe_model_replay_its_routing_and_log_the_gap(tmp_path):
@@ -27,9 +26,10 @@ def test_two_steps_on_a_moe_model_replay_its_routing_and_log_the_gap(tmp_path):
                                                    grammar_workers=1)
     document["dataset"]["arithmetic"]["count"] = 1
     config.write_text(yaml.safe_dump(document))
-    result = subprocess.run([*AGENTLOOP, "train", "--config", str(config)], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result, imported = run_train(config, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    # GRPOTrainer's module imports TRL's vLLM generation, which imports vLLM wherever it is installed: not here
+    assert "trl.generation.vllm_generation" in imported and "vllm" not in {m.partition(".")[0] for m in imported}
     steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
     for step in steps:
