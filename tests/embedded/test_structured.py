@@ -14,6 +14,7 @@ import pytest
 from agentloop_grpc.common.errors import DuplicateRequestError, InvalidRequestError
 from agentloop_grpc.common.types import ALL_RESOURCES, FinishReason, StructuredOutput
 from agentloop_grpc.engine_adapters.embedded import EmbeddedEngineConfig
+from agentloop_grpc.engine_adapters.embedded.engine import EmbeddedEngine
 from agentloop_grpc.engine_adapters.embedded.structured import GrammarCompiler
 
 from .helpers import chat, generate, make, run
@@ -216,3 +217,23 @@ async def test_a_compilation_cancelled_while_its_process_starts_leaves_no_proces
         while _compiler_processes() - engines:
             await asyncio.sleep(0.05)
     await compiler.close()
+
+
+async def test_an_engine_starts_a_compiler_process_only_when_a_constraint_needs_one(tokenizer) -> None:
+    """Each compiler process loads xgrammar (torch and transformers: seconds of CPU, hundreds of MB): an engine never
+    asked for a constraint runs none, the first constraint starts one, and the next reuses it."""
+    engine = EmbeddedEngine(EmbeddedEngineConfig(threads=1, max_running=1, max_model_len=128, grammar_workers=2))
+    await engine.start(lambda: 0)
+    try:
+        assert engine._loaded is not None
+        grammars = engine._loaded.grammars
+        assert not grammars.process_ids()
+        result = await generate(engine, chat(tokenizer, "Pick a number."), StructuredOutput("regex", "[1-6]{2}"),
+                                seed=1)
+        assert re.fullmatch("[1-6]{2}", tokenizer.decode(result.tokens[:-1]))
+        started = grammars.process_ids()
+        assert len(started) == 1  # one constraint at a time needs one of the two
+        await generate(engine, chat(tokenizer, "Pick a number."), StructuredOutput("regex", "[2-5]{2}"), seed=1)
+        assert grammars.process_ids() == started  # the idle one compiles the next: no second process loads
+    finally:
+        await engine.shutdown()

@@ -40,8 +40,9 @@ class EmbeddedEngineConfig(LocalModelConfig):
         "the same spec)."
     )
     grammar_workers: int = Field(
-        2, ge=1, description="Processes that compile grammars (each compiles one at a time; a compilation is "
-        "stopped by killing its process)."
+        2, ge=1, description="Processes that compile grammars, at most (each compiles one at a time; a "
+        "compilation is stopped by killing its process). Each starts when a constraint first needs it, taking a "
+        "few seconds to load xgrammar: an engine never asked for a constraint runs none."
     )
     grammar_compile_timeout_s: float = Field(
         60.0, gt=0, description="Longest a grammar may compile; past it the request is refused (INVALID_ARGUMENT) "

@@ -111,7 +111,6 @@ class EmbeddedEngine:
     async def start(self, weight_version: Callable[[], int]) -> ServerFacts:
         self._weight_version = weight_version
         self._loaded = await self._on_worker(self._load)
-        await self._loaded.grammars.start()
         self._loop_task = asyncio.create_task(self._run(), name="embedded-engine-scheduler")
         return self._loaded.facts
 

@@ -9,7 +9,8 @@ the matcher and the request ends with STOP.
 Compiling runs in processes of its own (``grammar_worker.py``), because xgrammar's compile cannot be interrupted
 and a small grammar can keep it busy for minutes: a compilation ends when it is done, when its time bound passes
 (INVALID_ARGUMENT), or when no request waits for it any more (cancelled, deadline, Abort), which kills its process.
-Requests for the same constraint share one compilation, and what compiled is cached here, bounded in bytes.
+A process starts when a compilation first needs one (up to ``grammar_workers``), not with the engine. Requests for
+the same constraint share one compilation, and what compiled is cached here, bounded in bytes.
 
 JSON is compiled without free whitespace (``any_whitespace=False``): with it, a small model spends its tokens
 on blanks and rarely closes strings.
@@ -103,47 +104,33 @@ class GrammarCompiler:
         self._timeout_s = config.grammar_compile_timeout_s
         self._max_bytes = config.grammar_max_bytes
         self._cache_limit = config.grammar_cache_bytes
-        # one slot per process: a started process, or None where one is started when needed
-        self._slots: asyncio.Queue[_CompilerProcess | None] = asyncio.Queue()
-        for _ in range(config.grammar_workers):
-            self._slots.put_nowait(None)
+        # a compilation holds one of grammar_workers slots and runs in an idle process, or starts one when none is
+        # idle: each loads xgrammar, which imports torch and transformers (seconds of CPU, hundreds of MB), so an
+        # engine never asked for a constraint runs none, and a process once started is reused before another starts
+        self._slots = asyncio.Semaphore(config.grammar_workers)
+        self._idle: list[_CompilerProcess] = []
         self._busy: set[_CompilerProcess] = set()
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
         self._cached_bytes = 0
 
-    async def start(self) -> None:
-        """Start every process now, so that the first constraint does not wait for one to load xgrammar."""
-        for _ in range(self._slots.qsize()):
-            process = self._slots.get_nowait()
-            try:
-                process = process or await self._start_process()
-            finally:
-                self._slots.put_nowait(process)
-
     async def release(self) -> None:
         """Stop the idle processes, whose memory Sleep gives back; the next compilation starts a new one."""
-        for _ in range(self._slots.qsize()):
-            process = self._slots.get_nowait()
-            if process is not None:
-                await process.close()
-            self._slots.put_nowait(None)
+        idle, self._idle = self._idle, []
+        for process in idle:
+            await process.close()
 
     async def close(self) -> None:
         """Stop every process; compilations in progress fail."""
         for pending in list(self._pending.values()):
             pending.task.cancel()
-        processes = [self._slots.get_nowait() for _ in range(self._slots.qsize())] + list(self._busy)
-        for process in processes:
-            if process is not None:
-                await process.close()
+        for process in [*self._idle, *self._busy]:
+            await process.close()
+        self._idle = []
 
     def process_ids(self) -> set[int]:
         """Pids of its compiler processes, idle or compiling (a process killed may not have exited yet)."""
-        idle = [self._slots.get_nowait() for _ in range(self._slots.qsize())]
-        for process in idle:  # back in the same order
-            self._slots.put_nowait(process)
-        return {process.pid for process in [*idle, *self._busy] if process is not None}
+        return {process.pid for process in [*self._idle, *self._busy]}
 
     async def compile(self, constraint: StructuredOutput) -> xgr.CompiledGrammar:
         """``constraint`` compiled; InvalidRequestError names the field when it does not compile (or not in time).
@@ -170,25 +157,26 @@ class GrammarCompiler:
 
     async def _compile(self, constraint: StructuredOutput) -> xgr.CompiledGrammar:
         field = f"structured_output.{constraint.kind}"
-        process = await self._slots.get()
-        try:
-            process = process or await self._start_process()
-            self._busy.add(process)
-            async with asyncio.timeout(self._timeout_s):
-                ok, payload = await process.compile(constraint)
-        except TimeoutError as error:
-            self._discard(process)
-            message = f"{field} did not compile within {self._timeout_s:g} s (grammar_compile_timeout_s)"
-            raise InvalidRequestError(message) from error
-        except asyncio.IncompleteReadError as error:  # the process died: a crash or the kernel's OOM killer
-            self._discard(process)
-            code = await process.wait()
-            raise InvalidRequestError(f"{field}: the grammar compiler process ended (exit code {code})") from error
-        except BaseException:  # cancelled (nobody waits any more), or the process was gone before the job
-            self._discard(process)
-            raise
-        self._busy.discard(process)
-        self._slots.put_nowait(process)
+        async with self._slots:
+            process = self._idle.pop() if self._idle else None
+            try:
+                process = process or await self._start_process()
+                self._busy.add(process)
+                async with asyncio.timeout(self._timeout_s):
+                    ok, payload = await process.compile(constraint)
+            except TimeoutError as error:
+                self._discard(process)
+                message = f"{field} did not compile within {self._timeout_s:g} s (grammar_compile_timeout_s)"
+                raise InvalidRequestError(message) from error
+            except asyncio.IncompleteReadError as error:  # the process died: a crash or the kernel's OOM killer
+                self._discard(process)
+                code = await process.wait()
+                raise InvalidRequestError(f"{field}: the grammar compiler process ended (exit code {code})") from error
+            except BaseException:  # cancelled (nobody waits any more), or the process was gone before the job
+                self._discard(process)
+                raise
+            self._busy.discard(process)
+            self._idle.append(process)
         if not ok:
             raise InvalidRequestError(f"{field} {payload.decode(errors='replace')}")
         # bounded work (grammar_max_bytes) in xgrammar's own code, so a thread, not the engine's torch worker
@@ -197,11 +185,10 @@ class GrammarCompiler:
         return compiled
 
     def _discard(self, process: _CompilerProcess | None) -> None:
-        """Kill ``process`` (whatever it compiles) and free its slot for a new one."""
+        """Kill ``process`` (whatever it compiles), if one was started: its slot is then free for a new one."""
         if process is not None:
             self._busy.discard(process)
             process.kill()
-        self._slots.put_nowait(None)
 
     def _remember(self, key: tuple[str, str], compiled: xgr.CompiledGrammar) -> None:
         """Cache ``compiled``, dropping the least recently used entries beyond the byte bound."""
