@@ -70,7 +70,9 @@ def train(
         f"{s['mean_weight_sync_s']:.1f} s; report: {record.output_dir / 'report.html'}"
     )
     # a run whose every trajectory failed learned nothing: it ends as a failed rollout does, with no ratio
-    end_on_failures(*record.failed_and_all, record.error_causes, 1.0, record.output_dir,
-                    "causes from the last rollouts kept, metrics.jsonl has each step's failures",
+    # a trl_async run stopped before its first step has no per-step metrics to point to
+    where = ("causes from every trajectory rolled out; no step ran" if record.untrained else
+             "causes from the last rollouts kept, metrics.jsonl has each step's failures")
+    end_on_failures(*record.failed_and_all, record.error_causes, 1.0, record.output_dir, where,
                     "so the policy had nothing to learn from")
     typer.echo(f"RATIO {RATIO_NAME} {s[RATIO_NAME]} target {RATIO_TARGET}")

@@ -57,7 +57,9 @@ def test_a_run_whose_every_trajectory_failed_exits_3_naming_the_cause(tmp_path, 
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith(f"error: {trajectories} of {trajectories} trajectories failed (100%)") and str(out) in line
     assert (out / "summary.json").is_file() and (out / "report.html").is_file()  # the outputs are written
+    (causes,) = [line for line in result.stderr.splitlines() if line.startswith("error causes")]
     if trainer:
         assert f"AsyncGRPOTrainer stopped before its first step: every one of the {trajectories}" in result.stdout
+        assert not (out / "metrics.jsonl").exists() and "metrics.jsonl" not in causes  # no step: none to point to
     else:
-        assert (out / "metrics.jsonl").is_file()
+        assert (out / "metrics.jsonl").is_file() and "metrics.jsonl" in causes
