@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from .run import TrainRecord
+    from .record import TrainRecord
 
 
 def _save(plt: ModuleType, fig: Figure, path: Path) -> None:

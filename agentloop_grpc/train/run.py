@@ -21,7 +21,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -29,7 +28,7 @@ from transformers import TrainerCallback
 from transformers.integrations import INTEGRATION_TO_CALLBACK
 from transformers.trainer_callback import PrinterCallback
 
-from agentloop_grpc.agent import Trajectory, WorkerSpec, write_parquet
+from agentloop_grpc.agent import WorkerSpec, write_parquet
 from agentloop_grpc.integrations.background_loop import BackgroundLoop
 from agentloop_grpc.integrations.trl import (
     AgentLoopRollout,
@@ -47,6 +46,7 @@ from agentloop_grpc.trackers.trainer_samples import TrainerSampleTables
 
 from .config import TrainConfig
 from .progress import progress_line
+from .record import TrainRecord
 
 if TYPE_CHECKING:
     from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
@@ -57,23 +57,6 @@ _LOGGED_BY_TRL = frozenset({"reward_mean", "frac_groups_zero_std"})
 
 First = TypeVar("First")
 Second = TypeVar("Second")
-
-
-@dataclass
-class TrainRecord:
-    output_dir: Path
-    steps: list[dict] = field(default_factory=list)
-    summary: dict = field(default_factory=dict)
-    #: The failed trajectories' most common error causes over the rollouts kept in the rollout's history.
-    error_causes: list[tuple[str, int]] = field(default_factory=list)
-    #: ``trainer: trl_async`` stopped before its first step, every trajectory failed: those trajectories.
-    untrained: tuple[Trajectory, ...] = ()
-
-    @property
-    def failed_and_all(self) -> tuple[int, int]:
-        """(failed, all) trajectories over every step, and those no step trained."""
-        return (int(sum(s.get("failures", 0) for s in self.steps)) + sum(t.failed for t in self.untrained),
-                int(sum(s.get("trajectories", 0) for s in self.steps)) + len(self.untrained))
 
 
 class StepTimes(Protocol):

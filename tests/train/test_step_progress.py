@@ -13,8 +13,9 @@ from agentloop_grpc.agent import WorkerSpec
 from agentloop_grpc.integrations.trl import AsyncAgentLoopRollout, StepRecord, WeightSyncCallback
 from agentloop_grpc.train.config import TrainConfig
 from agentloop_grpc.train.progress import progress_line
+from agentloop_grpc.train.record import TrainRecord
 from agentloop_grpc.train.report import _correction_lags, _pipeline
-from agentloop_grpc.train.run import StepLog, TrainRecord
+from agentloop_grpc.train.run import StepLog
 
 ROWS = [{"id": "a", "messages": [{"role": "user", "content": "What is 1 + 2?"}]}]
 #: An async step's rollout metrics: both trajectories a version old, so the logprob check compared nothing.
