@@ -69,6 +69,7 @@ import grpc
 from closed_loop import drive
 
 if TYPE_CHECKING:
+    from agentloop_grpc.common.types import GenerateComplete, GenerateRequest
     from agentloop_grpc.engine_adapters.protocol import EngineAdapter
 
 PROMPT = list(range(1000, 3000))  # 2000 int32 ids
@@ -158,8 +159,7 @@ async def _serve_echo() -> None:
         yield chunk
         yield complete
 
-    engine = _started_fake()
-    fake = functools.partial(_bare_fake, await engine)
+    fake = functools.partial(_bare_fake, await _started_fake())
     handler = grpc.method_handlers_generic_handler(
         "bench.Echo",
         {"Echo": grpc.unary_unary_rpc_method_handler(echo), "Stream": grpc.unary_stream_rpc_method_handler(stream),
@@ -185,21 +185,19 @@ async def _started_fake() -> EngineAdapter:
 async def _bare_fake(engine: EngineAdapter, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     """(d'): the request's prompt bytes and budget to the fake, its tokens and finish reason back."""
     from agentloop_grpc.common.prompt import PromptIds
-    from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
+    from agentloop_grpc.common.types import GenerateRequest, SamplingParams
     from agentloop_grpc.common.wire import FINISH_REASONS
     from agentloop_grpc.v1 import generation_pb2
 
     message = generation_pb2.GenerateUnaryRequest.FromString(request).request
     sampling = SamplingParams(max_new_tokens=message.sampling_params.max_new_tokens,
                               ignore_eos=message.sampling_params.ignore_eos)
-    domain = GenerateRequest(message.request_id, PromptIds.from_raw(message.prompt_ids_raw), sampling)
+    tokens, complete = await _generated(
+        engine, GenerateRequest(message.request_id, PromptIds.from_raw(message.prompt_ids_raw), sampling))
     response = generation_pb2.GenerateUnaryResponse()
-    async for event in engine.generate(domain):
-        if isinstance(event, GenerateComplete):
-            response.complete.finish_reason = FINISH_REASONS[event.finish_reason]
-            return response.SerializeToString()
-        response.complete.tokens.token_ids.extend(event.token_ids)
-    raise RuntimeError("no completion")
+    response.complete.finish_reason = FINISH_REASONS[complete.finish_reason]
+    response.complete.tokens.token_ids.extend(tokens)
+    return response.SerializeToString()
 
 
 async def _bench_bare_fake(address: str, calls: int, in_flight: int, server_pid: int) -> dict[str, float]:
@@ -268,18 +266,26 @@ async def _bench_router(address: str, calls: int, in_flight: int, server_pid: in
 # -- (b) Ray async actor -------------------------------------------------------------------------------------
 
 
-async def _engine_call(engine: EngineAdapter, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
-    """One generate on an engine adapter, answered as a plain dict: what a verl-style actor method returns."""
-    from agentloop_grpc.common.prompt import PromptIds
-    from agentloop_grpc.common.types import GenerateComplete, GenerateRequest, SamplingParams
+async def _generated(engine: EngineAdapter, request: GenerateRequest) -> tuple[list[int], GenerateComplete]:
+    """One generate on an engine adapter, run to its end: every token, and the completion."""
+    from agentloop_grpc.common.types import GenerateComplete
 
-    request = GenerateRequest(request_id, PromptIds(prompt_ids), SamplingParams(**sampling))
     tokens: list[int] = []
     async for event in engine.generate(request):
         if isinstance(event, GenerateComplete):
-            return {"token_ids": tokens, "finish_reason": event.finish_reason.value}
+            return tokens, event
         tokens.extend(event.token_ids)
     raise RuntimeError("no completion")
+
+
+async def _engine_call(engine: EngineAdapter, prompt_ids: list[int], sampling: dict, request_id: str) -> dict:
+    """One generate on an engine adapter, answered as a plain dict: what a verl-style actor method returns."""
+    from agentloop_grpc.common.prompt import PromptIds
+    from agentloop_grpc.common.types import GenerateRequest, SamplingParams
+
+    tokens, complete = await _generated(
+        engine, GenerateRequest(request_id, PromptIds(prompt_ids), SamplingParams(**sampling)))
+    return {"token_ids": tokens, "finish_reason": complete.finish_reason.value}
 
 
 def _ray_actor_class() -> Any:

@@ -305,8 +305,9 @@ class VllmEngine:
         deltas are held and all its chunks, each with its tokens' routing, leave then (as with ``final_only``)."""
         emitted, last_token, last_version = 0, None, None
         unchecked = bool(request.media)
-        routed = request.sampling.return_routed_experts and layout is not None
-        held: list[CompletionOutput] | None = [] if routed else None
+        # the layout of a request that asked for its routing on a MoE model: its deltas are held (docstring)
+        routed = layout if request.sampling.return_routed_experts else None
+        held: list[CompletionOutput] = []
         prompt_routing = b""
         stream = llm.generate(prompt, params, request.request_id, priority=sampling.priority(request))
         async with contextlib.aclosing(_translated_errors(stream)) as stream_outputs:
@@ -316,14 +317,14 @@ class VllmEngine:
                     images.check_expansion(request.prompt_ids, request.media, output.prompt_token_ids)
                     unchecked = False
                 completion = output.outputs[0]
-                if held is None or layout is None:  # held only with a layout
+                if routed is None:
                     starts = self._version_starts(request.request_id, output) if completion.token_ids else []
                     chunks = outputs.token_chunks(completion, request.sampling, emitted, starts)
                 else:
                     held.append(completion)
                     if not output.finished:
                         continue
-                    prompt_routing, chunks = self._routed_chunks(request, output, held, layout)
+                    prompt_routing, chunks = self._routed_chunks(request, output, held, routed)
                 for chunk in chunks:
                     emitted += len(chunk.token_ids)
                     last_token, last_version = chunk.token_ids[-1], chunk.weight_version
